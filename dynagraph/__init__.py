@@ -1,0 +1,18 @@
+"""dynagraph: per-sample dynamic networks, batched automatically.
+
+`import dynagraph as dy` is a drop-in for the common DyNet API.
+"""
+from . import config  # noqa: F401
+from .config import reset_random_seed  # noqa: F401
+from .errors import DynagraphError, DynagraphIndexError, NonFiniteError, ShapeError, StaleExpressionError  # noqa: F401
+from .parameters import (  # noqa: F401
+    ConstInitializer, GlorotInitializer, IdentityInitializer, LookupParameters, Model, NormalInitializer,
+    NumpyInitializer, ParameterCollection, Parameters, SaxeInitializer, UniformInitializer,
+)
+from .graph import ComputationGraph, Expression, cg, cg_version, renew_cg  # noqa: F401
+from . import engine  # noqa: F401  (installs evaluation into the graph layer)
+from . import schedulers  # noqa: F401
+from .expressions import *  # noqa: F401,F403
+
+
+__version__ = "0.1.0"

@@ -1,0 +1,68 @@
+"""Global settings: seed, dtype, backend, default scheduler, debug level.
+
+`dynagraph.config.set(...)` mirrors `dynet_config.set(...)`; DyNet-only keys
+(mem, requested_gpus, ...) are accepted and ignored so old scripts still run.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# DyNet's --dynet-autobatch values mapped onto our scheduler names.
+AUTOBATCH_SCHEDULERS = {0: "none", 1: "agenda", 2: "depth"}
+_DYNET_IGNORED = {"mem", "requested_gpus", "profiling", "weight_decay", "shared_parameters", "device"}
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    dtype: str = "float32"
+    backend: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_BACKEND", "numpy"))
+    scheduler: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULER", "agenda"))
+    debug: int = 0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+
+config = Config()
+
+
+def set(random_seed: int | None = None, dtype: str | None = None, backend: str | None = None,
+        scheduler: str | None = None, autobatch: int | None = None, debug: int | None = None,
+        **dynet_keys) -> None:
+    """Change global settings. Affects graphs and parameters created afterwards."""
+    unknown = [k for k in dynet_keys if k not in _DYNET_IGNORED]
+    if unknown:
+        raise TypeError(f"config.set() got unknown settings {sorted(unknown)}")
+    if random_seed is not None:
+        reset_random_seed(random_seed)
+    if dtype is not None:
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        config.dtype = np.dtype(dtype).name
+    if backend is not None:
+        config.backend = backend
+    if autobatch is not None:
+        if autobatch not in AUTOBATCH_SCHEDULERS:
+            raise ValueError(f"autobatch must be one of {sorted(AUTOBATCH_SCHEDULERS)}, got {autobatch!r}")
+        config.scheduler = AUTOBATCH_SCHEDULERS[autobatch]
+    if scheduler is not None:
+        config.scheduler = scheduler
+    if debug is not None:
+        config.debug = int(debug)
+
+
+def reset_random_seed(seed: int) -> None:
+    """Seeds parameter initialisation and the graph-level random ops (dropout, noise)."""
+    config.seed = int(seed)
+    config.rng = np.random.default_rng(int(seed))
+
+
+def get() -> dict:
+    return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
+            "scheduler": config.scheduler, "debug": config.debug}

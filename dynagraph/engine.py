@@ -1,0 +1,31 @@
+"""Connects recording to evaluation: schedule -> execute -> autodiff.
+
+Installed into graph.py at import so the graph layer never imports upward.
+"""
+from __future__ import annotations
+
+import time
+
+from . import autodiff, executor, graph, schedulers
+from .backends import xp_for
+
+
+class Engine:
+    def forward(self, cg, upto: int) -> None:
+        t0 = time.perf_counter()
+        stats = cg.stats
+        stats.t_record += t0 - cg._t_last
+        blk = cg.blk
+        pending = [i for i in range(cg.done, upto + 1) if blk[i] < 0]
+        batches = schedulers.get(cg.scheduler).schedule(cg, pending)
+        stats.t_schedule += time.perf_counter() - t0
+        executor.execute(cg, xp_for(), batches)
+        cg.done = upto + 1
+        cg._t_last = time.perf_counter()
+
+    def backward(self, cg, nid: int, full: bool) -> None:
+        autodiff.backward(cg, xp_for(), nid, full)
+        cg._t_last = time.perf_counter()
+
+
+graph.set_engine(Engine())

@@ -1,0 +1,75 @@
+"""Runs scheduled batches: gather arguments, one kernel per batch, one output block.
+
+A node's value is (block, row). An argument list that covers consecutive rows
+of one block, in order, is used in place; a shared parameter is broadcast; any
+other argument is brought together by one gather call.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+
+from .errors import NonFiniteError
+
+
+def gather(cg, xp, nodes: Sequence[int], k: int, stats):
+    """Argument k of every node in the batch as one (B, ...) array (or (1, ...) if shared)."""
+    args, blk, row = cg.args, cg.blk, cg.row
+    ids = [args[n][k] for n in nodes]
+    first = ids[0]
+    if cg.op[first].leaf:
+        return cg.blocks[blk[first]]  # the signature guarantees every node shares it
+    b, r0 = blk[first], row[first]
+    B = len(ids)
+    blks = [blk[i] for i in ids]
+    rows = [row[i] for i in ids]
+    if blks.count(b) == B:
+        if rows[-1] - r0 == B - 1 and rows == list(range(r0, r0 + B)):
+            return cg.blocks[b][r0:r0 + B]
+        out = cg.blocks[b][xp.asarray(rows)]
+    else:
+        blocks = cg.blocks
+        out = xp.stack([blocks[bb][rr] for bb, rr in zip(blks, rows)])
+    stats.gathers += 1
+    stats.gather_bytes += out.nbytes
+    return out
+
+
+def run_batch(cg, xp, nodes: Sequence[int]) -> None:
+    stats = cg.stats
+    n0 = nodes[0]
+    op = cg.op[n0]
+    t0 = time.perf_counter()
+    xs = [gather(cg, xp, nodes, k, stats) for k in range(len(cg.args[n0]))]
+    data = [cg.data[n] for n in nodes] if op.uses_data else None
+    t1 = time.perf_counter()
+    y = op.forward(xp, cg.attrs[n0], data, *xs)
+    B = len(nodes)
+    if y.shape[0] != B:  # every node computed the same thing from shared arguments
+        y = xp.broadcast_to(y, (B,) + y.shape[1:])
+    y = xp.ascontiguousarray(y.reshape((B,) + cg.shape[n0]), dtype=cg.dtype)
+    if cg.check_validity and not bool(xp.isfinite(y).all()):
+        raise NonFiniteError(f"{op.name} produced a non-finite value (nodes {list(nodes)[:5]}...)")
+    t2 = time.perf_counter()
+    bid = len(cg.blocks)
+    cg.blocks.append(y)
+    blk, row = cg.blk, cg.row
+    for r, n in enumerate(nodes):
+        blk[n] = bid
+        row[n] = r
+    cg.executed.append((nodes, xs, bid))
+    stats.kernel_calls += 1
+    stats.batches += 1
+    stats.nodes += B
+    stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
+    stats.t_execute += t2 - t1
+    if stats.batch_log is not None and len(stats.batch_log) < 100_000:
+        stats.batch_log.append((op.name, B))
+
+
+def execute(cg, xp, batches: Sequence[Sequence[int]]) -> None:
+    for nodes in batches:
+        run_batch(cg, xp, nodes)
+
+

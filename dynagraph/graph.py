@@ -1,0 +1,408 @@
+"""Lazy graph recording: ComputationGraph and Expression.
+
+Recording a node infers its shape, checks its arguments, computes its depth and
+its signature, and computes nothing. Nodes live in parallel lists (not objects)
+because recording is on every user's hot path.
+
+Evaluation is delegated to an *engine* installed by a higher layer
+(dynagraph.engine): schedulers, the executor and autodiff sit above this file.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import parameters as _params
+from .config import config
+from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, op_error, user_line
+from .ops import OPS, OpDef
+from .ops.inputs import LOOKUP_TABLE, PARAMETER
+from .parameters import LookupParameters, Parameters
+from .stats import Stats
+
+_engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
+
+
+def set_engine(engine) -> None:
+    global _engine
+    _engine = engine
+
+
+class ComputationGraph:
+    """One recorded computation. Several graphs may coexist; `renew_cg` retires the default one."""
+
+    _serial = 0
+
+    def __init__(self, scheduler=None, immediate_compute: bool = False, check_validity: bool = False):
+        ComputationGraph._serial += 1
+        self.version = ComputationGraph._serial
+        self.retired = False
+        self.scheduler = scheduler if scheduler is not None else config.scheduler
+        self.immediate_compute = immediate_compute
+        self.check_validity = check_validity
+        self.dtype = config.np_dtype
+        # Node storage: parallel lists indexed by node id.
+        self.op: list[OpDef] = []
+        self.args: list[tuple] = []
+        self.attrs: list[tuple] = []
+        self.data: list = []
+        self.shape: list[tuple] = []
+        self.depth: list[int] = []
+        self.sig: list[tuple] = []
+        self.sig_part: list = []        # how a node appears inside its users' signatures
+        self.needs_grad: list[bool] = []
+        # Values: node -> (block, row). Blocks are the batched outputs.
+        self.blk: list[int] = []
+        self.row: list[int] = []
+        self.blocks: list = []
+        self.done = 0                   # nodes [0, done) are evaluated
+        self.executed: list = []        # forward batches in execution order (for backward)
+        self.grad_blocks: list | None = None
+        self._leaves: dict = {}
+        self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
+        self.stats = Stats()
+        self._t_last = time.perf_counter()
+
+    # ------------------------------------------------------------------ recording
+    def add(self, op: OpDef, ids: Sequence[int], attrs: tuple = (), data: Any = None) -> int:
+        shapes = [self.shape[i] for i in ids]
+        try:
+            shape = op.shape(attrs, *shapes)
+            if op.check is not None:
+                op.check(attrs, data, *shapes)
+        except IndexError as e:
+            raise op_error(DynagraphIndexError, op.name, shapes, str(e)) from None
+        except ValueError as e:
+            raise op_error(DynagraphError, op.name, shapes, str(e)) from None
+        nid = len(self.op)
+        depth = 0
+        needs = False
+        for i in ids:
+            if self.depth[i] > depth:
+                depth = self.depth[i]
+            needs = needs or self.needs_grad[i]
+        self.op.append(op)
+        self.args.append(tuple(ids))
+        self.attrs.append(attrs)
+        self.data.append(self._rand_base + nid if data is _RANDOM_KEY else data)
+        self.shape.append(shape)
+        self.depth.append(depth + 1)
+        self.sig.append((op, attrs, tuple(self.sig_part[i] for i in ids)))
+        self.sig_part.append(shape)
+        self.needs_grad.append(needs and not op.blocks_grad)
+        self.blk.append(-1)
+        self.row.append(0)
+        if self.immediate_compute:
+            self.forward_to(nid)
+        return nid
+
+    def leaf(self, p, update: bool = True) -> int:
+        """The node standing for a parameter in this graph (one per parameter and mode)."""
+        key = (id(p), update)
+        nid = self._leaves.get(key)
+        if nid is not None:
+            return nid
+        nid = len(self.op)
+        op = LOOKUP_TABLE if p.is_lookup else PARAMETER
+        self.op.append(op)
+        self.args.append(())
+        self.attrs.append((p.values.shape, p))
+        self.data.append(None)
+        self.shape.append(tuple(p.values.shape))
+        self.depth.append(0)
+        self.sig.append((op, p))
+        self.sig_part.append(("shared", id(p)))  # shared arguments batch by identity
+        self.needs_grad.append(update and p.updated)
+        self.blk.append(len(self.blocks))
+        self.row.append(0)
+        self.blocks.append(p.values[None])
+        self._leaves[key] = nid
+        return nid
+
+    # ----------------------------------------------------------------- evaluation
+    def forward_to(self, nid: int) -> None:
+        """Evaluate every pending node with id <= nid (DyNet's incremental_forward)."""
+        if self.retired:
+            raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
+                                       f"replaced by renew_cg()\n  used at {user_line()}")
+        if nid >= self.done:
+            _engine.forward(self, nid)
+
+    def forward(self, expr: "Expression | None" = None) -> None:
+        """Evaluate all pending nodes (or those up to `expr`) as one scheduled chunk."""
+        if len(self.op):
+            self.forward_to(expr.i if expr is not None else len(self.op) - 1)
+
+    evaluate_pending = forward
+
+    def invalidate(self) -> None:
+        """Forget computed values so the next evaluation recomputes (after parameter changes)."""
+        leaves = [i for i, op in enumerate(self.op) if op.leaf]
+        self.blocks = [self.blocks[self.blk[i]] for i in leaves]
+        self.blk = [-1] * len(self.op)
+        for k, i in enumerate(leaves):
+            self.blk[i] = k
+        self.done = 0
+        self.executed = []
+        self.grad_blocks = None
+
+    def backward(self, expr: "Expression", full: bool = False) -> None:
+        self.forward_to(expr.i)
+        if self.shape[expr.i] != (1,):
+            raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
+                                 f"\n  called at {user_line()}")
+        _engine.backward(self, expr.i, full)
+
+    def value(self, nid: int):
+        return self.blocks[self.blk[nid]][self.row[nid]]
+
+    def gradient(self, nid: int):
+        if self.grad_blocks is None:
+            raise DynagraphError("gradient() needs a backward() call on this graph first")
+        g = self.grad_blocks[self.blk[nid]] if self.blk[nid] >= 0 else None
+        if g is None:
+            return np.zeros(self.shape[nid], dtype=self.dtype)
+        return np.asarray(g[self.row[nid]]).reshape(self.shape[nid]).copy()
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+    # ------------------------------------------------------------ default graph
+    def __enter__(self) -> "ComputationGraph":
+        _stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _stack.remove(self)
+
+    def renew(self, *a, **k) -> "ComputationGraph":
+        return renew_cg(*a, **k)
+
+    def print_graph(self) -> str:
+        lines = []
+        for i, op in enumerate(self.op):
+            lines.append(f"N{i} = {op.name}({', '.join(f'N{a}' for a in self.args[i])}) {self.shape[i]}"
+                         f" depth={self.depth[i]}")
+        return "\n".join(lines)
+
+
+_RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
+
+
+class Expression:
+    """A handle to one node of one graph. Cheap: two slots."""
+    __slots__ = ("cg", "i")
+
+    def __init__(self, cg: ComputationGraph, i: int):
+        self.cg, self.i = cg, i
+
+    # --- values (DyNet semantics)
+    def forward(self, recalculate: bool = False):
+        if recalculate:
+            self.cg.invalidate()
+        self.cg.forward_to(self.i)
+        return self
+
+    def npvalue(self, recalculate: bool = False) -> np.ndarray:
+        self.forward(recalculate)
+        return np.array(self.cg.value(self.i), dtype=self.cg.dtype).reshape(self.cg.shape[self.i])
+
+    def value(self, recalculate: bool = False):
+        v = self.npvalue(recalculate)
+        if v.shape == (1,):
+            return float(v[0])
+        if v.ndim == 1:
+            return v.tolist()
+        return v
+
+    def scalar_value(self, recalculate: bool = False) -> float:
+        v = self.npvalue(recalculate)
+        return float(v.reshape(-1)[0])
+
+    def vec_value(self, recalculate: bool = False) -> list:
+        """Flattened in DyNet's column-major order."""
+        return self.npvalue(recalculate).flatten(order="F").tolist()
+
+    def tensor_value(self, recalculate: bool = False) -> np.ndarray:
+        return self.npvalue(recalculate)
+
+    def backward(self, full: bool = False) -> None:
+        self.cg.backward(self, full)
+
+    def gradient(self) -> np.ndarray:
+        return self.cg.gradient(self.i)
+
+    def dim(self) -> tuple:
+        return (self.cg.shape[self.i], 1)
+
+    @property
+    def shape(self) -> tuple:
+        return self.cg.shape[self.i]
+
+    def __repr__(self) -> str:
+        return f"expression {self.i}/{self.cg.version} {self.cg.op[self.i].name} {self.cg.shape[self.i]}"
+
+    # --- operators (DyNet: `*` between expressions is a matrix product)
+    def __add__(self, o):
+        return _binary_or_const(self, o, "add", "addc", 1.0)
+
+    def __radd__(self, o):
+        return _binary_or_const(o, self, "add", "addc", 1.0)
+
+    def __sub__(self, o):
+        if _is_number(o):
+            return record(OPS["addc"], (self,), (-float(o),))
+        return record(OPS["sub"], (self, o))
+
+    def __rsub__(self, o):
+        if _is_number(o):
+            return record(OPS["rsubc"], (self,), (float(o),))
+        return record(OPS["sub"], (o, self))
+
+    def __mul__(self, o):
+        if _is_number(o):
+            return record(OPS["mulc"], (self,), (float(o),))
+        return record(OPS["matmul"], (self, o))
+
+    def __rmul__(self, o):
+        if _is_number(o):
+            return record(OPS["mulc"], (self,), (float(o),))
+        return record(OPS["matmul"], (o, self))
+
+    def __truediv__(self, o):
+        if _is_number(o):
+            return record(OPS["mulc"], (self,), (1.0 / float(o),))  # DyNet: x * (1/y)
+        return record(OPS["cdiv"], (self, o))
+
+    def __rtruediv__(self, o):
+        if _is_number(o):
+            return record(OPS["rdivc"], (self,), (float(o),))
+        return record(OPS["cdiv"], (o, self))
+
+    def __neg__(self):
+        return record(OPS["neg"], (self,))
+
+    def __pos__(self):
+        return self
+
+    def __pow__(self, o):
+        if _is_number(o):
+            return record(OPS["powc"], (self,), (float(o),))
+        return record(OPS["pow"], (self, o))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            n = self.cg.shape[self.i][0]
+            start, stop, step = i.indices(n)
+            if step != 1:
+                raise DynagraphError(f"pick_range: slices with a step are not supported\n  at {user_line()}")
+            return record(OPS["pick_range"], (self,), (start, stop, 0))
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"expression index must be an int or a slice, got {type(i).__name__}")
+        return record(OPS["pick"], (self,), (0,), int(i))
+
+    __array_priority__ = 1000  # numpy scalars on the left defer to our operators
+
+
+def _is_number(o) -> bool:
+    return isinstance(o, (int, float, np.integer, np.floating)) and not isinstance(o, bool)
+
+
+def _binary_or_const(x, y, op_name: str, const_name: str, sign: float):
+    if _is_number(y):
+        return record(OPS[const_name], (x,), (sign * float(y),))
+    if _is_number(x):
+        return record(OPS[const_name], (y,), (sign * float(x),))
+    return record(OPS[op_name], (x, y))
+
+
+# --------------------------------------------------------------------- recording API
+def _graph_for(args) -> ComputationGraph:
+    for a in args:
+        if type(a) is Expression:
+            return a.cg
+    return current()
+
+
+def _arg_id(cg: ComputationGraph, a) -> int:
+    if type(a) is Expression:
+        if a.cg is cg:
+            if cg.retired:
+                raise StaleExpressionError(
+                    f"stale expression: it belongs to graph version {cg.version}, which renew_cg() retired")
+            return a.i
+        if a.cg.retired:
+            raise StaleExpressionError(f"stale expression: it was created before renew_cg() "
+                                       f"(graph version {a.cg.version}, current {current().version})")
+        raise DynagraphError(f"expressions from two different ComputationGraphs "
+                             f"(versions {a.cg.version} and {cg.version}) cannot be combined")
+    if isinstance(a, (Parameters, LookupParameters)):
+        return cg.leaf(a)
+    raise TypeError(f"expected an Expression or Parameters, got {type(a).__name__}")
+
+
+def record(op: OpDef, args: Sequence = (), attrs: tuple = (), data: Any = None) -> Expression:
+    """Append one node to the graph of its arguments (or the current graph)."""
+    cg = _graph_for(args)
+    try:
+        ids = [_arg_id(cg, a) for a in args]
+    except (DynagraphError, TypeError) as e:
+        raise type(e)(f"{op.name}: {e}\n  recorded at {user_line()}") from None
+    if cg.retired:
+        raise StaleExpressionError(f"{op.name}: the graph was retired by renew_cg()\n  at {user_line()}")
+    return Expression(cg, cg.add(op, ids, attrs, data))
+
+
+RANDOM_KEY = _RANDOM_KEY
+
+
+def _expression_of(p, update: bool = True, lookup=None) -> Expression:
+    cg = current()
+    if lookup is None:
+        return Expression(cg, cg.leaf(p, update))
+    return record(OPS["lookup"], (Expression(cg, cg.leaf(p, update)),), (), _index(lookup))
+
+
+def _index(i) -> int:
+    if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+        return int(i)
+    raise TypeError(f"lookup index must be an int, got {type(i).__name__}")
+
+
+_params.expression_hook = _expression_of
+
+
+# ----------------------------------------------------------------- default graph
+_stack: list[ComputationGraph] = []
+_default: list[ComputationGraph] = []
+
+
+def current() -> ComputationGraph:
+    """The graph that new leaf expressions go to: innermost `with cg:` or the default."""
+    if _stack:
+        return _stack[-1]
+    if not _default:
+        _default.append(ComputationGraph())
+    return _default[0]
+
+
+def renew_cg(immediate_compute: bool = False, check_validity: bool = False, autobatching=None,
+             scheduler=None) -> ComputationGraph:
+    """Retire the default graph and start a new one. `scheduler` picks the batching policy."""
+    if autobatching is not None and scheduler is None:
+        scheduler = config.scheduler if autobatching else "none"
+    if _default:
+        _default[0].retired = True
+        _default.clear()
+    _default.append(ComputationGraph(scheduler, immediate_compute, check_validity))
+    return _default[0]
+
+
+def cg() -> ComputationGraph:
+    return current()
+
+
+def cg_version() -> int:
+    return current().version

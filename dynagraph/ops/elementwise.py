@@ -1,0 +1,138 @@
+"""Elementwise ops: unary, scalar-constant, binary with DyNet broadcasting, n-ary."""
+from __future__ import annotations
+
+from .base import ELEMWISE, broadcast_shape, defop, op, pad_to, reduce_to, same_shape
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+
+def _unary(name, f, df, cost=ELEMWISE):
+    """f(xp, a, x) -> y ; df(xp, a, x, y, g) -> gx.  `a` holds the constant attrs."""
+    def forward(xp, a, data, x):
+        return f(xp, a, x)
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (df(xp, a, xs[0], y, g),)
+    return defop(name, same_shape, forward, backward, cost=cost)
+
+
+def _elu(xp, alpha, x):
+    return xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0)))
+
+
+NEG = _unary("neg", lambda xp, a, x: -x, lambda xp, a, x, y, g: -g)
+TANH = _unary("tanh", lambda xp, a, x: xp.tanh(x), lambda xp, a, x, y, g: g * (1 - y * y))
+# 0.5*tanh(x/2)+0.5 is the logistic function without exp overflow for large |x|.
+LOGISTIC = _unary("logistic", lambda xp, a, x: 0.5 * xp.tanh(0.5 * x) + 0.5,
+                  lambda xp, a, x, y, g: g * y * (1 - y))
+RECTIFY = _unary("rectify", lambda xp, a, x: xp.maximum(x, 0), lambda xp, a, x, y, g: g * (x > 0))
+ELU = _unary("elu", lambda xp, a, x: _elu(xp, a[0], x),
+             lambda xp, a, x, y, g: g * xp.where(x > 0, 1.0, y + a[0]))
+SELU = _unary("selu", lambda xp, a, x: SELU_SCALE * _elu(xp, SELU_ALPHA, x),
+              lambda xp, a, x, y, g: g * xp.where(x > 0, SELU_SCALE, y + SELU_SCALE * SELU_ALPHA))
+EXP = _unary("exp", lambda xp, a, x: xp.exp(x), lambda xp, a, x, y, g: g * y)
+LOG = _unary("log", lambda xp, a, x: xp.log(x), lambda xp, a, x, y, g: g / x)
+SQUARE = _unary("square", lambda xp, a, x: x * x, lambda xp, a, x, y, g: 2 * g * x)
+CUBE = _unary("cube", lambda xp, a, x: x * x * x, lambda xp, a, x, y, g: 3 * g * x * x)
+SQRT = _unary("sqrt", lambda xp, a, x: xp.sqrt(x), lambda xp, a, x, y, g: g / (2 * y))
+ABS = _unary("abs", lambda xp, a, x: xp.abs(x), lambda xp, a, x, y, g: g * xp.sign(x))
+SOFTSIGN = _unary("softsign", lambda xp, a, x: x / (1 + xp.abs(x)),
+                  lambda xp, a, x, y, g: g / ((1 + xp.abs(x)) ** 2))
+# Scalar-constant forms: the constant is an attribute, hence part of the signature.
+ADDC = _unary("addc", lambda xp, a, x: x + a[0], lambda xp, a, x, y, g: g)
+MULC = _unary("mulc", lambda xp, a, x: x * a[0], lambda xp, a, x, y, g: g * a[0])
+RSUBC = _unary("rsubc", lambda xp, a, x: a[0] - x, lambda xp, a, x, y, g: -g)
+RDIVC = _unary("rdivc", lambda xp, a, x: a[0] / x, lambda xp, a, x, y, g: -g * y / x)
+POWC = _unary("powc", lambda xp, a, x: x ** a[0], lambda xp, a, x, y, g: g * a[0] * x ** (a[0] - 1))
+# Gradient control.
+NOBACKPROP = defop("nobackprop", same_shape, lambda xp, a, d, x: x, None, blocks_grad=True)
+FLIP_GRADIENT = _unary("flip_gradient", lambda xp, a, x: x, lambda xp, a, x, y, g: -g)
+
+
+# ------------------------------------------------------------------ binary, broadcast
+def _binary(name, f, dfx, dfy):
+    """Binary op with DyNet broadcasting (trailing unit dims, any dim of size 1)."""
+    def shape(a, xs, ys):
+        return broadcast_shape(xs, ys)
+
+    def forward(xp, a, data, x, y):
+        nd = max(x.ndim, y.ndim) - 1
+        return f(xp, pad_to(x, nd), pad_to(y, nd))
+
+    def backward(xp, a, data, xs, out, g, need):
+        x, y = xs
+        nd = max(x.ndim, y.ndim) - 1
+        px, py = pad_to(x, nd), pad_to(y, nd)
+        gx = reduce_to(dfx(xp, px, py, out, g), x.shape) if need[0] else None
+        gy = reduce_to(dfy(xp, px, py, out, g), y.shape) if need[1] else None
+        return gx, gy
+    return defop(name, shape, forward, backward)
+
+
+ADD = _binary("add", lambda xp, x, y: x + y, lambda xp, x, y, o, g: g, lambda xp, x, y, o, g: g)
+SUB = _binary("sub", lambda xp, x, y: x - y, lambda xp, x, y, o, g: g, lambda xp, x, y, o, g: -g)
+CMULT = _binary("cmult", lambda xp, x, y: x * y, lambda xp, x, y, o, g: g * y, lambda xp, x, y, o, g: g * x)
+CDIV = _binary("cdiv", lambda xp, x, y: x / y, lambda xp, x, y, o, g: g / y, lambda xp, x, y, o, g: -g * o / y)
+POW = _binary("pow", lambda xp, x, y: x ** y, lambda xp, x, y, o, g: g * y * x ** (y - 1),
+              lambda xp, x, y, o, g: g * o * xp.log(x))
+BMAX = _binary("bmax", lambda xp, x, y: xp.maximum(x, y), lambda xp, x, y, o, g: g * (x >= y),
+               lambda xp, x, y, o, g: g * (x < y))
+BMIN = _binary("bmin", lambda xp, x, y: xp.minimum(x, y), lambda xp, x, y, o, g: g * (x <= y),
+               lambda xp, x, y, o, g: g * (x > y))
+
+
+# ------------------------------------------------------------------------ n-ary
+def _same_shapes(a, *shapes):
+    if len(set(shapes)) != 1:
+        raise ValueError(f"all arguments must have the same shape, got {', '.join(map(str, shapes))}")
+    return shapes[0]
+
+
+def _stack_args(xp, xs):
+    """Stack n same-shaped batched args into (n, L, ...) broadcasting shared ones."""
+    lead = max(x.shape[0] for x in xs)
+    return xp.stack([xp.broadcast_to(x, (lead,) + x.shape[1:]) for x in xs])
+
+
+@op("esum", _same_shapes)
+class ESum:
+    def forward(xp, a, data, *xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        return out
+
+    def backward(xp, a, data, xs, y, g, need):
+        return tuple(reduce_to(g, x.shape) if n else None for x, n in zip(xs, need))
+
+
+@op("average", _same_shapes)
+class Average:
+    def forward(xp, a, data, *xs):
+        return ESum.forward(xp, a, data, *xs) * (1.0 / len(xs))
+
+    def backward(xp, a, data, xs, y, g, need):
+        return ESum.backward(xp, a, data, xs, y, g * (1.0 / len(xs)), need)
+
+
+@op("emax", _same_shapes)
+class EMax:
+    def forward(xp, a, data, *xs):
+        return _stack_args(xp, xs).max(axis=0)
+
+    def backward(xp, a, data, xs, y, g, need):
+        winner = _stack_args(xp, xs).argmax(axis=0)  # ties go to the first argument
+        return tuple(reduce_to(g * (winner == i), x.shape) if n else None
+                     for i, (x, n) in enumerate(zip(xs, need)))
+
+
+@op("logsumexp", _same_shapes, cost=ELEMWISE)
+class LogSumExp:
+    def forward(xp, a, data, *xs):
+        s = _stack_args(xp, xs)
+        m = s.max(axis=0)
+        return m + xp.log(xp.exp(s - m).sum(axis=0))
+
+    def backward(xp, a, data, xs, y, g, need):
+        return tuple(reduce_to(g * xp.exp(x - y), x.shape) if n else None for x, n in zip(xs, need))
+

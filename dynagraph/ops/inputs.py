@@ -1,0 +1,95 @@
+"""Leaves: parameters, lookups, inputs, constants and random tensors."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import random as rnd
+from .base import CHEAP, ELEMWISE, SparseRows, defop, op, same_shape
+
+
+def _attr_shape(a, *arg_shapes):
+    return a[0]
+
+
+def _leaf_forward(xp, a, data):
+    raise AssertionError("leaf values are bound by the graph, never computed")
+
+
+# attrs = (shape, parameter object). Bound to the parameter's storage, never batched.
+PARAMETER = defop("parameter", _attr_shape, _leaf_forward, None, leaf=True, batchable=False, cost=CHEAP)
+LOOKUP_TABLE = defop("lookup_table", _attr_shape, _leaf_forward, None, leaf=True, batchable=False, cost=CHEAP)
+
+
+def _lookup_shape(a, table):
+    return table[1:]
+
+
+def _lookup_check(a, index, table):
+    if not 0 <= index < table[0]:
+        raise IndexError(f"index {index} out of range for a lookup table with {table[0]} rows")
+
+
+@op("lookup", _lookup_shape, cost=CHEAP, uses_data=True)
+class Lookup:
+    """Gathers one row per node; the backward is one sparse row update for the batch."""
+    check = _lookup_check
+
+    def forward(xp, a, data, table):
+        return table[0][xp.asarray(data)]
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (SparseRows(np.asarray(data), g),)
+
+
+@op("input", _attr_shape, cost=CHEAP, uses_data=True)
+class Input:
+    def forward(xp, a, data):
+        return xp.asarray(np.stack(data))
+
+
+@op("constant", _attr_shape, cost=CHEAP)
+class Constant:
+    """zeros, ones and constant: attrs = (shape, value)."""
+    def forward(xp, a, data):
+        return xp.full((1,) + a[0], a[1])
+
+
+@op("random_normal", _attr_shape, cost=ELEMWISE, uses_data=True)
+class RandomNormal:
+    def forward(xp, a, data):
+        return a[1] + a[2] * rnd.normal(xp, data, a[0])
+
+
+@op("random_uniform", _attr_shape, cost=ELEMWISE, uses_data=True)
+class RandomUniform:
+    def forward(xp, a, data):
+        return a[1] + (a[2] - a[1]) * rnd.uniform(xp, data, a[0])
+
+
+@op("random_bernoulli", _attr_shape, cost=ELEMWISE, uses_data=True)
+class RandomBernoulli:
+    def forward(xp, a, data):
+        return (rnd.uniform(xp, data, a[0]) < a[1]) * a[2]
+
+
+@op("dropout", same_shape, cost=ELEMWISE, uses_data=True)
+class Dropout:
+    """Inverted dropout as in DyNet: keep with prob 1-p and scale by 1/(1-p)."""
+    def _mask(xp, a, data, shape):
+        p = a[0]
+        return (rnd.uniform(xp, data, shape) >= p) * (1.0 / (1.0 - p))
+
+    def forward(xp, a, data, x):
+        return x * Dropout._mask(xp, a, data, x.shape[1:])
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (g * Dropout._mask(xp, a, data, xs[0].shape[1:]),)
+
+
+@op("noise", same_shape, cost=ELEMWISE, uses_data=True)
+class Noise:
+    def forward(xp, a, data, x):
+        return x + a[0] * rnd.normal(xp, data, x.shape[1:])
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (g,)

@@ -1,0 +1,164 @@
+"""Matrix products. A shared weight (leading axis 1) against a batch of vectors
+is a single GEMM, forward and backward: that is where batching pays most."""
+from __future__ import annotations
+
+from .base import GEMM, ELEMWISE, broadcast_shape, op, pad_to, reduce_to
+
+
+def _as_matrix(s: tuple) -> tuple:
+    if len(s) == 1:
+        return (s[0], 1)
+    if len(s) == 2:
+        return s
+    raise ValueError(f"matrix product needs vectors or matrices, got shape {s}")
+
+
+def mm_shape(a, sa, sx):
+    ma, mx = _as_matrix(sa), _as_matrix(sx)
+    if ma[1] != mx[0]:
+        raise ValueError(f"inner dimensions differ: {sa} * {sx} ({ma[1]} != {mx[0]})")
+    return (ma[0],) if len(sx) == 1 else (ma[0], mx[1])
+
+
+def mm(xp, A, X):
+    """A: (La, r[, c]) ; X: (Lx, c) batched vectors or (Lx, c, k) batched matrices."""
+    if A.ndim == 2:
+        A = A[:, :, None]
+    if X.ndim == 2:
+        if A.shape[0] == 1:
+            return X @ A[0].T
+        return xp.matmul(A, X[:, :, None])[:, :, 0]
+    if A.shape[0] == 1 and X.shape[0] > 1:
+        L, c, k = X.shape
+        r = A.shape[1]
+        flat = A[0] @ X.transpose(1, 0, 2).reshape(c, L * k)
+        return flat.reshape(r, L, k).transpose(1, 0, 2)
+    return xp.matmul(A, X)
+
+
+def mm_grads(xp, A, X, G, need):
+    """Gradients of mm; shared A gets dA = sum_b G_b X_b^T as one GEMM."""
+    A3 = A[:, :, None] if A.ndim == 2 else A
+    if A.shape[0] == 1 and X.shape[0] == 1 and G.shape[0] > 1:
+        G = G.sum(axis=0, keepdims=True)  # every node computed the same product
+    gA = gX = None
+    if X.ndim == 2:
+        if need[0]:
+            gA = (G.T @ X)[None] if A3.shape[0] == 1 else G[:, :, None] * X[:, None, :]
+        if need[1]:
+            gX = G @ A3[0] if A3.shape[0] == 1 else xp.matmul(A3.transpose(0, 2, 1), G[:, :, None])[:, :, 0]
+    else:
+        if need[0]:
+            if A3.shape[0] == 1:
+                L, r, k = G.shape
+                c = X.shape[1]
+                gA = (G.transpose(1, 0, 2).reshape(r, L * k) @ X.transpose(1, 0, 2).reshape(c, L * k).T)[None]
+            else:
+                gA = xp.matmul(G, X.transpose(0, 2, 1))
+        if need[1]:
+            gX = mm(xp, A3.transpose(0, 2, 1), G)
+    if gA is not None:
+        gA = reduce_to(gA.reshape(gA.shape[0], *A.shape[1:]) if A.ndim == 2 else gA, A.shape)
+    if gX is not None:
+        gX = reduce_to(gX, X.shape)
+    return gA, gX
+
+
+@op("matmul", mm_shape, cost=GEMM)
+class MatMul:
+    def forward(xp, a, data, A, X):
+        return mm(xp, A, X)
+
+    def backward(xp, a, data, xs, y, g, need):
+        return mm_grads(xp, xs[0], xs[1], g, need)
+
+
+def _affine_shape(a, sb, *rest):
+    if len(rest) % 2:
+        raise ValueError("affine_transform takes [b, W1, x1, W2, x2, ...]")
+    prods = {mm_shape(a, rest[i], rest[i + 1]) for i in range(0, len(rest), 2)}
+    if len(prods) > 1:
+        raise ValueError(f"products have different shapes {sorted(prods)}")
+    return broadcast_shape(sb, *prods) if prods else sb
+
+
+@op("affine", _affine_shape, cost=GEMM)
+class Affine:
+    """b + W1 x1 + W2 x2 + ...: one GEMM per (shared W, batch of x)."""
+    def forward(xp, a, data, b, *wx):
+        y = None
+        for i in range(0, len(wx), 2):
+            p = mm(xp, wx[i], wx[i + 1])
+            y = p if y is None else y + p
+        nd = max(y.ndim, b.ndim) - 1
+        return pad_to(y, nd) + pad_to(b, nd) if y is not None else b.copy()
+
+    def backward(xp, a, data, xs, y, g, need):
+        b, wx = xs[0], xs[1:]
+        out = [reduce_to(g, b.shape) if need[0] else None]
+        if wx:
+            p = mm_shape(None, wx[0].shape[1:], wx[1].shape[1:])
+            gp = reduce_to(g, (g.shape[0],) + p)
+            for i in range(0, len(wx), 2):
+                out += mm_grads(xp, wx[i], wx[i + 1], gp, need[1 + i:3 + i])
+        return tuple(out)
+
+
+def _dot_shape(a, sx, sy):
+    if sx != sy:
+        raise ValueError(f"dot_product needs equal shapes, got {sx} and {sy}")
+    return (1,)
+
+
+@op("dot_product", _dot_shape, cost=ELEMWISE)
+class DotProduct:
+    def forward(xp, a, data, x, y):
+        p = x * y
+        return p.reshape(p.shape[0], -1).sum(axis=1, keepdims=True)
+
+    def backward(xp, a, data, xs, out, g, need):
+        x, y = xs
+        gg = g.reshape((g.shape[0],) + (1,) * (x.ndim - 1))
+        return (reduce_to(gg * y, x.shape) if need[0] else None,
+                reduce_to(gg * x, y.shape) if need[1] else None)
+
+
+def _transpose_shape(a, s):
+    dims = a[0]
+    if sorted(dims) != list(range(len(dims))) or len(s) > len(dims):
+        raise ValueError(f"transpose dims {list(dims)} do not fit shape {s}")
+    padded = tuple(s) + (1,) * (len(dims) - len(s))
+    return tuple(padded[d] for d in dims)
+
+
+@op("transpose", _transpose_shape, cost=ELEMWISE)
+class Transpose:
+    def forward(xp, a, data, x):
+        dims = a[0]
+        x = pad_to(x, len(dims))
+        return x.transpose((0,) + tuple(d + 1 for d in dims))
+
+    def backward(xp, a, data, xs, y, g, need):
+        dims = a[0]
+        inv = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inv[d] = i
+        return (g.transpose((0,) + tuple(d + 1 for d in inv)).reshape(xs[0].shape),)
+
+
+def _colwise_shape(a, sx, sb):
+    if len(sx) != 2 or sb not in ((sx[0],), (sx[0], 1)):
+        raise ValueError(f"colwise_add needs a matrix (r, c) and a vector (r,), got {sx} and {sb}")
+    return sx
+
+
+@op("colwise_add", _colwise_shape)
+class ColwiseAdd:
+    def forward(xp, a, data, x, b):
+        return x + b.reshape(b.shape[0], -1, 1)
+
+    def backward(xp, a, data, xs, y, g, need):
+        x, b = xs
+        gb = reduce_to(g.sum(axis=2), (g.shape[0], b.shape[1])).reshape(-1, *b.shape[1:]) if need[1] else None
+        return (reduce_to(g, x.shape) if need[0] else None,
+                reduce_to(gb, b.shape) if gb is not None else None)

@@ -1,0 +1,324 @@
+"""Trainable storage: ParameterCollection, Parameters, LookupParameters, initialisers.
+
+Arrays are updated in place, never replaced, so a graph that bound a parameter
+keeps seeing its current value (as in DyNet).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from . import checkpoint
+from .config import config
+from .ops.base import as_shape
+
+# Installed by graph.py: turns a parameter into an expression of the current graph.
+expression_hook: Callable | None = None
+
+
+# ------------------------------------------------------------------ initialisers
+class Initializer:
+    def __call__(self, shape: tuple, is_lookup: bool = False) -> np.ndarray:
+        raise NotImplementedError
+
+
+class GlorotInitializer(Initializer):
+    """DyNet's: uniform(+-gain*sqrt(3*nd)/sqrt(sum(dims))); lookups skip the row dim."""
+    def __init__(self, is_lookup: bool = False, gain: float = 1.0):
+        self.is_lookup, self.gain = is_lookup, gain
+
+    def __call__(self, shape, is_lookup=False):
+        dims = shape[1:] if (is_lookup or self.is_lookup) else shape
+        s = self.gain * math.sqrt(3 * len(dims)) / math.sqrt(sum(dims))
+        return config.rng.uniform(-s, s, size=shape)
+
+
+class UniformInitializer(Initializer):
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def __call__(self, shape, is_lookup=False):
+        return config.rng.uniform(-self.scale, self.scale, size=shape)
+
+
+class NormalInitializer(Initializer):
+    """DyNet's signature: (mean, var); the standard deviation is sqrt(var)."""
+    def __init__(self, mean: float = 0.0, var: float = 1.0):
+        self.mean, self.var = mean, var
+
+    def __call__(self, shape, is_lookup=False):
+        return config.rng.normal(self.mean, math.sqrt(self.var), size=shape)
+
+
+class ConstInitializer(Initializer):
+    def __init__(self, c: float):
+        self.c = c
+
+    def __call__(self, shape, is_lookup=False):
+        return np.full(shape, self.c)
+
+
+class IdentityInitializer(Initializer):
+    def __call__(self, shape, is_lookup=False):
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise ValueError(f"IdentityInitializer needs a square matrix, got shape {shape}")
+        return np.eye(shape[0])
+
+
+class SaxeInitializer(Initializer):
+    """Random orthogonal matrix (Saxe et al., 2014)."""
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def __call__(self, shape, is_lookup=False):
+        if len(shape) != 2:
+            raise ValueError(f"SaxeInitializer needs a matrix, got shape {shape}")
+        q, r = np.linalg.qr(config.rng.normal(size=(max(shape), min(shape))))
+        q = q * np.sign(np.diag(r))
+        return self.scale * (q if shape[0] >= shape[1] else q.T)
+
+
+class NumpyInitializer(Initializer):
+    def __init__(self, array):
+        self.array = np.asarray(array)
+
+    def __call__(self, shape, is_lookup=False):
+        if self.array.shape != shape:
+            raise ValueError(f"initial array has shape {self.array.shape}, parameter has {shape}")
+        return self.array
+
+
+def make_initializer(init, scale: float = 1.0) -> Initializer:
+    """DyNet's `init=` argument: None, an Initializer, a number, an array, or a name."""
+    if init is None:
+        return GlorotInitializer(gain=scale)
+    if isinstance(init, Initializer):
+        return init
+    if isinstance(init, str):
+        named = {"glorot": lambda: GlorotInitializer(gain=scale), "uniform": lambda: UniformInitializer(scale),
+                 "normal": lambda: NormalInitializer(0.0, scale), "identity": IdentityInitializer,
+                 "saxe": lambda: SaxeInitializer(scale)}
+        if init not in named:
+            raise ValueError(f"unknown initializer {init!r}; use one of {sorted(named)}")
+        return named[init]()
+    if isinstance(init, (int, float)):
+        return ConstInitializer(float(init))
+    return NumpyInitializer(init)
+
+
+# --------------------------------------------------------------------- parameters
+class _Stored:
+    """Shared parts of Parameters and LookupParameters."""
+    is_lookup = False
+
+    def __init__(self, pc: "ParameterCollection", name: str, values: np.ndarray):
+        self._pc, self._name = pc, name
+        self.values = np.ascontiguousarray(values, dtype=config.np_dtype)
+        self.grad = np.zeros_like(self.values)
+        self.updated = True
+
+    def name(self) -> str:
+        return self._name
+
+    def shape(self) -> tuple:
+        return self.values.shape
+
+    def as_array(self) -> np.ndarray:
+        return self.values.copy()
+
+    def grad_as_array(self) -> np.ndarray:
+        return self.grad.copy()
+
+    def zero(self) -> None:
+        self.values[...] = 0
+
+    def scale(self, s: float) -> None:
+        self.values *= s
+
+    def scale_gradient(self, s: float) -> None:
+        self.grad *= s
+
+    def clip_inplace(self, left: float, right: float) -> None:
+        np.clip(self.values, left, right, out=self.values)
+
+    def set_updated(self, b: bool) -> None:
+        self.updated = bool(b)
+
+    def is_updated(self) -> bool:
+        return self.updated
+
+    def _check_shape(self, arr: np.ndarray, shape: tuple) -> np.ndarray:
+        arr = np.asarray(arr, dtype=self.values.dtype)
+        if arr.shape != shape:
+            if arr.size == int(np.prod(shape)) and (arr.ndim == 1 or len(shape) == 1):
+                return arr.reshape(shape)
+            raise ValueError(f"{self._name}: value has shape {arr.shape}, expected {shape}")
+        return arr
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self._name} {self.values.shape}>"
+
+
+class Parameters(_Stored):
+    def set_value(self, arr) -> None:
+        self.values[...] = self._check_shape(arr, self.values.shape)
+
+    def expr(self, update: bool = True):
+        return expression_hook(self, update)
+
+    # Parameters act as expressions in arithmetic, as in DyNet 2.1.
+    def __mul__(self, o): return self.expr() * o
+    def __rmul__(self, o): return o * self.expr()
+    def __add__(self, o): return self.expr() + o
+    def __radd__(self, o): return o + self.expr()
+    def __sub__(self, o): return self.expr() - o
+    def __rsub__(self, o): return o - self.expr()
+    def __truediv__(self, o): return self.expr() / o
+    def __neg__(self): return -self.expr()
+    def __getitem__(self, i): return self.expr()[i]
+
+    def grad_norm_sq(self) -> float:
+        return float(np.vdot(self.grad, self.grad))
+
+
+class LookupParameters(_Stored):
+    """Embedding table of shape (rows, *dim). Gradients are tracked per touched row."""
+    is_lookup = True
+
+    def __init__(self, pc, name, values):
+        super().__init__(pc, name, values)
+        self.touched = np.zeros(self.values.shape[0], dtype=bool)
+
+    def init_row(self, i: int, row) -> None:
+        self._row_index(i)
+        self.values[i] = self._check_shape(row, self.values.shape[1:])
+
+    def init_from_array(self, arr) -> None:
+        self.values[...] = self._check_shape(arr, self.values.shape)
+
+    def row_as_array(self, i: int) -> np.ndarray:
+        return self.values[self._row_index(i)].copy()
+
+    def rows_as_array(self, rows) -> np.ndarray:
+        return np.stack([self.row_as_array(r) for r in rows])
+
+    def _row_index(self, i) -> int:
+        if not 0 <= int(i) < self.values.shape[0]:
+            raise IndexError(f"{self._name}: row {i} out of range for a table with {self.values.shape[0]} rows")
+        return int(i)
+
+    def add_sparse_grad(self, idx: np.ndarray, g: np.ndarray) -> None:
+        np.add.at(self.grad, idx, g)
+        self.touched[idx] = True
+
+    def touched_rows(self) -> np.ndarray:
+        return np.flatnonzero(self.touched)
+
+    def clear_grad(self) -> None:
+        rows = self.touched_rows()
+        self.grad[rows] = 0
+        self.touched[rows] = False
+
+    def grad_norm_sq(self) -> float:
+        g = self.grad[self.touched_rows()]
+        return float(np.vdot(g, g))
+
+    def expr(self, update: bool = True):
+        return expression_hook(self, update)
+
+    def __getitem__(self, i):
+        return expression_hook(self, True, lookup=i)
+
+    def batch(self, indices):
+        raise NotImplementedError("batched lookups (DyNet minibatch dimension) are not supported; "
+                                  "write per-sample code and let dynagraph batch it")
+
+
+class ParameterCollection:
+    """DyNet's ParameterCollection (alias Model). Names look like '/_0', '/W', '/sub/_1'."""
+
+    def __init__(self, name: str = "/", parent: "ParameterCollection | None" = None):
+        self._name, self._parent = name, parent
+        self._params: list[_Stored] = []
+        self._subs: list[ParameterCollection] = []
+        self._counter = 0
+        self._names: set[str] = set()
+
+    def _fresh(self, name: str) -> str:
+        if not name:
+            name = f"_{self._counter}"
+            self._counter += 1
+        base, k = name, 0
+        while name in self._names:
+            k += 1
+            name = f"{base}_{k}"
+        self._names.add(name)
+        return self._name + name
+
+    def add_parameters(self, dim, init=None, name: str = "", device: str = "", scale: float = 1.0) -> Parameters:
+        if isinstance(init, np.ndarray) and dim is None:
+            dim = init.shape
+        shape = as_shape(dim)
+        p = Parameters(self, self._fresh(name), make_initializer(init, scale)(shape))
+        self._params.append(p)
+        return p
+
+    def parameters_from_numpy(self, array, name: str = "", device: str = "") -> Parameters:
+        array = np.asarray(array)
+        return self.add_parameters(array.shape, init=array, name=name)
+
+    def add_lookup_parameters(self, dim, init=None, name: str = "", device: str = "", scale: float = 1.0) -> LookupParameters:
+        shape = as_shape(dim)
+        if len(shape) < 2:
+            raise ValueError(f"lookup parameters need (rows, dim...), got {shape}")
+        init = GlorotInitializer(is_lookup=True, gain=scale) if init is None else make_initializer(init, scale)
+        p = LookupParameters(self, self._fresh(name), init(shape, True))
+        self._params.append(p)
+        return p
+
+    def lookup_parameters_from_numpy(self, array, name: str = "", device: str = "") -> LookupParameters:
+        array = np.asarray(array)
+        return self.add_lookup_parameters(array.shape, init=array, name=name)
+
+    def add_subcollection(self, name: str | None = None) -> "ParameterCollection":
+        sub = ParameterCollection(self._fresh(name or "") + "/", self)
+        self._subs.append(sub)
+        return sub
+
+    def name(self) -> str:
+        return self._name
+
+    def _all(self) -> list[_Stored]:
+        out = list(self._params)
+        for s in self._subs:
+            out.extend(s._all())
+        return out
+
+    def parameters_list(self) -> list[Parameters]:
+        return [p for p in self._all() if not p.is_lookup]
+
+    def lookup_parameters_list(self) -> list[LookupParameters]:
+        return [p for p in self._all() if p.is_lookup]
+
+    def parameter_count(self) -> int:
+        return sum(p.values.size for p in self._all())
+
+    def reset_gradient(self) -> None:
+        for p in self._all():
+            if p.is_lookup:
+                p.clear_grad()
+            else:
+                p.grad[...] = 0
+
+    def save(self, fname: str, key: str = "", append: bool = False) -> None:
+        """Atomically write every parameter (a crash leaves any old file intact)."""
+        checkpoint.save_collection(self, fname, key=key, append=append)
+
+    def populate(self, fname: str, key: str = "") -> None:
+        """Load values saved by `save`, checking names and shapes."""
+        checkpoint.populate_collection(self, fname, key=key)
+
+
+Model = ParameterCollection
