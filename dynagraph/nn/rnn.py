@@ -1,0 +1,2 @@
+"""RNN builders with DyNet's parameter layout (being written)."""
+__all__: list = []

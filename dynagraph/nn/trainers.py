@@ -1,0 +1,2 @@
+"""Trainers with DyNet's update rules (being written)."""
+__all__: list = []
