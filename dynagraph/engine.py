@@ -21,6 +21,9 @@ class Engine:
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, xp_for(), batches)
         cg.done = upto + 1
+        if stats.lower_bound_fn is None:
+            stats.lower_bound_fn = lambda: schedulers.lower_bound(
+                cg, [i for i in range(cg.done) if not cg.op[i].leaf])
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:

@@ -67,7 +67,8 @@ class ComputationGraph:
 
     # ------------------------------------------------------------------ recording
     def add(self, op: OpDef, ids: Sequence[int], attrs: tuple = (), data: Any = None) -> int:
-        shapes = [self.shape[i] for i in ids]
+        shp = self.shape
+        shapes = [shp[i] for i in ids]
         try:
             shape = op.shape(attrs, *shapes)
             if op.check is not None:
@@ -79,19 +80,21 @@ class ComputationGraph:
         nid = len(self.op)
         depth = 0
         needs = False
+        dep, ng, part = self.depth, self.needs_grad, self.sig_part
         for i in ids:
-            if self.depth[i] > depth:
-                depth = self.depth[i]
-            needs = needs or self.needs_grad[i]
+            if dep[i] > depth:
+                depth = dep[i]
+            if ng[i]:
+                needs = True
         self.op.append(op)
-        self.args.append(tuple(ids))
+        self.args.append(ids)
         self.attrs.append(attrs)
         self.data.append(self._rand_base + nid if data is _RANDOM_KEY else data)
-        self.shape.append(shape)
-        self.depth.append(depth + 1)
-        self.sig.append((op, attrs, tuple(self.sig_part[i] for i in ids)))
-        self.sig_part.append(shape)
-        self.needs_grad.append(needs and not op.blocks_grad)
+        shp.append(shape)
+        dep.append(depth + 1)
+        self.sig.append((op, attrs, tuple([part[i] for i in ids])))
+        part.append(shape)
+        ng.append(needs and not op.blocks_grad)
         self.blk.append(-1)
         self.row.append(0)
         if self.immediate_compute:
@@ -179,6 +182,10 @@ class ComputationGraph:
 
     def renew(self, *a, **k) -> "ComputationGraph":
         return renew_cg(*a, **k)
+
+    def print_batches(self, limit: int = 200) -> None:
+        """Print each executed batch with its op and size (what was and was not batched)."""
+        print(self.stats.describe_batches(limit))
 
     def print_graph(self) -> str:
         lines = []
@@ -319,13 +326,6 @@ def _binary_or_const(x, y, op_name: str, const_name: str, sign: float):
 
 
 # --------------------------------------------------------------------- recording API
-def _graph_for(args) -> ComputationGraph:
-    for a in args:
-        if type(a) is Expression:
-            return a.cg
-    return current()
-
-
 def _arg_id(cg: ComputationGraph, a) -> int:
     if type(a) is Expression:
         if a.cg is cg:
@@ -345,13 +345,20 @@ def _arg_id(cg: ComputationGraph, a) -> int:
 
 def record(op: OpDef, args: Sequence = (), attrs: tuple = (), data: Any = None) -> Expression:
     """Append one node to the graph of its arguments (or the current graph)."""
-    cg = _graph_for(args)
+    cg = None
+    for a in args:
+        if type(a) is Expression:
+            cg = a.cg
+            break
+    if cg is None:
+        cg = current()
     try:
-        ids = [_arg_id(cg, a) for a in args]
+        if cg.retired:
+            raise StaleExpressionError(f"stale expression: it belongs to graph version {cg.version}, "
+                                       f"which renew_cg() retired")
+        ids = tuple([a.i if type(a) is Expression and a.cg is cg else _arg_id(cg, a) for a in args])
     except (DynagraphError, TypeError) as e:
         raise type(e)(f"{op.name}: {e}\n  recorded at {user_line()}") from None
-    if cg.retired:
-        raise StaleExpressionError(f"{op.name}: the graph was retired by renew_cg()\n  at {user_line()}")
     return Expression(cg, cg.add(op, ids, attrs, data))
 
 

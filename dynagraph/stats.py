@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Callable
+
+_NOT_COUNTERS = ("batch_log", "lower_bound_fn")
 
 
 @dataclass
 class Stats:
     nodes: int = 0               # nodes evaluated (parameters excluded)
     batches: int = 0             # forward kernel launches that came from the scheduler
-    lower_bound: int = 0         # batching lower bound of the evaluated graph
     kernel_calls: int = 0        # forward + backward op kernels
     gathers: int = 0             # argument copies (a contiguous argument costs none)
     gather_bytes: int = 0
@@ -20,13 +22,39 @@ class Stats:
     t_memory: float = 0.0        # gathers, scatters, block bookkeeping
     t_backward: float = 0.0      # backward kernels
     batch_log: list = field(default_factory=list, repr=False)  # (op name, size) per batch
+    # Set by the engine: computing the bound is O(nodes x signatures), so only on demand.
+    lower_bound_fn: Callable[[], int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def lower_bound(self) -> int:
+        """Batches no schedule can beat: see schedulers.base.lower_bound."""
+        return self.lower_bound_fn() if self.lower_bound_fn is not None else 0
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "batch_log"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_COUNTERS}
+        d["lower_bound"] = self.lower_bound
+        return d
+
+    def describe_batches(self, limit: int = 200) -> str:
+        """DyNet-style debug listing: one line per executed batch, op and size."""
+        lines = [f"{len(self.batch_log)} batches for {self.nodes} nodes:"]
+        for k, (name, size) in enumerate(self.batch_log[:limit]):
+            lines.append(f"  batch {k:4d}: {name:<18} x {size}")
+        if len(self.batch_log) > limit:
+            lines.append(f"  ... {len(self.batch_log) - limit} more")
+        return "\n".join(lines)
+
+    def by_op(self) -> dict:
+        """op name -> (nodes, batches): shows at a glance what was and was not batched."""
+        out: dict = {}
+        for name, size in self.batch_log:
+            n, b = out.get(name, (0, 0))
+            out[name] = (n + size, b + 1)
+        return out
 
     def merge(self, other: "Stats") -> None:
         for f in fields(self):
-            if f.name != "batch_log":
+            if f.name not in _NOT_COUNTERS:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def __str__(self) -> str:

@@ -93,6 +93,8 @@ def same_shape(attrs, x):
 
 def broadcast_shape(*shapes) -> tuple:
     """DyNet broadcasting: pad with trailing 1s; each dim equal or 1."""
+    if shapes.count(shapes[0]) == len(shapes):  # the common case, on the recording hot path
+        return shapes[0]
     nd = max(len(s) for s in shapes)
     padded = [tuple(s) + (1,) * (nd - len(s)) for s in shapes]
     out = []

@@ -38,18 +38,25 @@ def get(spec) -> Scheduler:
         raise ValueError(f"unknown scheduler {spec!r}; available: {', '.join(available())}") from None
 
 
-def users_of(cg, nodes: Sequence[int]) -> tuple[dict, dict]:
-    """Pending in-degree and user lists restricted to the pending nodes."""
-    pending = set(nodes)
-    indeg = dict.fromkeys(nodes, 0)
-    users: dict[int, list[int]] = {n: [] for n in nodes}
-    args = cg.args
+def users_of(cg, nodes: Sequence[int]) -> tuple[list, list, int]:
+    """Pending in-degree and user lists, indexed by node id minus `base` (lists beat dicts here)."""
+    base = nodes[0] if nodes else 0
+    span = (nodes[-1] - base + 1) if nodes else 0
+    indeg = [0] * span
+    users: list = [None] * span
+    args, blk = cg.args, cg.blk
     for n in nodes:
+        k = 0
         for a in args[n]:
-            if a in pending:
-                indeg[n] += 1
-                users[a].append(n)
-    return indeg, users
+            if a >= base and blk[a] < 0:  # pending argument
+                k += 1
+                u = users[a - base]
+                if u is None:
+                    users[a - base] = [n]
+                else:
+                    u.append(n)
+        indeg[n - base] = k
+    return indeg, users, base
 
 
 def lower_bound(cg, nodes: Sequence[int]) -> int:

@@ -42,50 +42,50 @@ class AgendaBatching:
     name = "agenda"
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
-        indeg, users = users_of(cg, nodes)
+        indeg, users, base = users_of(cg, nodes)
         depth, sig, op = cg.depth, cg.sig, cg.op
         total: dict = {}
-        count: dict = {}
         for n in nodes:
             s = sig[n]
-            total[s] = total.get(s, 0) + depth[n]
-            count[s] = count.get(s, 0) + 1
+            t = total.get(s)
+            total[s] = (depth[n], 1) if t is None else (t[0] + depth[n], t[1] + 1)
         ready: dict = {}
         heap: list = []
-        order: dict = {}
         batches: list[list[int]] = []
-
-        def push(n):
-            if not op[n].batchable:
-                batches.append([n])
-                release(n)
-                return
-            s = sig[n]
-            bucket = ready.get(s)
-            if not bucket:
-                ready[s] = [n]
-                if s not in order:
-                    order[s] = len(order)
-                heapq.heappush(heap, (total[s] / count[s], op[n].cost, order[s], s))
-            else:
-                bucket.append(n)
-
-        def release(n):
-            for u in users[n]:
-                indeg[u] -= 1
-                if indeg[u] == 0:
-                    push(u)
-
-        for n in nodes:
-            if indeg[n] == 0:
-                push(n)
-        while heap:
-            _, _, _, s = heapq.heappop(heap)
+        stack = [n for n in nodes if indeg[n - base] == 0]
+        while True:
+            while stack:  # make newly ready nodes visible; unbatchable ones run at once
+                n = stack.pop()
+                if not op[n].batchable:
+                    batches.append([n])
+                    self._release(n, users, indeg, base, stack)
+                    continue
+                s = sig[n]
+                bucket = ready.get(s)
+                if bucket is None:
+                    ready[s] = [n]
+                    t = total[s]
+                    heapq.heappush(heap, (t[0] / t[1], op[n].cost, n, s))
+                else:
+                    bucket.append(n)
+            if not heap:
+                return batches
+            s = heapq.heappop(heap)[3]
             batch = ready.pop(s)
+            batch.sort()  # recording order keeps consecutive rows contiguous for later users
             batches.append(batch)
             for n in batch:
-                release(n)
-        return batches
+                self._release(n, users, indeg, base, stack)
+
+    @staticmethod
+    def _release(n, users, indeg, base, stack):
+        us = users[n - base]
+        if us:
+            for u in us:
+                k = indeg[u - base] - 1
+                indeg[u - base] = k
+                if k == 0:
+                    stack.append(u)
 
 
 register("none", NoBatching)
