@@ -20,6 +20,15 @@ def _grad_block(cg, xp, gb, b):
     return g
 
 
+def _add_rows(xp, g, rows: list, vals) -> None:
+    """g[rows] += vals; add.at (slow) only when a row repeats."""
+    idx = xp.asarray(rows)
+    if len(set(rows)) == len(rows):
+        g[idx] += vals
+    else:
+        xp.add.at(g, idx, vals)
+
+
 def scatter(cg, xp, gb, nodes: Sequence[int], k: int, gx, stats) -> None:
     args, blk, row = cg.args, cg.blk, cg.row
     first = args[nodes[0]][k]
@@ -43,11 +52,19 @@ def scatter(cg, xp, gb, nodes: Sequence[int], k: int, gx, stats) -> None:
         if rows[-1] - r0 == B - 1 and rows == list(range(r0, r0 + B)):
             g[r0:r0 + B] += gx.reshape(g[r0:r0 + B].shape)
             return
-        xp.add.at(g, xp.asarray(rows), gx.reshape((B,) + g.shape[1:]))
+        _add_rows(xp, g, rows, gx.reshape((B,) + g.shape[1:]))
     else:
+        by_block: dict = {}
         for j, (bb, rr) in enumerate(zip(blks, rows)):
+            pos = by_block.get(bb)
+            if pos is None:
+                by_block[bb] = ([j], [rr])
+            else:
+                pos[0].append(j)
+                pos[1].append(rr)
+        for bb, (src, dst) in by_block.items():
             g = _grad_block(cg, xp, gb, bb)
-            g[rr] += gx[j].reshape(g.shape[1:])
+            _add_rows(xp, g, dst, gx[xp.asarray(src)].reshape((len(src),) + g.shape[1:]))
     stats.scatters += 1
     stats.scatter_bytes += gx.nbytes
 
@@ -78,7 +95,7 @@ def backward(cg, xp, nid: int, full: bool = False) -> None:
             if need[k] and gxs[k] is not None:
                 scatter(cg, xp, gb, nodes, k, gxs[k], stats)
         stats.t_memory += time.perf_counter() - t1
-    for (_, update), leaf in cg._leaves.items():
+    for leaf in cg._leaves.values():
         g = gb[cg.blk[leaf]]
         if g is not None and needs_grad[leaf]:
             p = cg.attrs[leaf][1]

@@ -29,10 +29,26 @@ def gather(cg, xp, nodes: Sequence[int], k: int, stats):
             return cg.blocks[b][r0:r0 + B]
         out = cg.blocks[b][xp.asarray(rows)]
     else:
-        blocks = cg.blocks
-        out = xp.stack([blocks[bb][rr] for bb, rr in zip(blks, rows)])
+        out = _gather_many(cg, xp, blks, rows)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
+    return out
+
+
+def _gather_many(cg, xp, blks: list, rows: list):
+    """Rows from several blocks: one fancy-indexed copy per source block."""
+    by_block: dict = {}
+    for j, (bb, rr) in enumerate(zip(blks, rows)):
+        pos = by_block.get(bb)
+        if pos is None:
+            by_block[bb] = ([j], [rr])
+        else:
+            pos[0].append(j)
+            pos[1].append(rr)
+    first = cg.blocks[blks[0]]
+    out = xp.empty((len(rows),) + first.shape[1:], dtype=first.dtype)
+    for bb, (dst, src) in by_block.items():
+        out[xp.asarray(dst)] = cg.blocks[bb][xp.asarray(src)]
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import DynagraphError, user_line
-from .graph import RANDOM_KEY, Expression, record
+from .graph import RANDOM_KEY, Expression, record, record1, record2
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 
@@ -128,7 +128,7 @@ def _u(name):
     op = _O[name]
 
     def f(x) -> Expression:
-        return record(op, (x,))
+        return record1(op, x)
     f.__name__ = name
     f.__doc__ = f"Elementwise {name}."
     return f
@@ -144,7 +144,7 @@ sum_elems, mean_elems, squared_norm, l2_norm = (_u(n) for n in ("sum_elems", "me
 
 
 def elu(x, alpha: float = 1.0) -> Expression:
-    return record(_O["elu"], (x,), (float(alpha),))
+    return record1(_O["elu"], x, (float(alpha),))
 
 
 def pow(x, y) -> Expression:
@@ -156,7 +156,7 @@ def _b(name):
     op = _O[name]
 
     def f(x, y) -> Expression:
-        return record(op, (x, y))
+        return record2(op, x, y)
     f.__name__ = name
     return f
 
@@ -202,30 +202,30 @@ def affine_transform(xs: Sequence) -> Expression:
 
 # ------------------------------------------------------------ shape & selection
 def reshape(x, d, batch_size: int = 1) -> Expression:
-    return record(_O["reshape"], (x,), (_dim(d, "reshape"),))
+    return record1(_O["reshape"], x, (_dim(d, "reshape"),))
 
 
 def transpose(x, dims: Sequence[int] = (1, 0)) -> Expression:
-    return record(_O["transpose"], (x,), (tuple(int(d) for d in dims),))
+    return record1(_O["transpose"], x, (tuple(int(d) for d in dims),))
 
 
 def pick(x, index: int = 0, dim: int = 0) -> Expression:
-    return record(_O["pick"], (x,), (int(dim),), _int(index, "pick"))
+    return record1(_O["pick"], x, (int(dim),), _int(index, "pick"))
 
 
 def pick_range(x, s: int, e: int, d: int = 0) -> Expression:
-    return record(_O["pick_range"], (x,), (int(s), int(e), int(d)))
+    return record1(_O["pick_range"], x, (int(s), int(e), int(d)))
 
 
 pickrange = pick_range
 
 
 def select_rows(x, rs: Sequence[int]) -> Expression:
-    return record(_O["select"], (x,), (tuple(int(r) for r in rs), 0))
+    return record1(_O["select"], x, (tuple(int(r) for r in rs), 0))
 
 
 def select_cols(x, cs: Sequence[int]) -> Expression:
-    return record(_O["select"], (x,), (tuple(int(c) for c in cs), 1))
+    return record1(_O["select"], x, (tuple(int(c) for c in cs), 1))
 
 
 def _dims(d) -> tuple:
@@ -234,12 +234,12 @@ def _dims(d) -> tuple:
 
 def sum_dim(x, d: Sequence[int] = (0,), b: bool = False, n: int = 0) -> Expression:
     _no_batch(b, "sum_dim")
-    return record(_O["sum_dim"], (x,), (_dims(d),))
+    return record1(_O["sum_dim"], x, (_dims(d),))
 
 
 def mean_dim(x, d: Sequence[int] = (0,), b: bool = False, n: int = 0) -> Expression:
     _no_batch(b, "mean_dim")
-    return record(_O["mean_dim"], (x,), (_dims(d),))
+    return record1(_O["mean_dim"], x, (_dims(d),))
 
 
 def _no_batch(b, what):
@@ -248,28 +248,28 @@ def _no_batch(b, what):
 
 
 def max_dim(x, d: int = 0) -> Expression:
-    return record(_O["max_dim"], (x,), (int(d),))
+    return record1(_O["max_dim"], x, (int(d),))
 
 
 def min_dim(x, d: int = 0) -> Expression:
-    return record(_O["min_dim"], (x,), (int(d),))
+    return record1(_O["min_dim"], x, (int(d),))
 
 
 # ----------------------------------------------------------- softmax & losses
 def softmax(x, d: int = 0) -> Expression:
-    return record(_O["softmax"], (x,), (int(d),))
+    return record1(_O["softmax"], x, (int(d),))
 
 
 def log_softmax(x, restrict: Sequence[int] | None = None) -> Expression:
-    return record(_O["log_softmax"], (x,), (None if restrict is None else tuple(int(i) for i in restrict),))
+    return record1(_O["log_softmax"], x, (None if restrict is None else tuple(int(i) for i in restrict),))
 
 
 def pickneglogsoftmax(x, v: int) -> Expression:
-    return record(_O["pickneglogsoftmax"], (x,), (), _int(v, "pickneglogsoftmax"))
+    return record1(_O["pickneglogsoftmax"], x, (), _int(v, "pickneglogsoftmax"))
 
 
 def hinge(x, index: int, m: float = 1.0) -> Expression:
-    return record(_O["hinge"], (x,), (float(m),), _int(index, "hinge"))
+    return record1(_O["hinge"], x, (float(m),), _int(index, "hinge"))
 
 
 # ------------------------------------------------------------- regularisation
@@ -278,9 +278,9 @@ def dropout(x, p: float) -> Expression:
         raise DynagraphError(f"dropout: p must be in [0, 1), got {p}\n  at {user_line()}")
     if p == 0.0:
         return x
-    return record(_O["dropout"], (x,), (float(p),), RANDOM_KEY)
+    return record1(_O["dropout"], x, (float(p),), RANDOM_KEY)
 
 
 def noise(x, stddev: float) -> Expression:
-    return record(_O["noise"], (x,), (float(stddev),), RANDOM_KEY)
+    return record1(_O["noise"], x, (float(stddev),), RANDOM_KEY)
 

@@ -50,7 +50,9 @@ class ComputationGraph:
         self.data: list = []
         self.shape: list[tuple] = []
         self.depth: list[int] = []
-        self.sig: list[tuple] = []
+        self.sig: list[int] = []        # signature id per node; see `signatures`
+        self.signatures: list[tuple] = []  # id -> (op, attrs, per-arg shape or shared id)
+        self._sig_id: dict = {}
         self.sig_part: list = []        # how a node appears inside its users' signatures
         self.needs_grad: list[bool] = []
         # Values: node -> (block, row). Blocks are the batched outputs.
@@ -66,47 +68,65 @@ class ComputationGraph:
         self._t_last = time.perf_counter()
 
     # ------------------------------------------------------------------ recording
-    def add(self, op: OpDef, ids: Sequence[int], attrs: tuple = (), data: Any = None) -> int:
-        shp = self.shape
-        shapes = [shp[i] for i in ids]
+    def add(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
+        """Record one node. The hot path of every model: keep it allocation-light."""
+        shp, dep, ng, part = self.shape, self.depth, self.needs_grad, self.sig_part
         try:
-            shape = op.shape(attrs, *shapes)
-            if op.check is not None:
-                op.check(attrs, data, *shapes)
-        except IndexError as e:
-            raise op_error(DynagraphIndexError, op.name, shapes, str(e)) from None
-        except ValueError as e:
-            raise op_error(DynagraphError, op.name, shapes, str(e)) from None
+            if len(ids) == 1:
+                i = ids[0]
+                shape = op.shape(attrs, shp[i])
+                if op.check is not None:
+                    op.check(attrs, data, shp[i])
+                depth, needs, parts = dep[i], ng[i], part[i]
+            else:
+                shapes, plist, depth, needs = [], [], 0, False
+                for i in ids:  # one plain loop: comprehensions cost a frame each
+                    shapes.append(shp[i])
+                    plist.append(part[i])
+                    if dep[i] > depth:
+                        depth = dep[i]
+                    if ng[i]:
+                        needs = True
+                parts = tuple(plist)
+                shape = op.shape(attrs, *shapes)
+                if op.check is not None:
+                    op.check(attrs, data, *shapes)
+        except (IndexError, ValueError) as e:
+            kind = DynagraphIndexError if isinstance(e, IndexError) else DynagraphError
+            raise op_error(kind, op.name, [shp[i] for i in ids], str(e)) from None
         nid = len(self.op)
-        depth = 0
-        needs = False
-        dep, ng, part = self.depth, self.needs_grad, self.sig_part
-        for i in ids:
-            if dep[i] > depth:
-                depth = dep[i]
-            if ng[i]:
-                needs = True
         self.op.append(op)
         self.args.append(ids)
         self.attrs.append(attrs)
         self.data.append(self._rand_base + nid if data is _RANDOM_KEY else data)
         shp.append(shape)
         dep.append(depth + 1)
-        self.sig.append((op, attrs, tuple([part[i] for i in ids])))
+        key = (op, attrs, parts)
+        sid = self._sig_id.get(key)
+        if sid is None:  # interned: one tuple per distinct signature keeps GC pressure low
+            sid = self._sig_id[key] = len(self.signatures)
+            self.signatures.append(key)
+        self.sig.append(sid)
         part.append(shape)
         ng.append(needs and not op.blocks_grad)
-        self.blk.append(-1)
-        self.row.append(0)
         if self.immediate_compute:
             self.forward_to(nid)
         return nid
 
+    def _sync_values(self) -> None:
+        """Value slots are allocated lazily, at evaluation, not per recorded node."""
+        k = len(self.op) - len(self.blk)
+        if k:
+            self.blk.extend([-1] * k)
+            self.row.extend([0] * k)
+
     def leaf(self, p, update: bool = True) -> int:
         """The node standing for a parameter in this graph (one per parameter and mode)."""
-        key = (id(p), update)
+        key = p if update else (p, False)
         nid = self._leaves.get(key)
         if nid is not None:
             return nid
+        self._sync_values()
         nid = len(self.op)
         op = LOOKUP_TABLE if p.is_lookup else PARAMETER
         self.op.append(op)
@@ -115,7 +135,7 @@ class ComputationGraph:
         self.data.append(None)
         self.shape.append(tuple(p.values.shape))
         self.depth.append(0)
-        self.sig.append((op, p))
+        self.sig.append(-1)  # leaves are bound, never scheduled
         self.sig_part.append(("shared", id(p)))  # shared arguments batch by identity
         self.needs_grad.append(update and p.updated)
         self.blk.append(len(self.blocks))
@@ -131,6 +151,7 @@ class ComputationGraph:
             raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
                                        f"replaced by renew_cg()\n  used at {user_line()}")
         if nid >= self.done:
+            self._sync_values()
             _engine.forward(self, nid)
 
     def forward(self, expr: "Expression | None" = None) -> None:
@@ -142,6 +163,7 @@ class ComputationGraph:
 
     def invalidate(self) -> None:
         """Forget computed values so the next evaluation recomputes (after parameter changes)."""
+        self._sync_values()
         leaves = [i for i, op in enumerate(self.op) if op.leaf]
         self.blocks = [self.blocks[self.blk[i]] for i in leaves]
         self.blk = [-1] * len(self.op)
@@ -162,6 +184,7 @@ class ComputationGraph:
         return self.blocks[self.blk[nid]][self.row[nid]]
 
     def gradient(self, nid: int):
+        self._sync_values()
         if self.grad_blocks is None:
             raise DynagraphError("gradient() needs a backward() call on this graph first")
         g = self.grad_blocks[self.blk[nid]] if self.blk[nid] >= 0 else None
@@ -196,6 +219,8 @@ class ComputationGraph:
 
 
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
+_ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
+    OPS[n] for n in ("addc", "sub", "rsubc", "mulc", "matmul", "cdiv", "rdivc", "neg", "powc", "pow"))
 
 
 class Expression:
@@ -260,44 +285,44 @@ class Expression:
 
     def __sub__(self, o):
         if _is_number(o):
-            return record(OPS["addc"], (self,), (-float(o),))
-        return record(OPS["sub"], (self, o))
+            return record1(_ADDC, self, (-float(o),))
+        return record2(_SUB, self, o)
 
     def __rsub__(self, o):
         if _is_number(o):
-            return record(OPS["rsubc"], (self,), (float(o),))
-        return record(OPS["sub"], (o, self))
+            return record1(_RSUBC, self, (float(o),))
+        return record2(_SUB, o, self)
 
     def __mul__(self, o):
         if _is_number(o):
-            return record(OPS["mulc"], (self,), (float(o),))
-        return record(OPS["matmul"], (self, o))
+            return record1(_MULC, self, (float(o),))
+        return record2(_MATMUL, self, o)
 
     def __rmul__(self, o):
         if _is_number(o):
-            return record(OPS["mulc"], (self,), (float(o),))
-        return record(OPS["matmul"], (o, self))
+            return record1(_MULC, self, (float(o),))
+        return record2(_MATMUL, o, self)
 
     def __truediv__(self, o):
         if _is_number(o):
-            return record(OPS["mulc"], (self,), (1.0 / float(o),))  # DyNet: x * (1/y)
-        return record(OPS["cdiv"], (self, o))
+            return record1(_MULC, self, (1.0 / float(o),))  # DyNet: x * (1/y)
+        return record2(_CDIV, self, o)
 
     def __rtruediv__(self, o):
         if _is_number(o):
-            return record(OPS["rdivc"], (self,), (float(o),))
-        return record(OPS["cdiv"], (o, self))
+            return record1(_RDIVC, self, (float(o),))
+        return record2(_CDIV, o, self)
 
     def __neg__(self):
-        return record(OPS["neg"], (self,))
+        return record1(_NEG, self)
 
     def __pos__(self):
         return self
 
     def __pow__(self, o):
         if _is_number(o):
-            return record(OPS["powc"], (self,), (float(o),))
-        return record(OPS["pow"], (self, o))
+            return record1(_POWC, self, (float(o),))
+        return record2(_POW, self, o)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -305,12 +330,29 @@ class Expression:
             start, stop, step = i.indices(n)
             if step != 1:
                 raise DynagraphError(f"pick_range: slices with a step are not supported\n  at {user_line()}")
-            return record(OPS["pick_range"], (self,), (start, stop, 0))
+            return record1(OPS["pick_range"], self, (start, stop, 0))
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"expression index must be an int or a slice, got {type(i).__name__}")
-        return record(OPS["pick"], (self,), (0,), int(i))
+        return record1(OPS["pick"], self, (0,), int(i))
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
+
+
+def record1(op: OpDef, x, attrs: tuple = (), data: Any = None) -> Expression:
+    """record() for one argument, skipping the general path when x is a live Expression."""
+    if type(x) is Expression:
+        cg = x.cg
+        if not cg.retired:
+            return Expression(cg, cg.add(op, (x.i,), attrs, data))
+    return record(op, (x,), attrs, data)
+
+
+def record2(op: OpDef, x, y, attrs: tuple = ()) -> Expression:
+    if type(x) is Expression and type(y) is Expression:
+        cg = x.cg
+        if y.cg is cg and not cg.retired:
+            return Expression(cg, cg.add(op, (x.i, y.i), attrs))
+    return record(op, (x, y), attrs)
 
 
 def _is_number(o) -> bool:
@@ -319,10 +361,10 @@ def _is_number(o) -> bool:
 
 def _binary_or_const(x, y, op_name: str, const_name: str, sign: float):
     if _is_number(y):
-        return record(OPS[const_name], (x,), (sign * float(y),))
+        return record1(OPS[const_name], x, (sign * float(y),))
     if _is_number(x):
-        return record(OPS[const_name], (y,), (sign * float(x),))
-    return record(OPS[op_name], (x, y))
+        return record1(OPS[const_name], y, (sign * float(x),))
+    return record2(OPS[op_name], x, y)
 
 
 # --------------------------------------------------------------------- recording API

@@ -76,10 +76,15 @@ class MatMul:
 def _affine_shape(a, sb, *rest):
     if len(rest) % 2:
         raise ValueError("affine_transform takes [b, W1, x1, W2, x2, ...]")
-    prods = {mm_shape(a, rest[i], rest[i + 1]) for i in range(0, len(rest), 2)}
-    if len(prods) > 1:
-        raise ValueError(f"products have different shapes {sorted(prods)}")
-    return broadcast_shape(sb, *prods) if prods else sb
+    prod = None
+    for i in range(0, len(rest), 2):
+        p = mm_shape(a, rest[i], rest[i + 1])
+        if prod is not None and p != prod:
+            raise ValueError(f"products have different shapes {prod} and {p}")
+        prod = p
+    if prod is None or prod == sb:
+        return sb
+    return broadcast_shape(sb, prod)
 
 
 @op("affine", _affine_shape, cost=GEMM)
