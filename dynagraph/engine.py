@@ -8,6 +8,7 @@ import time
 
 from . import autodiff, executor, graph, schedulers
 from .backends import xp_for
+from .config import config
 
 
 class Engine:
@@ -17,7 +18,10 @@ class Engine:
         stats.t_record += t0 - cg._t_last
         blk = cg.blk
         pending = [i for i in range(cg.done, upto + 1) if blk[i] < 0]
-        batches = schedulers.get(cg.scheduler).schedule(cg, pending)
+        sched = schedulers.get(cg.scheduler)
+        batches = sched.schedule(cg, pending)
+        if config.debug or not getattr(sched, "trusted", False):
+            schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, xp_for(), batches)
         cg.done = upto + 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
+from ..errors import DynagraphError
+
 _REGISTRY: dict[str, Callable[[], "Scheduler"]] = {}
 
 
@@ -36,6 +38,28 @@ def get(spec) -> Scheduler:
         return _REGISTRY[spec]()
     except KeyError:
         raise ValueError(f"unknown scheduler {spec!r}; available: {', '.join(available())}") from None
+
+
+def validate(cg, nodes: Sequence[int], batches: list[list[int]], name: str) -> None:
+    """Check a schedule: each pending node once, one signature per batch, arguments first."""
+    pending = set(nodes)
+    seen: set = set()
+    for k, batch in enumerate(batches):
+        if not batch:
+            raise DynagraphError(f"scheduler {name}: batch {k} is empty")
+        sigs = {cg.sig[n] for n in batch}
+        if len(sigs) != 1 or (len(batch) > 1 and not cg.op[batch[0]].batchable):
+            raise DynagraphError(f"scheduler {name}: batch {k} mixes signatures or batches an unbatchable op "
+                                 f"({sorted({cg.op[n].name for n in batch})})")
+        for n in batch:
+            if n not in pending or n in seen:
+                raise DynagraphError(f"scheduler {name}: node {n} is not pending or is scheduled twice")
+            late = [a for a in cg.args[n] if a in pending and a not in seen]
+            if late:
+                raise DynagraphError(f"scheduler {name}: node {n} ({cg.op[n].name}) runs before its argument {late[0]}")
+        seen.update(batch)
+    if len(seen) != len(pending):
+        raise DynagraphError(f"scheduler {name}: {len(pending) - len(seen)} pending nodes were not scheduled")
 
 
 def users_of(cg, nodes: Sequence[int]) -> tuple[list, list, int]:

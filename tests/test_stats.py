@@ -1,0 +1,128 @@
+"""Batching statistics and the debug listing."""
+import numpy as np
+import pytest
+
+import dynagraph as dy
+
+
+def _chains(n_samples: int, length: int, scheduler: str):
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((3, 3))
+    cg = dy.renew_cg(scheduler=scheduler)
+    outs = []
+    for s in range(n_samples):
+        h = dy.inputVector(np.arange(3.0) + s)
+        for _ in range(length):
+            h = dy.tanh(W * h)
+        outs.append(dy.sum_elems(h))
+    loss = dy.esum(outs)
+    return cg, loss
+
+
+def test_depth_batches_identical_chains_into_one_batch_per_step():
+    cg, loss = _chains(5, 4, "depth")
+    loss.backward()
+    s = cg.stats
+    # input, 4 x (matmul, tanh), sum_elems, esum
+    assert s.batches == 1 + 4 * 2 + 1 + 1
+    assert s.nodes == 5 * (1 + 8 + 1) + 1
+    assert s.lower_bound == s.batches
+    assert s.gathers == 0  # every argument list is a contiguous run of one block
+    assert s.by_op()["tanh"] == (20, 4)
+
+
+def test_none_runs_every_node_alone_and_counts_kernels():
+    cg, loss = _chains(3, 2, "none")
+    loss.backward()
+    s = cg.stats
+    assert s.batches == s.nodes == 3 * (1 + 4 + 1) + 1
+    assert s.kernel_calls > s.batches  # backward kernels are counted too
+    assert s.lower_bound == 1 + 2 * 2 + 1 + 1
+
+
+def test_time_split_and_dict():
+    cg, loss = _chains(2, 2, "agenda")
+    loss.value()
+    d = cg.stats.as_dict()
+    for k in ("t_record", "t_schedule", "t_execute", "t_memory", "t_backward"):
+        assert d[k] >= 0.0
+    assert d["lower_bound"] == 7 and d["batches"] == 7
+    assert "nodes=" in str(cg.stats)
+
+
+def test_describe_batches_lists_op_and_size(capsys):
+    cg, loss = _chains(4, 1, "depth")
+    loss.value()
+    cg.print_batches()
+    out = capsys.readouterr().out
+    assert "matmul" in out and "x 4" in out
+    assert out.count("batch ") == cg.stats.batches
+
+
+def test_gathers_counted_when_rows_are_not_contiguous():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((2, 2))
+    cg = dy.renew_cg(scheduler="depth")
+    xs = [dy.inputVector([1.0, float(i)]) for i in range(4)]
+    ys = [W * x for x in reversed(xs)]  # reversed order: needs one gather
+    dy.esum([dy.sum_elems(y) for y in ys]).value()
+    assert cg.stats.gathers == 1
+    assert cg.stats.gather_bytes == 4 * 2 * np.dtype(cg.dtype).itemsize
+
+
+@pytest.mark.parametrize("autobatch,name", [(0, "none"), (1, "agenda"), (2, "depth")])
+def test_config_autobatch_maps_to_scheduler(autobatch, name):
+    old = dy.config.get()
+    try:
+        dy.config.set(autobatch=autobatch, mem=512)
+        assert dy.config.get()["scheduler"] == name
+        assert dy.renew_cg().scheduler == name
+    finally:
+        dy.config.set(scheduler=old["scheduler"])
+
+
+def test_config_rejects_unknown_keys():
+    with pytest.raises(TypeError, match="unknown"):
+        dy.config.set(colour="blue")
+
+
+def test_unknown_scheduler_lists_available():
+    dy.renew_cg(scheduler="nope")
+    x = dy.inputVector([1.0])
+    with pytest.raises(ValueError, match="agenda"):
+        x.value()
+
+
+def test_custom_scheduler_plugin():
+    class InOrder:
+        name = "in-order"
+
+        def schedule(self, cg, nodes):
+            return [[n] for n in nodes]
+
+    dy.schedulers.register("mine", InOrder)
+    assert "mine" in dy.schedulers.available()
+    cg = dy.renew_cg(scheduler="mine")
+    assert dy.tanh(dy.inputVector([0.5])).value() == pytest.approx(np.tanh(0.5))
+    cg2 = dy.renew_cg(scheduler=InOrder())
+    assert dy.tanh(dy.inputVector([0.5])).value() == pytest.approx(np.tanh(0.5))
+    assert cg2 is not cg
+
+
+@pytest.mark.parametrize("bad", ["drop", "mix", "order"])
+def test_invalid_custom_schedule_is_rejected(bad):
+    class Broken:
+        name = "broken"
+
+        def schedule(self, cg, nodes):
+            if bad == "drop":
+                return [[n] for n in nodes[:-1]]
+            if bad == "mix":
+                return [list(nodes)]
+            return [[n] for n in reversed(nodes)]
+
+    dy.renew_cg(scheduler=Broken())
+    x = dy.inputVector([1.0, 2.0])
+    y = dy.sum_elems(dy.tanh(x))
+    with pytest.raises(dy.DynagraphError, match="scheduler broken"):
+        y.value()
