@@ -22,6 +22,7 @@ class Config:
     backend: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_BACKEND", "numpy"))
     scheduler: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULER", "agenda"))
     debug: int = 0
+    threads: int | None = None  # BLAS threads; None leaves numpy's default alone
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property
@@ -34,7 +35,7 @@ config = Config()
 
 def set(random_seed: int | None = None, dtype: str | None = None, backend: str | None = None,
         scheduler: str | None = None, autobatch: int | None = None, debug: int | None = None,
-        **dynet_keys) -> None:
+        threads: int | None = None, **dynet_keys) -> None:
     """Change global settings. Affects graphs and parameters created afterwards."""
     unknown = [k for k in dynet_keys if k not in _DYNET_IGNORED]
     if unknown:
@@ -55,6 +56,20 @@ def set(random_seed: int | None = None, dtype: str | None = None, backend: str |
         config.scheduler = scheduler
     if debug is not None:
         config.debug = int(debug)
+    if threads is not None:
+        set_threads(threads)
+
+
+_limiter = None
+
+
+def set_threads(n: int) -> None:
+    """Cap BLAS threads. Batched GEMMs here are small; on a shared 2-core machine
+    OpenBLAS's spinning threads can make them 10-20x slower than one thread."""
+    global _limiter
+    from threadpoolctl import threadpool_limits
+    config.threads = int(n)
+    _limiter = threadpool_limits(limits=int(n), user_api="blas")
 
 
 def reset_random_seed(seed: int) -> None:
@@ -65,4 +80,8 @@ def reset_random_seed(seed: int) -> None:
 
 def get() -> dict:
     return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
-            "scheduler": config.scheduler, "debug": config.debug}
+            "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads}
+
+
+if os.environ.get("DYNAGRAPH_THREADS"):
+    set_threads(int(os.environ["DYNAGRAPH_THREADS"]))
