@@ -5,6 +5,7 @@ keeps seeing its current value (as in DyNet).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable
 
@@ -16,6 +17,7 @@ from .ops.base import as_shape
 
 # Installed by graph.py: turns a parameter into an expression of the current graph.
 expression_hook: Callable | None = None
+_creation = itertools.count()  # DyNet lists parameters in creation order, across sub-collections
 
 
 # ------------------------------------------------------------------ initialisers
@@ -115,6 +117,7 @@ class _Stored:
 
     def __init__(self, pc: "ParameterCollection", name: str, values: np.ndarray):
         self._pc, self._name = pc, name
+        self._order = next(_creation)
         self.values = np.ascontiguousarray(values, dtype=config.np_dtype)
         self.grad = np.zeros_like(self.values)
         self.updated = True
@@ -294,7 +297,7 @@ class ParameterCollection:
         out = list(self._params)
         for s in self._subs:
             out.extend(s._all())
-        return out
+        return sorted(out, key=lambda p: p._order)
 
     def parameters_list(self) -> list[Parameters]:
         return [p for p in self._all() if not p.is_lookup]

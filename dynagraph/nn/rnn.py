@@ -1,2 +1,541 @@
-"""RNN builders with DyNet's parameter layout (being written)."""
-__all__: list = []
+"""RNN builders with DyNet's exact parameter layout, written with plain dy.* ops.
+
+Copying a DyNet model's weights (in `parameters_list()` order) into a builder
+built with the same arguments gives the same outputs: sub-collection names,
+parameter order, shapes, initialisers (biases start at zero), gate order and
+forget-bias handling all follow DyNet 2.x (dynet/rnn.cc, gru.cc, lstm.cc).
+
+Gate pre-activations are single `affine_transform` nodes, so when dynagraph
+batches the same step of many samples every shared weight is one GEMM.
+
+Differences from DyNet, on purpose:
+  * every `initial_state()` call starts an independent sequence with its own
+    dropout masks (DyNet caches one state per graph, so sequences recorded in
+    the same graph share masks); per-sample code then means per-sample masks.
+  * a state is a plain value: `add_input` on any state (even an old one)
+    continues from exactly that state; an LSTM's set_h keeps that state's c
+    (zeros for a fresh state), where DyNet takes c from its latest step.
+
+Save/load protocol (used by dynagraph.nn.io for dy.save / dy.load):
+  * `builder.spec` is a JSON-serialisable tuple of the constructor arguments
+    after `model` (the dims first, then extra args), e.g. (layers, input_dim,
+    hidden_dim, ln_lstm, forget_bias) for VanillaLSTMBuilder. For BiRNNBuilder
+    it is (num_layers, input_dim, hidden_dim, [[whoami, spec], ...]) listing
+    the inner builders in creation order.
+  * `builder.param_collection()` is the sub-collection holding its parameters.
+  * `BUILDER_TYPES[builder.whoami()].from_spec(spec, model)` rebuilds an equal
+    builder inside `model` (the *parent* collection, as the constructor takes),
+    creating parameters in the same order; populate `param_collection()` next.
+    (BiRNNBuilder.from_spec rebuilds its inner builders through BUILDER_TYPES.)
+  One deliberate layout change: VanillaLSTMBuilder(ln_lstm=True) keeps its
+  layer-norm gains and biases in its own sub-collection (DyNet puts them in
+  `model`, so DyNet's own dy.save of such a builder loses them). Creation
+  order, hence `parameters_list()` order and shapes, is still DyNet's; only
+  those builders' parameter names differ.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..errors import DynagraphError, user_line
+from ..expressions import (
+    affine_transform, cmult, concatenate, dropout, inputVector, logistic, mean_elems, pick_range,
+    random_bernoulli, reshape, sqrt, square, tanh, zeros,
+)
+from ..graph import Expression
+from ..parameters import ConstInitializer, ParameterCollection
+
+__all__ = ["RNNState", "SimpleRNNBuilder", "GRUBuilder", "VanillaLSTMBuilder", "LSTMBuilder",
+           "CoupledLSTMBuilder", "BiRNNBuilder"]
+
+
+def _err(who: str, msg: str) -> DynagraphError:
+    return DynagraphError(f"{who}: {msg}\n  at {user_line()}")
+
+
+def _positive(who: str, **dims) -> None:
+    for k, v in dims.items():
+        if isinstance(v, bool) or not hasattr(v, "__index__") or v <= 0:
+            raise _err(who, f"{k} must be a positive int, got {v!r}")
+
+
+def _bernoulli_mask(dim: int, rate: float) -> Expression:
+    """DyNet's variational mask: keep with prob 1-rate, scaled by 1/(1-rate)."""
+    keep = 1.0 - rate
+    return random_bernoulli(dim, keep, 1.0 / keep if keep > 0 else 0.0)
+
+
+def _layer_norm(x, g, b):
+    """DyNet's layer_norm: g * (x - mean) / (std + 1e-8) + b, population std."""
+    xc = x - mean_elems(x)
+    sigma = sqrt(mean_elems(square(xc)))
+    return cmult(g, xc / (sigma + 1e-8)) + b
+
+
+class _Sequence:
+    """What every state of one sequence shares: parameter expressions and dropout masks."""
+    __slots__ = ("vars", "ln_vars", "masks")
+
+    def __init__(self, vars_, ln_vars):
+        self.vars, self.ln_vars, self.masks = vars_, ln_vars, {}
+
+    def mask(self, key: tuple, dim: int, rate: float) -> Expression:
+        m = self.masks.get(key)
+        if m is None:
+            m = self.masks[key] = _bernoulli_mask(dim, rate)
+        return m
+
+
+class RNNState:
+    """One point of a sequence. Immutable: adding an input returns a new state."""
+    __slots__ = ("builder", "_seq", "_h", "_c", "_prev", "_out")
+
+    def __init__(self, builder, seq, h=None, c=None, prev=None, out=None):
+        self.builder, self._seq, self._h, self._c = builder, seq, h, c
+        self._prev, self._out = prev, out
+
+    def add_input(self, x: Expression) -> "RNNState":
+        return self.builder._add_input(self, x)
+
+    def add_inputs(self, xs: Sequence[Expression]) -> list:
+        """The list of states after each input (see transduce for just outputs)."""
+        states, cur = [], self
+        for x in xs:
+            cur = self.builder._add_input(cur, x)
+            states.append(cur)
+        return states
+
+    def transduce(self, xs: Sequence[Expression]) -> list:
+        """The list of outputs after each input."""
+        return [s._out for s in self.add_inputs(xs)]
+
+    def output(self):
+        return self._out
+
+    def h(self) -> tuple:
+        """Each layer's output at this step (empty for a fresh initial state)."""
+        return tuple(self._h) if self._h is not None else ()
+
+    def s(self) -> tuple:
+        """The full state: (c_1..c_L, h_1..h_L) for LSTMs, h() otherwise."""
+        if self._c is None:
+            return self.h()
+        return tuple(self._c) + self.h()
+
+    def prev(self):
+        return self._prev
+
+    def b(self):
+        return self.builder
+
+    def set_h(self, es=None) -> "RNNState":
+        return self.builder._set_h(self, list(es or []))
+
+    def set_s(self, es=None) -> "RNNState":
+        return self.builder._set_s(self, list(es or []))
+
+
+class _RNNBuilder:
+    """Shared machinery: parameters, initial states, dropout bookkeeping."""
+    _subname = ""
+    _has_cell = False   # LSTMs carry c next to h
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
+        who = self.whoami()
+        _positive(who, layers=layers, input_dim=input_dim, hidden_dim=hidden_dim)
+        if not isinstance(model, ParameterCollection):
+            raise TypeError(f"{who}: model must be a ParameterCollection, got {type(model).__name__}")
+        layers, input_dim, hidden_dim = int(layers), int(input_dim), int(hidden_dim)
+        self.layers, self.input_dim, self.hidden_dim = layers, input_dim, hidden_dim
+        self.spec = (layers, input_dim, hidden_dim)
+        self.model = model.add_subcollection(self._subname)
+        self.params: list[list] = []
+        self.ln_params: list[list] = []
+        self.dropout_rate = self.dropout_rate_h = 0.0
+        self._last_seq: _Sequence | None = None
+
+    # ---------------------------------------------------------------- parameters
+    def _w(self, rows: int, cols: int):
+        return self.model.add_parameters((rows, cols))
+
+    def _b(self, rows: int):
+        return self.model.add_parameters((rows,), init=ConstInitializer(0.0))
+
+    def whoami(self) -> str:
+        return type(self).__name__
+
+    def param_collection(self) -> ParameterCollection:
+        return self.model
+
+    def get_parameters(self) -> list:
+        """One list per layer, in DyNet's order."""
+        return [list(ps) for ps in self.params]
+
+    def get_parameter_expressions(self) -> list:
+        return [[p.expr(True) for p in ps] for ps in self.params]
+
+    @classmethod
+    def from_spec(cls, spec, model: ParameterCollection):
+        spec = list(spec)
+        return cls(*spec[:3], model, *spec[3:])
+
+    # ------------------------------------------------------------------- states
+    def initial_state(self, vecs=None, update: bool = True) -> RNNState:
+        """A fresh sequence; `vecs` gives h per layer ([c..., h...] for LSTMs)."""
+        seq = _Sequence([[p.expr(update) for p in ps] for ps in self.params],
+                        [[p.expr(update) for p in ps] for ps in self.ln_params])
+        self._last_seq = seq
+        if vecs is None:
+            return RNNState(self, seq)
+        vecs = list(vecs)
+        L = self.layers
+        want = 2 * L if self._has_cell else L
+        if len(vecs) != want:
+            what = "c and h for each layer" if self._has_cell else "h for each layer"
+            raise _err(self.whoami(), f"initial_state needs {want} expressions ({what}) for {L} layers, "
+                                      f"got {len(vecs)}")
+        for v in vecs:
+            self._check_vec(v, self.hidden_dim, "initial_state")
+        if self._has_cell:
+            return RNNState(self, seq, vecs[L:], vecs[:L])
+        return RNNState(self, seq, vecs)
+
+    def initial_state_from_raw_vectors(self, vecs=None, update: bool = True) -> RNNState:
+        return self.initial_state(None if vecs is None else [inputVector(v) for v in vecs], update)
+
+    def _check_vec(self, x, dim: int, where: str):
+        if not isinstance(x, Expression):
+            raise TypeError(f"{self.whoami()}.{where}: expected an Expression, got {type(x).__name__}")
+        shape = x.shape
+        if shape == (dim,):
+            return x
+        if shape == (dim, 1):
+            return reshape(x, (dim,))
+        raise _err(self.whoami(), f"{where}: got an expression of shape {shape}, expected ({dim},)")
+
+    def _add_input(self, state: RNNState, x) -> RNNState:
+        x = self._check_vec(x, self.input_dim, "add_input")
+        hs, cs, out = self._step(state._seq, state._h, state._c, x)
+        return RNNState(self, state._seq, hs, cs, state, out)
+
+    def _set_h(self, state: RNNState, es: list) -> RNNState:
+        if len(es) != self.layers:
+            raise _err(self.whoami(), f"set_h needs one expression per layer ({self.layers}), got {len(es)}")
+        es = [self._check_vec(e, self.hidden_dim, "set_h") for e in es]
+        cs = None
+        if self._has_cell:
+            cs = state._c if state._c is not None else [zeros(self.hidden_dim) for _ in es]
+        return RNNState(self, state._seq, es, cs, state, es[-1])
+
+    def _set_s(self, state: RNNState, es: list) -> RNNState:
+        return self._set_h(state, es)
+
+    # ------------------------------------------------------------------ dropout
+    def set_dropout(self, d: float) -> None:
+        self.set_dropouts(d, d)
+
+    def set_dropouts(self, d: float, d_h: float) -> None:
+        """Variational dropout (Gal 2016): one mask per sequence on x and on h."""
+        self._check_rates(d, d_h)
+        self.dropout_rate, self.dropout_rate_h = float(d), float(d_h)
+
+    def disable_dropout(self) -> None:
+        self.dropout_rate = self.dropout_rate_h = 0.0
+
+    def set_dropout_masks(self, batch_size: int = 1) -> None:
+        """Resample the masks of the latest sequence (batch_size must be 1 here)."""
+        if batch_size != 1:
+            raise _err(self.whoami(), "set_dropout_masks: the minibatch dimension is not supported; "
+                                      "write per-sample code and let dynagraph batch it")
+        if self._last_seq is not None:
+            self._last_seq.masks = {}
+
+    def _check_rates(self, *ds) -> None:
+        for d in ds:
+            if not 0.0 <= d <= 1.0:
+                raise _err(self.whoami(), f"dropout rate must be a probability in [0, 1], got {d}")
+
+    def _dropped_input(self, seq: _Sequence, i: int, x):
+        if self.dropout_rate > 0:
+            x = cmult(x, seq.mask((i, "x"), self.input_dim if i == 0 else self.hidden_dim, self.dropout_rate))
+        return x
+
+    def _dropped_h(self, seq: _Sequence, i: int, h):
+        if self.dropout_rate_h > 0:
+            h = cmult(h, seq.mask((i, "h"), self.hidden_dim, self.dropout_rate_h))
+        return h
+
+    def _step(self, seq, hs, cs, x):
+        raise NotImplementedError
+
+
+class SimpleRNNBuilder(_RNNBuilder):
+    """h_t = tanh(W_hx x_t + W_hh h_{t-1} + b_h) per layer; params [W_hx, W_hh, b_h]."""
+    _subname = "simple-rnn-builder"
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
+        super().__init__(layers, input_dim, hidden_dim, model)
+        d_in, hidden_dim = self.input_dim, self.hidden_dim
+        for _ in range(self.layers):
+            self.params.append([self._w(hidden_dim, d_in), self._w(hidden_dim, hidden_dim), self._b(hidden_dim)])
+            d_in = hidden_dim
+
+    def _step(self, seq, hs, cs, x):
+        out = []
+        for i, (W_x, W_h, b) in enumerate(seq.vars):
+            x = self._dropped_input(seq, i, x)
+            if hs is None:
+                x = tanh(affine_transform([b, W_x, x]))
+            else:
+                x = tanh(affine_transform([b, W_x, x, W_h, self._dropped_h(seq, i, hs[i])]))
+            out.append(x)
+        return out, None, x
+
+
+class GRUBuilder(_RNNBuilder):
+    """GRU with DyNet's per-gate params [W_zx, W_zh, b_z, W_rx, W_rh, b_r, W_hx, W_hh, b_h]."""
+    _subname = "gru-builder"
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
+        super().__init__(layers, input_dim, hidden_dim, model)
+        d_in, hd = self.input_dim, self.hidden_dim
+        for _ in range(self.layers):
+            ps = []
+            for _gate in range(3):  # z, r, candidate h
+                ps += [self._w(hd, d_in), self._w(hd, hd), self._b(hd)]
+            self.params.append(ps)
+            d_in = hd
+
+    def set_dropouts(self, d: float, d_h: float) -> None:
+        raise _err(self.whoami(), "GRUBuilder has no set_dropouts in DyNet; use set_dropout(d)")
+
+    def set_dropout(self, d: float) -> None:
+        """DyNet's GRU dropout is standard (not variational): each layer's input and the output."""
+        self._check_rates(d)
+        self.dropout_rate = float(d)
+
+    def set_dropout_masks(self, batch_size: int = 1) -> None:
+        raise _err(self.whoami(), "GRUBuilder draws fresh dropout at every step; it has no masks")
+
+    def _step(self, seq, hs, cs, x):
+        d = self.dropout_rate
+        out = []
+        for i, (W_zx, W_zh, b_z, W_rx, W_rh, b_r, W_hx, W_hh, b_h) in enumerate(seq.vars):
+            if d > 0:
+                x = dropout(x, d)
+            if hs is None:  # no previous state: DyNet drops the h terms (h_{-1} = 0)
+                z = logistic(affine_transform([b_z, W_zx, x]))
+                x = cmult(z, tanh(affine_transform([b_h, W_hx, x])))
+            else:
+                hp = hs[i]
+                z = logistic(affine_transform([b_z, W_zx, x, W_zh, hp]))
+                r = logistic(affine_transform([b_r, W_rx, x, W_rh, hp]))
+                cand = tanh(affine_transform([b_h, W_hx, x, W_hh, cmult(r, hp)]))
+                x = cmult(1.0 - z, hp) + cmult(z, cand)
+            out.append(x)
+        return out, None, (dropout(x, d) if d > 0 else x)
+
+
+class _LSTMBase(_RNNBuilder):
+    _has_cell = True
+
+    def _set_s(self, state: RNNState, es: list) -> RNNState:
+        """es is [c_1..c_L] or [c_1..c_L, h_1..h_L] (DyNet's layout)."""
+        L = self.layers
+        if len(es) not in (L, 2 * L):
+            raise _err(self.whoami(), f"set_s needs {L} (c) or {2 * L} (c then h) expressions, got {len(es)}")
+        es = [self._check_vec(e, self.hidden_dim, "set_s") for e in es]
+        cs = es[:L]
+        if len(es) == 2 * L:
+            hs = es[L:]
+        else:  # only c given: keep this state's h (zeros at the start)
+            hs = state._h if state._h is not None else [zeros(self.hidden_dim) for _ in cs]
+        return RNNState(self, state._seq, hs, cs, state, hs[-1])
+
+
+class VanillaLSTMBuilder(_LSTMBase):
+    """Standard LSTM; per layer [W_x (4h x in), W_h (4h x h), b (4h)], gates stacked i, f, o, g."""
+    _subname = "vanilla-lstm-builder"
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection,
+                 ln_lstm: bool = False, forget_bias: float = 1.0):
+        super().__init__(layers, input_dim, hidden_dim, model)
+        self.ln_lstm, self.forget_bias = bool(ln_lstm), float(forget_bias)
+        self.spec = self.spec + (self.ln_lstm, self.forget_bias)
+        d_in, hidden_dim = self.input_dim, self.hidden_dim
+        h4 = 4 * hidden_dim
+        for _ in range(self.layers):
+            self.params.append([self._w(h4, d_in), self._w(h4, hidden_dim), self._b(h4)])
+            d_in = hidden_dim
+            if self.ln_lstm:  # gains/biases for h, x and c, right after the layer's weights
+                one, zero = ConstInitializer(1.0), ConstInitializer(0.0)
+                self.ln_params.append([self.model.add_parameters((n,), init=init) for n, init in (
+                    (h4, one), (h4, zero), (h4, one), (h4, zero), (hidden_dim, one), (hidden_dim, zero))])
+
+    def _gates(self, seq, i, x, hp):
+        W_x, W_h, b = seq.vars[i]
+        if self.ln_lstm:
+            g_h, b_h, g_x, b_x = seq.ln_vars[i][:4]
+            pre = b + _layer_norm(W_x * x, g_x, b_x)
+            return pre if hp is None else pre + _layer_norm(W_h * hp, g_h, b_h)
+        if hp is None:
+            return affine_transform([b, W_x, x])
+        return affine_transform([b, W_x, x, W_h, hp])
+
+    def _step(self, seq, hs, cs, x):
+        hd, fb = self.hidden_dim, self.forget_bias
+        out_h, out_c = [], []
+        for i in range(self.layers):
+            x = self._dropped_input(seq, i, x)
+            hp = None if hs is None else self._dropped_h(seq, i, hs[i])
+            pre = self._gates(seq, i, x, hp)
+            a_f = pick_range(pre, hd, 2 * hd)
+            i_t = logistic(pick_range(pre, 0, hd))
+            f_t = logistic(a_f + fb) if fb != 0.0 else logistic(a_f)
+            o_t = logistic(pick_range(pre, 2 * hd, 3 * hd))
+            g_t = tanh(pick_range(pre, 3 * hd, 4 * hd))
+            c = cmult(i_t, g_t) if hs is None else cmult(f_t, cs[i]) + cmult(i_t, g_t)
+            if self.ln_lstm:
+                g_c, b_c = seq.ln_vars[i][4:]
+                x = cmult(o_t, tanh(_layer_norm(c, g_c, b_c)))
+            else:
+                x = cmult(o_t, tanh(c))
+            out_h.append(x)
+            out_c.append(c)
+        return out_h, out_c, x
+
+
+LSTMBuilder = VanillaLSTMBuilder  # as in DyNet's Python API
+
+
+class CoupledLSTMBuilder(_LSTMBase):
+    """LSTM with peepholes and coupled gates (f = 1 - i), DyNet's old default.
+
+    Per layer: [W_ix, W_ih, W_ic, b_i, W_ox, W_oh, W_oc, b_o, W_cx, W_ch, b_c].
+    """
+    _subname = "lstm-builder"
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
+        super().__init__(layers, input_dim, hidden_dim, model)
+        self.dropout_rate_c = 0.0
+        d_in, hd = self.input_dim, self.hidden_dim
+        for _ in range(self.layers):
+            ps = []
+            for _gate in range(2):  # i, o: input, hidden and cell (peephole) weights
+                ps += [self._w(hd, d_in), self._w(hd, hd), self._w(hd, hd), self._b(hd)]
+            ps += [self._w(hd, d_in), self._w(hd, hd), self._b(hd)]  # candidate c
+            self.params.append(ps)
+            d_in = hd
+
+    def set_dropouts(self, d: float, d_h: float, d_c: float | None = None) -> None:
+        """DyNet's C++ set_dropout(d, d_h, d_c); d_c defaults to d_h."""
+        d_c = d_h if d_c is None else d_c
+        self._check_rates(d, d_h, d_c)
+        self.dropout_rate, self.dropout_rate_h, self.dropout_rate_c = float(d), float(d_h), float(d_c)
+
+    def set_dropout(self, d: float) -> None:
+        self.set_dropouts(d, d, d)
+
+    def disable_dropout(self) -> None:
+        self.dropout_rate = self.dropout_rate_h = self.dropout_rate_c = 0.0
+
+    def _dropped_c(self, seq, i, c):
+        if self.dropout_rate_c > 0:  # one mask for c_{t-1} and c_t, as in DyNet
+            c = cmult(c, seq.mask((i, "c"), self.hidden_dim, self.dropout_rate_c))
+        return c
+
+    def _step(self, seq, hs, cs, x):
+        out_h, out_c = [], []
+        for i, (W_ix, W_ih, W_ic, b_i, W_ox, W_oh, W_oc, b_o, W_cx, W_ch, b_c) in enumerate(seq.vars):
+            x = self._dropped_input(seq, i, x)
+            if hs is None:
+                i_t = logistic(affine_transform([b_i, W_ix, x]))
+                c = cmult(i_t, tanh(affine_transform([b_c, W_cx, x])))
+                a_o = affine_transform([b_o, W_ox, x, W_oc, self._dropped_c(seq, i, c)])
+            else:
+                hp, cp = self._dropped_h(seq, i, hs[i]), cs[i]
+                i_t = logistic(affine_transform([b_i, W_ix, x, W_ih, hp, W_ic, self._dropped_c(seq, i, cp)]))
+                w_t = tanh(affine_transform([b_c, W_cx, x, W_ch, hp]))
+                c = cmult(1.0 - i_t, cp) + cmult(i_t, w_t)
+                a_o = affine_transform([b_o, W_ox, x, W_oh, hp, W_oc, self._dropped_c(seq, i, c)])
+            x = cmult(logistic(a_o), tanh(c))
+            out_h.append(x)
+            out_c.append(c)
+        return out_h, out_c, x
+
+
+class BiRNNBuilder:
+    """Stacked bidirectional RNN: each layer runs a forward and a backward builder
+    (hidden_dim/2 each) and concatenates [forward; backward] per position."""
+
+    def __init__(self, num_layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection,
+                 rnn_builder_factory: Callable, builder_layers: list | None = None):
+        _positive("BiRNNBuilder", num_layers=num_layers, input_dim=input_dim, hidden_dim=hidden_dim)
+        if hidden_dim % 2:
+            raise _err("BiRNNBuilder", f"hidden dimension must be even, got {hidden_dim}")
+        self.model = model.add_subcollection("birnn")
+        if builder_layers is None:
+            builder_layers, d_in = [], input_dim
+            for _ in range(num_layers):
+                f = rnn_builder_factory(1, d_in, hidden_dim // 2, self.model)
+                b = rnn_builder_factory(1, d_in, hidden_dim // 2, self.model)
+                builder_layers.append((f, b))
+                d_in = hidden_dim
+        self.builder_layers = builder_layers
+        inner = [[bld.whoami(), list(bld.spec)] for fb in builder_layers for bld in fb]
+        self.spec = (num_layers, input_dim, hidden_dim, inner)
+
+    @classmethod
+    def from_spec(cls, spec, model: ParameterCollection) -> "BiRNNBuilder":
+        num_layers, input_dim, hidden_dim, inner = spec
+        specs = iter(inner)
+
+        def factory(layers, d_in, d_hid, m):
+            name, s = next(specs)
+            return BUILDER_TYPES[name].from_spec(s, m)
+        return cls(num_layers, input_dim, hidden_dim, model, factory)
+
+    def whoami(self) -> str:
+        return "BiRNNBuilder"
+
+    def param_collection(self) -> ParameterCollection:
+        return self.model
+
+    def set_dropout(self, p: float) -> None:
+        for fb in self.builder_layers:
+            for bld in fb:
+                bld.set_dropout(p)
+
+    def disable_dropout(self) -> None:
+        for fb in self.builder_layers:
+            for bld in fb:
+                bld.disable_dropout()
+
+    @staticmethod
+    def _run(fb, bb, es: list) -> list:
+        fs = fb.initial_state().transduce(es)
+        bs = bb.initial_state().transduce(es[::-1])
+        return [concatenate([f, b]) for f, b in zip(fs, reversed(bs))]
+
+    def transduce(self, es: Sequence[Expression]) -> list:
+        """Per position: concatenate([forward output, backward output]) of the top layer."""
+        es = list(es)
+        for fb, bb in self.builder_layers:
+            es = self._run(fb, bb, es)
+        return es
+
+    def add_inputs(self, es: Sequence[Expression]) -> list:
+        """Per position: (forward state, backward state) of the top layer."""
+        es = list(es)
+        for fb, bb in self.builder_layers[:-1]:
+            es = self._run(fb, bb, es)
+        fb, bb = self.builder_layers[-1]
+        fs = fb.initial_state().add_inputs(es)
+        bs = bb.initial_state().add_inputs(es[::-1])
+        return list(zip(fs, reversed(bs)))
+
+
+# Name (whoami) -> class, for dy.load to rebuild builders from their spec.
+BUILDER_TYPES: dict = {c.__name__: c for c in (SimpleRNNBuilder, GRUBuilder, VanillaLSTMBuilder,
+                                               CoupledLSTMBuilder, BiRNNBuilder)}
+BUILDER_TYPES["LSTMBuilder"] = VanillaLSTMBuilder
