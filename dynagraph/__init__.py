@@ -17,4 +17,4 @@ from .expressions import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 from .nn import *  # noqa: F401,F403
-from .nn import load, save  # noqa: F401
+from .nn import load, load_generator, save  # noqa: F401

@@ -100,4 +100,6 @@ def backward(cg, xp, nid: int, full: bool = False) -> None:
         if g is not None and needs_grad[leaf]:
             p = cg.attrs[leaf][1]
             p.grad += g[0]
+            if p.is_lookup:
+                p.touched[:] = True  # dense use: every row has a gradient (DyNet's all_updated)
     cg.grad_blocks = gb

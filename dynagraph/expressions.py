@@ -129,7 +129,7 @@ def _u(name):
 
     def f(x) -> Expression:
         return record1(op, x)
-    f.__name__ = name
+    f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise {name}."
     return f
 
@@ -157,7 +157,7 @@ def _b(name):
 
     def f(x, y) -> Expression:
         return record2(op, x, y)
-    f.__name__ = name
+    f.__name__ = f.__qualname__ = name
     return f
 
 

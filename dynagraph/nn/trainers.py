@@ -1,2 +1,282 @@
-"""Trainers with DyNet's update rules (being written)."""
-__all__: list = []
+"""Trainers with DyNet's update rules and defaults (dynet/training.cc, _dynet.pyx).
+
+`update()` follows DyNet's Trainer::update: one global L2 norm over every
+gradient of the collection (lookup tables count their touched rows only),
+clipping by threshold/norm when that norm exceeds the threshold (5 by
+default), then the trainer's rule on each parameter whose is_updated() is
+true. Lookup tables update only their touched rows unless sparse updates are
+off. Unlike DyNet, a non-finite gradient always raises NonFiniteError before
+anything is modified.
+
+Every array is changed in place, never replaced: graphs bind views of
+`p.values`, and the user may hold references to them.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+from ..errors import NonFiniteError
+
+__all__ = ["Trainer", "SimpleSGDTrainer", "MomentumSGDTrainer", "AdagradTrainer", "AdadeltaTrainer",
+           "RMSPropTrainer", "AdamTrainer", "AmsgradTrainer"]
+
+
+class Trainer:
+    """Base class: clipping, sparse/dense dispatch and bookkeeping. Subclasses give `_rule`."""
+
+    n_states = 0  # optimizer arrays kept per parameter, shaped like its values
+
+    def __init__(self, m, learning_rate: float):
+        if not hasattr(m, "_all"):
+            raise TypeError(f"{type(self).__name__} needs a ParameterCollection, got {type(m).__name__}")
+        self.model = m
+        self.learning_rate = learning_rate
+        self.clipping_enabled = True
+        self.clip_threshold = 5.0
+        self.sparse_updates_enabled = True
+        self.updates = 0           # DyNet's counter; Adam's bias correction reads it
+        self.clips = 0
+        self.updates_since_status = 0
+        self.clips_since_status = 0
+        self._state: dict = {}     # id(parameter) -> list of n_states arrays (pc keeps p alive)
+
+    # ------------------------------------------------------------ settings
+    @property
+    def learning_rate(self) -> float:
+        return self._lr
+
+    @learning_rate.setter
+    def learning_rate(self, lr: float) -> None:
+        lr = float(lr)
+        if not math.isfinite(lr):
+            raise ValueError(f"learning_rate must be finite, got {lr}")
+        self._lr = lr
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.learning_rate = lr
+
+    def set_clip_threshold(self, thr: float) -> None:
+        """DyNet: a threshold <= 0 turns clipping off (and reads back as 0)."""
+        thr = float(thr)
+        self.clipping_enabled = thr > 0
+        self.clip_threshold = thr if thr > 0 else 0.0
+
+    def get_clip_threshold(self) -> float:
+        return self.clip_threshold
+
+    def set_sparse_updates(self, su: bool) -> None:
+        self.sparse_updates_enabled = bool(su)
+
+    def get_sparse_updates(self) -> bool:
+        return self.sparse_updates_enabled
+
+    def whoami(self) -> str:
+        return type(self).__name__
+
+    def status(self) -> None:
+        """Print DyNet's status line to stderr and reset the since-status counters."""
+        sys.stderr.write(f"[lr={self.learning_rate:g} clips={self.clips_since_status} "
+                         f"updates={self.updates_since_status}] ")
+        self.updates_since_status = self.clips_since_status = 0
+
+    def restart(self, learning_rate: float | None = None) -> None:
+        """Zero the optimizer state (momenta, moment estimates); optionally set the rate."""
+        if learning_rate is not None:
+            self.learning_rate = learning_rate
+        for states in self._state.values():
+            for s in states:
+                s[...] = 0
+
+    def update_epoch(self, r: float = 1.0) -> None:
+        # Deprecated in DyNet, where it prints this and does nothing.
+        sys.stderr.write("Trainer::update_epoch has been deprecated and doesn't do anything. Control the "
+                         "learning rate directly, e.g. trainer.learning_rate /= (1 - rate_decay)\n")
+
+    # -------------------------------------------------------------- update
+    def update(self) -> None:
+        params = self.model._all()
+        gscale = self._clip_scale(_grad_norm_sq(params))
+        for p in params:
+            if not p.is_updated():
+                continue  # DyNet leaves frozen parameters (and their gradients) alone
+            if p.is_lookup:
+                self._update_lookup(p, gscale)
+            else:
+                self._rule(p.values, p.grad, self._states(p), gscale)
+                p.grad[...] = 0
+        self.updates += 1
+        self.updates_since_status += 1
+
+    def _clip_scale(self, norm_sq: float) -> float:
+        if not self.clipping_enabled:
+            return 1.0
+        norm = math.sqrt(norm_sq)
+        if norm > self.clip_threshold:
+            self.clips += 1
+            self.clips_since_status += 1
+            return self.clip_threshold / norm
+        return 1.0
+
+    def _update_lookup(self, p, gscale: float) -> None:
+        states = self._states(p)
+        if not self.sparse_updates_enabled:
+            self._rule(p.values, p.grad, states, gscale)
+            p.grad[...] = 0
+        else:
+            rows = p.touched_rows()
+            if rows.size:
+                # Gather the touched rows, apply the rule, scatter back: untouched rows
+                # and their optimizer state stay exactly as they were.
+                w = p.values[rows]
+                sub = [s[rows] for s in states]
+                self._rule(w, p.grad[rows], sub, gscale)
+                p.values[rows] = w
+                for s, x in zip(states, sub):
+                    s[rows] = x
+        p.clear_grad()
+
+    def _states(self, p) -> list:
+        s = self._state.get(id(p))
+        if s is None:
+            s = self._state[id(p)] = [np.zeros_like(p.values) for _ in range(self.n_states)]
+        return s
+
+    def _rule(self, w: np.ndarray, g: np.ndarray, states: list, gscale: float) -> None:
+        """Update w (and states) in place from gradient g scaled by gscale. g must not be kept."""
+        raise NotImplementedError
+
+
+def _grad_norm_sq(params) -> float:
+    """Sum of squared gradient norms; raises NonFiniteError naming every bad parameter."""
+    total, bad = 0.0, []
+    for p in params:
+        s = p.grad_norm_sq()
+        if not math.isfinite(s):
+            g = p.grad[p.touched_rows()] if p.is_lookup else p.grad
+            if not np.isfinite(g).all():
+                bad.append(f"{p.name()} {tuple(p.shape())}")
+                continue
+            s = float(np.sum(np.square(g, dtype=np.float64)))  # finite values, float32 sum overflowed
+        total += s
+    if bad:
+        raise NonFiniteError(f"non-finite (nan or inf) gradient in parameter(s) {', '.join(bad)}; "
+                             f"no parameter was updated (pc.reset_gradient() discards the gradients)")
+    return total
+
+
+# ------------------------------------------------------------------- rules
+class SimpleSGDTrainer(Trainer):
+    """w -= lr * g"""
+
+    def __init__(self, m, learning_rate: float = 0.1):
+        super().__init__(m, learning_rate)
+
+    def _rule(self, w, g, states, gscale):
+        w -= g * (self.learning_rate * gscale)
+
+
+class MomentumSGDTrainer(Trainer):
+    """v = mom * v - lr * g;  w += v"""
+    n_states = 1
+
+    def __init__(self, m, learning_rate: float = 0.01, mom: float = 0.9):
+        super().__init__(m, learning_rate)
+        self.momentum = float(mom)
+
+    def _rule(self, w, g, states, gscale):
+        v, = states
+        v *= self.momentum
+        v -= g * (self.learning_rate * gscale)
+        w += v
+
+
+class AdagradTrainer(Trainer):
+    """h += g^2;  w -= lr * g / sqrt(h + eps)   (eps inside the root, as in DyNet)"""
+    n_states = 1
+
+    def __init__(self, m, learning_rate: float = 0.1, eps: float = 1e-20):
+        super().__init__(m, learning_rate)
+        self.epsilon = float(eps)
+
+    def _rule(self, w, g, states, gscale):
+        h, = states
+        g = g * gscale
+        h += np.square(g)
+        w -= g / np.sqrt(h + self.epsilon) * self.learning_rate
+
+
+class AdadeltaTrainer(Trainer):
+    """hg = rho hg + (1-rho) g^2;  d = -g sqrt(hd+eps)/sqrt(hg+eps);  hd = rho hd + (1-rho) d^2;  w += d"""
+    n_states = 2
+
+    def __init__(self, m, eps: float = 1e-6, rho: float = 0.95):
+        super().__init__(m, 1.0)  # DyNet keeps a learning rate of 1 that the rule never reads
+        self.epsilon, self.rho = float(eps), float(rho)
+
+    def _rule(self, w, g, states, gscale):
+        hg, hd = states
+        g = g * gscale
+        hg *= self.rho
+        hg += np.square(g) * (1 - self.rho)
+        d = -g * np.sqrt(hd + self.epsilon) / np.sqrt(hg + self.epsilon)
+        hd *= self.rho
+        hd += np.square(d) * (1 - self.rho)
+        w += d
+
+
+class RMSPropTrainer(Trainer):
+    """h = rho h + (1-rho) g^2;  w -= lr * g / sqrt(h + eps)"""
+    n_states = 1
+
+    def __init__(self, m, learning_rate: float = 0.001, eps: float = 1e-8, rho: float = 0.9):
+        super().__init__(m, learning_rate)
+        self.epsilon, self.rho = float(eps), float(rho)
+
+    def _rule(self, w, g, states, gscale):
+        h, = states
+        g = g * gscale
+        h *= self.rho
+        h += np.square(g) * (1 - self.rho)
+        w -= g / np.sqrt(h + self.epsilon) * self.learning_rate
+
+
+class AdamTrainer(Trainer):
+    """m, v moving averages;  w -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps)
+
+    DyNet folds the bias correction into the step size and adds eps to sqrt(v)
+    uncorrected; t counts update() calls, so rows of a lookup table that are
+    updated rarely still see the global t.
+    """
+    n_states = 2
+
+    def __init__(self, m, alpha: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999, eps: float = 1e-8):
+        super().__init__(m, alpha)
+        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(eps)
+
+    def _moments(self, g, mom, var, gscale) -> float:
+        g = g * gscale
+        mom *= self.beta_1
+        mom += g * (1 - self.beta_1)
+        var *= self.beta_2
+        var += np.square(g) * (1 - self.beta_2)
+        t = self.updates + 1
+        return self.learning_rate * math.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+
+    def _rule(self, w, g, states, gscale):
+        mom, var = states
+        lr_t = self._moments(g, mom, var, gscale)
+        w -= mom / (np.sqrt(var) + self.epsilon) * lr_t
+
+
+class AmsgradTrainer(AdamTrainer):
+    """Adam with vhat = max(vhat, v) in the denominator."""
+    n_states = 3
+
+    def _rule(self, w, g, states, gscale):
+        mom, var, vhat = states
+        lr_t = self._moments(g, mom, var, gscale)
+        np.maximum(vhat, var, out=vhat)
+        w -= mom / (np.sqrt(vhat) + self.epsilon) * lr_t
