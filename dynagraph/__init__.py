@@ -11,6 +11,7 @@ from .parameters import (  # noqa: F401
 )
 from .graph import ComputationGraph, Expression, cg, cg_version, renew_cg  # noqa: F401
 from . import engine  # noqa: F401  (installs evaluation into the graph layer)
+from .backends import get_backend  # noqa: F401
 from . import schedulers  # noqa: F401
 from .expressions import *  # noqa: F401,F403
 

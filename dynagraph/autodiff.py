@@ -20,16 +20,8 @@ def _grad_block(cg, xp, gb, b):
     return g
 
 
-def _add_rows(xp, g, rows: list, vals) -> None:
-    """g[rows] += vals; add.at (slow) only when a row repeats."""
-    idx = xp.asarray(rows)
-    if len(set(rows)) == len(rows):
-        g[idx] += vals
-    else:
-        xp.add.at(g, idx, vals)
-
-
-def scatter(cg, xp, gb, nodes: Sequence[int], k: int, gx, stats) -> None:
+def scatter(cg, be, gb, nodes: Sequence[int], k: int, gx, stats) -> None:
+    xp = be.xp
     args, blk, row = cg.args, cg.blk, cg.row
     first = args[nodes[0]][k]
     if isinstance(gx, SparseRows):
@@ -52,25 +44,16 @@ def scatter(cg, xp, gb, nodes: Sequence[int], k: int, gx, stats) -> None:
         if rows[-1] - r0 == B - 1 and rows == list(range(r0, r0 + B)):
             g[r0:r0 + B] += gx.reshape(g[r0:r0 + B].shape)
             return
-        _add_rows(xp, g, rows, gx.reshape((B,) + g.shape[1:]))
+        be.add_rows(g, rows, gx.reshape((B,) + g.shape[1:]))
     else:
-        by_block: dict = {}
-        for j, (bb, rr) in enumerate(zip(blks, rows)):
-            pos = by_block.get(bb)
-            if pos is None:
-                by_block[bb] = ([j], [rr])
-            else:
-                pos[0].append(j)
-                pos[1].append(rr)
-        for bb, (src, dst) in by_block.items():
-            g = _grad_block(cg, xp, gb, bb)
-            _add_rows(xp, g, dst, gx[xp.asarray(src)].reshape((len(src),) + g.shape[1:]))
+        be.scatter_rows(lambda bb: _grad_block(cg, xp, gb, bb), blks, rows, gx)
     stats.scatters += 1
     stats.scatter_bytes += gx.nbytes
 
 
-def backward(cg, xp, nid: int, full: bool = False) -> None:
+def backward(cg, be, nid: int, full: bool = False) -> None:
     stats = cg.stats
+    xp = be.xp
     gb: list = [None] * len(cg.blocks)
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
@@ -87,13 +70,13 @@ def backward(cg, xp, nid: int, full: bool = False) -> None:
             continue
         t0 = time.perf_counter()
         data = [cg.data[n] for n in nodes] if op.uses_data else None
-        gxs = op.backward(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need)
+        gxs = be.backward_kernels.get(op.name, op.backward)(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need)
         t1 = time.perf_counter()
         stats.kernel_calls += 1
         stats.t_backward += t1 - t0
         for k in range(nargs):
             if need[k] and gxs[k] is not None:
-                scatter(cg, xp, gb, nodes, k, gxs[k], stats)
+                scatter(cg, be, gb, nodes, k, gxs[k], stats)
         stats.t_memory += time.perf_counter() - t1
     for leaf in cg._leaves.values():
         g = gb[cg.blk[leaf]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from . import autodiff, executor, graph, schedulers
-from .backends import xp_for
+from .backends import get_backend
 from .config import config
 
 
@@ -23,7 +23,7 @@ class Engine:
         if config.debug or not getattr(sched, "trusted", False):
             schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
         stats.t_schedule += time.perf_counter() - t0
-        executor.execute(cg, xp_for(), batches)
+        executor.execute(cg, get_backend(), batches)
         cg.done = upto + 1
         if stats.lower_bound_fn is None:
             stats.lower_bound_fn = lambda: schedulers.lower_bound(
@@ -31,7 +31,7 @@ class Engine:
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:
-        autodiff.backward(cg, xp_for(), nid, full)
+        autodiff.backward(cg, get_backend(), nid, full)
         cg._t_last = time.perf_counter()
 
 

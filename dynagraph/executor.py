@@ -13,7 +13,7 @@ from typing import Sequence
 from .errors import NonFiniteError
 
 
-def gather(cg, xp, nodes: Sequence[int], k: int, stats):
+def gather(cg, be, nodes: Sequence[int], k: int, stats):
     """Argument k of every node in the batch as one (B, ...) array (or (1, ...) if shared)."""
     args, blk, row = cg.args, cg.blk, cg.row
     ids = [args[n][k] for n in nodes]
@@ -27,40 +27,24 @@ def gather(cg, xp, nodes: Sequence[int], k: int, stats):
     if blks.count(b) == B:
         if rows[-1] - r0 == B - 1 and rows == list(range(r0, r0 + B)):
             return cg.blocks[b][r0:r0 + B]
-        out = cg.blocks[b][xp.asarray(rows)]
+        out = be.take_rows(cg.blocks[b], rows)
     else:
-        out = _gather_many(cg, xp, blks, rows)
+        out = be.gather_rows(cg.blocks, blks, rows)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
     return out
 
 
-def _gather_many(cg, xp, blks: list, rows: list):
-    """Rows from several blocks: one fancy-indexed copy per source block."""
-    by_block: dict = {}
-    for j, (bb, rr) in enumerate(zip(blks, rows)):
-        pos = by_block.get(bb)
-        if pos is None:
-            by_block[bb] = ([j], [rr])
-        else:
-            pos[0].append(j)
-            pos[1].append(rr)
-    first = cg.blocks[blks[0]]
-    out = xp.empty((len(rows),) + first.shape[1:], dtype=first.dtype)
-    for bb, (dst, src) in by_block.items():
-        out[xp.asarray(dst)] = cg.blocks[bb][xp.asarray(src)]
-    return out
-
-
-def run_batch(cg, xp, nodes: Sequence[int]) -> None:
+def run_batch(cg, be, nodes: Sequence[int]) -> None:
     stats = cg.stats
+    xp = be.xp
     n0 = nodes[0]
     op = cg.op[n0]
     t0 = time.perf_counter()
-    xs = [gather(cg, xp, nodes, k, stats) for k in range(len(cg.args[n0]))]
+    xs = [gather(cg, be, nodes, k, stats) for k in range(len(cg.args[n0]))]
     data = [cg.data[n] for n in nodes] if op.uses_data else None
     t1 = time.perf_counter()
-    y = op.forward(xp, cg.attrs[n0], data, *xs)
+    y = be.forward_kernels.get(op.name, op.forward)(xp, cg.attrs[n0], data, *xs)
     B = len(nodes)
     if y.shape[0] != B:  # every node computed the same thing from shared arguments
         y = xp.broadcast_to(y, (B,) + y.shape[1:])
@@ -84,8 +68,8 @@ def run_batch(cg, xp, nodes: Sequence[int]) -> None:
         stats.batch_log.append((op.name, B))
 
 
-def execute(cg, xp, batches: Sequence[Sequence[int]]) -> None:
+def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
     for nodes in batches:
-        run_batch(cg, xp, nodes)
+        run_batch(cg, be, nodes)
 
 
