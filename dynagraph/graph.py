@@ -62,6 +62,7 @@ class ComputationGraph:
         self.done = 0                   # nodes [0, done) are evaluated
         self.executed: list = []        # forward batches in execution order (for backward)
         self.grad_blocks: list | None = None
+        self.grad_full = False
         self._leaves: dict = {}
         self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
         self.stats = Stats()
@@ -136,7 +137,7 @@ class ComputationGraph:
         self.shape.append(tuple(p.values.shape))
         self.depth.append(0)
         self.sig.append(-1)  # leaves are bound, never scheduled
-        self.sig_part.append(("shared", id(p)))  # shared arguments batch by identity
+        self.sig_part.append(("shared", id(p), update))  # shared arguments batch by identity and mode
         self.needs_grad.append(update and p.updated)
         self.blk.append(len(self.blocks))
         self.row.append(0)
@@ -178,6 +179,7 @@ class ComputationGraph:
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
                                  f"\n  called at {user_line()}")
+        self.grad_full = full
         _engine.backward(self, expr.i, full)
 
     def value(self, nid: int):
@@ -188,7 +190,8 @@ class ComputationGraph:
         if self.grad_blocks is None:
             raise DynagraphError("gradient() needs a backward() call on this graph first")
         g = self.grad_blocks[self.blk[nid]] if self.blk[nid] >= 0 else None
-        if g is None:
+        # A batch may compute rows that need no gradient; like DyNet (and "none"), report zero.
+        if g is None or not (self.needs_grad[nid] or self.grad_full):
             return np.zeros(self.shape[nid], dtype=self.dtype)
         return np.asarray(g[self.row[nid]]).reshape(self.shape[nid]).copy()
 

@@ -168,19 +168,20 @@ class Parameters(_Stored):
     def set_value(self, arr) -> None:
         self.values[...] = self._check_shape(arr, self.values.shape)
 
-    def expr(self, update: bool = True):
+    def expr(self, update: bool = False):
+        """As in DyNet, `W.expr()` is a constant; `W.expr(True)` (or plain `W`) is trained."""
         return expression_hook(self, update)
 
-    # Parameters act as expressions in arithmetic, as in DyNet 2.1.
-    def __mul__(self, o): return self.expr() * o
-    def __rmul__(self, o): return o * self.expr()
-    def __add__(self, o): return self.expr() + o
-    def __radd__(self, o): return o + self.expr()
-    def __sub__(self, o): return self.expr() - o
-    def __rsub__(self, o): return o - self.expr()
-    def __truediv__(self, o): return self.expr() / o
-    def __neg__(self): return -self.expr()
-    def __getitem__(self, i): return self.expr()[i]
+    # Parameters act as trained expressions in arithmetic, as in DyNet 2.1.
+    def __mul__(self, o): return self.expr(True) * o
+    def __rmul__(self, o): return o * self.expr(True)
+    def __add__(self, o): return self.expr(True) + o
+    def __radd__(self, o): return o + self.expr(True)
+    def __sub__(self, o): return self.expr(True) - o
+    def __rsub__(self, o): return o - self.expr(True)
+    def __truediv__(self, o): return self.expr(True) / o
+    def __neg__(self): return -self.expr(True)
+    def __getitem__(self, i): return self.expr(True)[i]
 
     def grad_norm_sq(self) -> float:
         return float(np.vdot(self.grad, self.grad))
@@ -228,7 +229,7 @@ class LookupParameters(_Stored):
         g = self.grad[self.touched_rows()]
         return float(np.vdot(g, g))
 
-    def expr(self, update: bool = True):
+    def expr(self, update: bool = False):
         return expression_hook(self, update)
 
     def __getitem__(self, i):

@@ -72,18 +72,20 @@ class RandomBernoulli:
         return (rnd.uniform(xp, data, a[0]) < a[1]) * a[2]
 
 
+def _dropout_mask(xp, a, data, shape):
+    # A module function, not a method: @op replaces the class by its OpDef.
+    p = a[0]
+    return (rnd.uniform(xp, data, shape) >= p) * (1.0 / (1.0 - p))
+
+
 @op("dropout", same_shape, cost=ELEMWISE, uses_data=True)
 class Dropout:
     """Inverted dropout as in DyNet: keep with prob 1-p and scale by 1/(1-p)."""
-    def _mask(xp, a, data, shape):
-        p = a[0]
-        return (rnd.uniform(xp, data, shape) >= p) * (1.0 / (1.0 - p))
-
     def forward(xp, a, data, x):
-        return x * Dropout._mask(xp, a, data, x.shape[1:])
+        return x * _dropout_mask(xp, a, data, x.shape[1:])
 
     def backward(xp, a, data, xs, y, g, need):
-        return (g * Dropout._mask(xp, a, data, xs[0].shape[1:]),)
+        return (g * _dropout_mask(xp, a, data, xs[0].shape[1:]),)
 
 
 @op("noise", same_shape, cost=ELEMWISE, uses_data=True)

@@ -95,8 +95,10 @@ class Affine:
         for i in range(0, len(wx), 2):
             p = mm(xp, wx[i], wx[i + 1])
             y = p if y is None else y + p
+        if y is None:  # affine_transform([b])
+            return b.copy()
         nd = max(y.ndim, b.ndim) - 1
-        return pad_to(y, nd) + pad_to(b, nd) if y is not None else b.copy()
+        return pad_to(y, nd) + pad_to(b, nd)
 
     def backward(xp, a, data, xs, y, g, need):
         b, wx = xs[0], xs[1:]
@@ -148,7 +150,7 @@ class Transpose:
         inv = [0] * len(dims)
         for i, d in enumerate(dims):
             inv[d] = i
-        return (g.transpose((0,) + tuple(d + 1 for d in inv)).reshape(xs[0].shape),)
+        return (g.transpose((0,) + tuple(d + 1 for d in inv)).reshape(g.shape[:1] + xs[0].shape[1:]),)
 
 
 def _colwise_shape(a, sx, sb):

@@ -85,24 +85,26 @@ def _hinge_shape(a, s):
     return _vector("hinge")(a, s)
 
 
+def _hinge_terms(xp, a, data, x):
+    # A module function, not a method: @op replaces the class by its OpDef.
+    n = len(data)
+    x = xp.broadcast_to(x, (n,) + x.shape[1:])
+    gold = x[xp.arange(n), xp.asarray(data)][:, None]
+    t = xp.maximum(a[0] - gold + x, 0)
+    t[xp.arange(n), xp.asarray(data)] = 0
+    return t
+
+
 @op("hinge", _hinge_shape, cost=REDUCE, uses_data=True)
 class Hinge:
     """sum over i != gold of max(0, margin - x[gold] + x[i])."""
     check = _label_check
 
-    def _terms(xp, a, data, x):
-        n = len(data)
-        x = xp.broadcast_to(x, (n,) + x.shape[1:])
-        gold = x[xp.arange(n), xp.asarray(data)][:, None]
-        t = xp.maximum(a[0] - gold + x, 0)
-        t[xp.arange(n), xp.asarray(data)] = 0
-        return t
-
     def forward(xp, a, data, x):
-        return Hinge._terms(xp, a, data, x).sum(axis=1, keepdims=True)
+        return _hinge_terms(xp, a, data, x).sum(axis=1, keepdims=True)
 
     def backward(xp, a, data, xs, y, g, need):
-        active = (Hinge._terms(xp, a, data, xs[0]) > 0).astype(g.dtype)
+        active = (_hinge_terms(xp, a, data, xs[0]) > 0).astype(g.dtype)
         gx = active * g
         n = len(data)
         gx[xp.arange(n), xp.asarray(data)] = -active.sum(axis=1) * g[:, 0]
@@ -137,23 +139,35 @@ class SquaredDistance:
         return (reduce_to(d, x.shape) if need[0] else None, reduce_to(-d, y.shape) if need[1] else None)
 
 
-# DyNet clamps probabilities away from 0 and 1 so the loss stays finite.
-_EPS = 1e-7
+# DyNet guards only the exact end points: log(0) becomes log(FLT_MIN) (a large but
+# finite loss), and the backward moves x == 0 to FLT_MIN and x == 1 to 0.9999999.
+# Clipping interior values (e.g. to [1e-7, 1 - 1e-7]) would change losses that are
+# perfectly representable in float64.
+_FLT_MIN = 1.1754943508222875e-38
+_ONE_BELOW = 1.0 - 2.0 ** -23  # DyNet's 0.9999999f as stored in float32
+
+
+def _safe_logs(xp, x):
+    return xp.log(xp.maximum(x, _FLT_MIN)), xp.log(xp.maximum(1 - x, _FLT_MIN))
 
 
 @op("binary_log_loss", _pair_scalar("binary_log_loss"), cost=REDUCE)
 class BinaryLogLoss:
     def forward(xp, a, data, x, y):
-        p = xp.clip(x, _EPS, 1 - _EPS)
-        return -_rowsum(y * xp.log(p) + (1 - y) * xp.log(1 - p))
+        lx, l1x = _safe_logs(xp, x)
+        return -_rowsum(y * lx + (1 - y) * l1x)
 
     def backward(xp, a, data, xs, out, g, need):
         x, y = xs
-        p = xp.clip(x, _EPS, 1 - _EPS)
         ge = _expand(g, max(x.ndim, y.ndim))
-        gx = ge * ((1 - y) / (1 - p) - y / p) if need[0] else None
-        gy = ge * (xp.log(1 - p) - xp.log(p)) if need[1] else None
-        return (reduce_to(gx, x.shape) if gx is not None else None, reduce_to(gy, y.shape) if gy is not None else None)
+        gx = gy = None
+        if need[0]:
+            xb = xp.where(x == 0, _FLT_MIN, xp.where(x == 1, _ONE_BELOW, x))
+            gx = reduce_to(ge * xp.where(x == y, 0.0, (1 - y) / (1 - xb) - y / xb), x.shape)
+        if need[1]:
+            lx, l1x = _safe_logs(xp, x)
+            gy = reduce_to(ge * (l1x - lx), y.shape)
+        return gx, gy
 
 
 @op("squared_norm", lambda a, s: (1,), cost=REDUCE)

@@ -177,7 +177,9 @@ class SumElems:
         return x.reshape(x.shape[0], -1).sum(axis=1, keepdims=True)
 
     def backward(xp, a, data, xs, y, g, need):
-        return (xp.broadcast_to(g.reshape((-1,) + (1,) * (xs[0].ndim - 1)), xs[0].shape).copy(),)
+        # Lead axis from g: a shared argument (lead 1) gets one row per node; scatter sums them.
+        shape = g.shape[:1] + xs[0].shape[1:]
+        return (xp.broadcast_to(g.reshape((-1,) + (1,) * (xs[0].ndim - 1)), shape).copy(),)
 
 
 @op("mean_elems", _scalar_shape, cost=REDUCE)
@@ -210,7 +212,7 @@ class SumDim:
     def backward(xp, a, data, xs, y, g, need):
         x = xs[0]
         keep = tuple(1 if i + 1 in _axes(a) else n for i, n in enumerate(x.shape[1:]))
-        return (xp.broadcast_to(g.reshape((g.shape[0],) + keep), x.shape).copy(),)
+        return (xp.broadcast_to(g.reshape((g.shape[0],) + keep), g.shape[:1] + x.shape[1:]).copy(),)
 
 
 @op("mean_dim", _dims_shape, cost=REDUCE)
@@ -239,7 +241,7 @@ def _extreme(name, pick_fn):
             return y.reshape((x.shape[0],) + _extreme_shape(a, x.shape[1:]))
 
         def backward(xp, a, data, xs, y, g, need):
-            x, ax = xs[0], a[0] + 1
+            x, ax = _bcast_lead(xp, xs[0], g.shape[0]), a[0] + 1
             win = getattr(x, "arg" + pick_fn)(axis=ax)
             gx = xp.zeros(x.shape, dtype=g.dtype)
             xp.put_along_axis(gx, xp.expand_dims(win, ax), xp.expand_dims(g.reshape(win.shape), ax), axis=ax)

@@ -1,0 +1,1 @@
+"""Per-op reference, batching and DyNet-parity tests."""

@@ -1,0 +1,1 @@
+"""Scheduler tests: invariance of values/gradients and structural checks of schedules."""
