@@ -7,32 +7,45 @@ other argument is brought together by one gather call.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 
 from .errors import NonFiniteError
 
 
-def gather(cg, be, nodes: Sequence[int], k: int, stats):
-    """Argument k of every node in the batch as one (B, ...) array (or (1, ...) if shared)."""
-    args, blk, row = cg.args, cg.blk, cg.row
-    ids = [args[n][k] for n in nodes]
+class ExecutedBatch(NamedTuple):
+    """What backward needs from one forward batch."""
+    nodes: Sequence[int]
+    xs: list          # the gathered arguments
+    block: int        # output block id
+    plans: list       # how each argument was gathered (see gather)
+    need: tuple       # per argument: does any node's argument need a gradient
+
+
+# How argument k of a batch was assembled; autodiff reuses it to scatter gradients back.
+LEAF, SLICE, TAKE, MANY = 0, 1, 2, 3
+
+
+def gather(cg, be, ids: list, stats) -> tuple:
+    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan."""
+    blk, row = cg.blk, cg.row
     first = ids[0]
+    b = blk[first]
     if cg.op[first].leaf:
-        return cg.blocks[blk[first]]  # the signature guarantees every node shares it
-    b, r0 = blk[first], row[first]
+        return cg.blocks[b], (LEAF, b, None)  # the signature guarantees every node shares it
+    r0 = row[first]
     B = len(ids)
     blks = [blk[i] for i in ids]
     rows = [row[i] for i in ids]
     if blks.count(b) == B:
         if rows[-1] - r0 == B - 1 and rows == list(range(r0, r0 + B)):
-            return cg.blocks[b][r0:r0 + B]
-        out = be.take_rows(cg.blocks[b], rows)
+            return cg.blocks[b][r0:r0 + B], (SLICE, b, r0)
+        out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
-        out = be.gather_rows(cg.blocks, blks, rows)
+        out, plan = be.gather_rows(cg.blocks, blks, rows), (MANY, blks, rows)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
-    return out
+    return out, plan
 
 
 def run_batch(cg, be, nodes: Sequence[int]) -> None:
@@ -41,7 +54,14 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     n0 = nodes[0]
     op = cg.op[n0]
     t0 = time.perf_counter()
-    xs = [gather(cg, be, nodes, k, stats) for k in range(len(cg.args[n0]))]
+    args, ng = cg.args, cg.needs_grad
+    xs, plans, need = [], [], []
+    for k in range(len(args[n0])):
+        ids = [args[n][k] for n in nodes]
+        x, plan = gather(cg, be, ids, stats)
+        xs.append(x)
+        plans.append(plan)
+        need.append(True in [ng[i] for i in ids])
     data = [cg.data[n] for n in nodes] if op.uses_data else None
     t1 = time.perf_counter()
     y = be.forward_kernels.get(op.name, op.forward)(xp, cg.attrs[n0], data, *xs)
@@ -58,7 +78,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     for r, n in enumerate(nodes):
         blk[n] = bid
         row[n] = r
-    cg.executed.append((nodes, xs, bid))
+    cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, tuple(need)))
     stats.kernel_calls += 1
     stats.batches += 1
     stats.nodes += B

@@ -64,6 +64,7 @@ class ComputationGraph:
         self.grad_blocks: list | None = None
         self.grad_full = False
         self._leaves: dict = {}
+        self._block_param: dict = {}    # leaf value block -> parameter object
         self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
         self.stats = Stats()
         self._t_last = time.perf_counter()
@@ -139,6 +140,7 @@ class ComputationGraph:
         self.sig.append(-1)  # leaves are bound, never scheduled
         self.sig_part.append(("shared", id(p), update))  # shared arguments batch by identity and mode
         self.needs_grad.append(update and p.updated)
+        self._block_param[len(self.blocks)] = p
         self.blk.append(len(self.blocks))
         self.row.append(0)
         self.blocks.append(p.values[None])
@@ -167,6 +169,7 @@ class ComputationGraph:
         self._sync_values()
         leaves = [i for i, op in enumerate(self.op) if op.leaf]
         self.blocks = [self.blocks[self.blk[i]] for i in leaves]
+        self._block_param = {k: self.attrs[i][1] for k, i in enumerate(leaves)}
         self.blk = [-1] * len(self.op)
         for k, i in enumerate(leaves):
             self.blk[i] = k
@@ -181,6 +184,10 @@ class ComputationGraph:
                                  f"\n  called at {user_line()}")
         self.grad_full = full
         _engine.backward(self, expr.i, full)
+
+    def leaf_param(self, block: int):
+        """The Parameters/LookupParameters whose storage is value block `block`."""
+        return self._block_param[block]
 
     def value(self, nid: int):
         return self.blocks[self.blk[nid]][self.row[nid]]

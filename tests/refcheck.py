@@ -216,12 +216,12 @@ def assert_same_run(a: Run | tuple, b: Run | tuple, rtol: float = 1e-12, atol: f
 
 def batch_sizes(cg, op_name: str) -> list[int]:
     """Sizes of the executed forward batches of one op (to prove batching happened)."""
-    return [len(nodes) for nodes, _, _ in cg.executed if cg.op[nodes[0]].name == op_name]
+    return [len(e.nodes) for e in cg.executed if cg.op[e.nodes[0]].name == op_name]
 
 
 def batch_of(cg, nid: int) -> list[int]:
     """The executed forward batch that computed node nid."""
-    for nodes, _, _ in cg.executed:
-        if nid in nodes:
-            return list(nodes)
+    for e in cg.executed:
+        if nid in e.nodes:
+            return list(e.nodes)
     raise KeyError(f"node {nid} was not executed")

@@ -41,9 +41,6 @@ class OpDef:
     def __repr__(self) -> str:
         return f"<op {self.name}>"
 
-    def __hash__(self) -> int:
-        return id(self)
-
 
 def defop(name: str, shape: Callable, forward: Callable, backward: Callable | None, **kw) -> OpDef:
     if name in OPS:

@@ -75,7 +75,7 @@ def test_run_under_same_results_for_every_scheduler():
 
 def test_run_graph_batches_and_detects_differences():
     r = run_graph("depth", _tree)
-    assert max(len(n) for n, _, _ in r.cg.executed) >= 3
+    assert max(len(e.nodes) for e in r.cg.executed) >= 3
     other = run_graph("none", _tree, seed=1)                  # different parameters
     with pytest.raises(AssertionError):
         assert_same_run(r, other)
