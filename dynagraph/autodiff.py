@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from .executor import LEAF, SLICE, TAKE
-from .ops.base import SparseRows
+from .ops.base import Sliced, SparseRows
 
 
 def _grad_block(cg, xp, gb, b):
@@ -28,6 +28,12 @@ def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
         stats.scatters += 1
         stats.scatter_bytes += gx.vals.nbytes
         return
+    if isinstance(gx, Sliced):
+        if kind == SLICE:  # add straight into the box of the source rows
+            g = _grad_block(cg, xp, gb, b)
+            g[(slice(rows, rows + gx.vals.shape[0]),) + gx.index] += gx.vals
+            return
+        gx = gx.dense(xp)
     if kind == LEAF:
         g = _grad_block(cg, xp, gb, b)
         g += gx.sum(axis=0, keepdims=True) if gx.shape[0] != 1 else gx
@@ -72,7 +78,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
         for k, plan in enumerate(plans):
             if need[k] and gxs[k] is not None:
                 gx = gxs[k]
-                if plan[0] != LEAF and not isinstance(gx, SparseRows) and gx.shape[0] != len(nodes):
+                if plan[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != len(nodes):
                     gx = xp.broadcast_to(gx, (len(nodes),) + gx.shape[1:])
                 scatter(cg, be, gb, plan, gx, stats)
         stats.t_memory += time.perf_counter() - t1

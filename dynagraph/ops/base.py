@@ -58,6 +58,22 @@ def op(name: str, shape: Callable, **kw):
     return wrap
 
 
+class Sliced:
+    """Gradient that is zero outside a box of the argument: arg[:, *index] += vals.
+
+    Lets pick_range's backward add into the gate slice of its source instead of
+    materialising a zero-filled full-size gradient per slice."""
+    __slots__ = ("index", "vals", "shape")
+
+    def __init__(self, index: tuple, vals, shape: tuple):
+        self.index, self.vals, self.shape = index, vals, shape
+
+    def dense(self, xp):
+        out = xp.zeros(self.shape, dtype=self.vals.dtype)
+        out[(slice(None),) + self.index] = self.vals
+        return out
+
+
 class SparseRows:
     """Gradient of a lookup table: rows `idx` receive `vals` (duplicates add up)."""
     __slots__ = ("idx", "vals")

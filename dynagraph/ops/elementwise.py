@@ -21,10 +21,31 @@ def _elu(xp, alpha, x):
 
 
 NEG = _unary("neg", lambda xp, a, x: -x, lambda xp, a, x, y, g: -g)
-TANH = _unary("tanh", lambda xp, a, x: xp.tanh(x), lambda xp, a, x, y, g: g * (1 - y * y))
+def _tanh_grad(xp, y, g):
+    t = y * y  # in place on one temporary: these run on every gate of every cell
+    xp.subtract(1, t, out=t)
+    t *= g
+    return t
+
+
+def _logistic(xp, x):
+    t = x * 0.5
+    xp.tanh(t, out=t)
+    t *= 0.5
+    t += 0.5
+    return t
+
+
+def _logistic_grad(xp, y, g):
+    t = 1 - y
+    t *= y
+    t *= g
+    return t
+
+
+TANH = _unary("tanh", lambda xp, a, x: xp.tanh(x), lambda xp, a, x, y, g: _tanh_grad(xp, y, g))
 # 0.5*tanh(x/2)+0.5 is the logistic function without exp overflow for large |x|.
-LOGISTIC = _unary("logistic", lambda xp, a, x: 0.5 * xp.tanh(0.5 * x) + 0.5,
-                  lambda xp, a, x, y, g: g * y * (1 - y))
+LOGISTIC = _unary("logistic", lambda xp, a, x: _logistic(xp, x), lambda xp, a, x, y, g: _logistic_grad(xp, y, g))
 RECTIFY = _unary("rectify", lambda xp, a, x: xp.maximum(x, 0), lambda xp, a, x, y, g: g * (x > 0))
 ELU = _unary("elu", lambda xp, a, x: _elu(xp, a[0], x),
              lambda xp, a, x, y, g: g * xp.where(x > 0, 1.0, y + a[0]))

@@ -94,11 +94,20 @@ class Affine:
         y = None
         for i in range(0, len(wx), 2):
             p = mm(xp, wx[i], wx[i + 1])
-            y = p if y is None else y + p
+            if y is None:
+                y = p
+            elif y.shape == p.shape:
+                y += p  # y is a fresh product: accumulate in place
+            else:
+                y = y + p
         if y is None:  # affine_transform([b])
             return b.copy()
         nd = max(y.ndim, b.ndim) - 1
-        return pad_to(y, nd) + pad_to(b, nd)
+        y, b = pad_to(y, nd), pad_to(b, nd)
+        if y.shape == xp.broadcast_shapes(y.shape, b.shape):
+            y += b
+            return y
+        return y + b
 
     def backward(xp, a, data, xs, y, g, need):
         b, wx = xs[0], xs[1:]

@@ -1,7 +1,7 @@
 """Reshaping, slicing, picking and reductions."""
 from __future__ import annotations
 
-from .base import CHEAP, REDUCE, op, pad_to, reduce_to, size_of
+from .base import CHEAP, REDUCE, Sliced, op, pad_to, reduce_to, size_of
 
 
 def _bcast_lead(xp, x, n):
@@ -92,6 +92,8 @@ class PickRange:
 
     def backward(xp, a, data, xs, y, g, need):
         start, end, d = a
+        if xs[0].ndim > d + 1 and xs[0].shape[0] == g.shape[0]:
+            return (Sliced((slice(None),) * d + (slice(start, end),), g, xs[0].shape),)
         x = pad_to(xs[0], d + 1)
         gx = xp.zeros(g.shape[:1] + x.shape[1:], dtype=g.dtype)
         gx[(slice(None),) * (d + 1) + (slice(start, end),)] = g
