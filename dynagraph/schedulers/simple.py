@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 from typing import Sequence
 
-from .base import register, users_of
+import numpy as np
+
+from .base import register
 
 
 class NoBatching:
@@ -40,55 +43,93 @@ class DepthBatching:
 
 
 class AgendaBatching:
-    """DyNet's agenda: run the ready signature with the lowest mean depth; cheap ops first on ties."""
+    """DyNet's agenda: run the ready signature with the lowest mean depth; cheap ops first on ties.
+
+    The frontier bookkeeping is vectorised (CSR user lists, per-batch numpy
+    updates), so the Python cost is per batch, not per node.
+    """
     name = "agenda"
     trusted = True  # validated by the test suite, not on every evaluation
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
-        indeg, users, base = users_of(cg, nodes)
-        depth, sig, op = cg.depth, cg.sig, cg.op
-        total: dict = {}
-        for n in nodes:
-            s = sig[n]
-            t = total.get(s)
-            total[s] = (depth[n], 1) if t is None else (t[0] + depth[n], t[1] + 1)
-        ready: dict = {}
+        if not nodes:
+            return []
+        g = pending_graph(cg, nodes)
+        uniq, inv = np.unique(g.sig[g.loc], return_inverse=True)
+        sig_of = np.full(g.n, -1, dtype=np.int64)
+        sig_of[g.loc] = inv
+        avg = np.bincount(inv, weights=g.depth[g.loc]) / np.bincount(inv)
+        first = np.zeros(len(uniq), dtype=np.int64)
+        first[inv[::-1]] = g.loc[::-1]  # a representative node per signature
+        ops = [cg.op[g.lo + int(f)] for f in first]
+        buckets: list = [[] for _ in uniq]
         heap: list = []
+        indeg = g.indeg.copy()
         batches: list[list[int]] = []
-        stack = [n for n in nodes if indeg[n - base] == 0]
-        while True:
-            while stack:  # make newly ready nodes visible; unbatchable ones run at once
-                n = stack.pop()
-                if not op[n].batchable:
-                    batches.append([n])
-                    self._release(n, users, indeg, base, stack)
-                    continue
-                s = sig[n]
-                bucket = ready.get(s)
-                if bucket is None:
-                    ready[s] = [n]
-                    t = total[s]
-                    heapq.heappush(heap, (t[0] / t[1], op[n].cost, n, s))
-                else:
-                    bucket.append(n)
-            if not heap:
-                return batches
-            s = heapq.heappop(heap)[3]
-            batch = ready.pop(s)
-            batch.sort()  # recording order keeps consecutive rows contiguous for later users
-            batches.append(batch)
-            for n in batch:
-                self._release(n, users, indeg, base, stack)
 
-    @staticmethod
-    def _release(n, users, indeg, base, stack):
-        us = users[n - base]
-        if us:
-            for u in us:
-                k = indeg[u - base] - 1
-                indeg[u - base] = k
-                if k == 0:
-                    stack.append(u)
+        def push(ready):
+            if len(ready) == 0:
+                return
+            ready = np.sort(ready)
+            sigs = sig_of[ready]
+            order = np.argsort(sigs, kind="stable")
+            ready, sigs = ready[order], sigs[order]
+            cuts = np.flatnonzero(np.diff(sigs)) + 1
+            for part in np.split(ready, cuts):
+                s = int(sig_of[part[0]])
+                if not buckets[s]:
+                    heapq.heappush(heap, (avg[s], ops[s].cost, int(part[0]), s))
+                buckets[s].append(part)
+
+        push(g.loc[indeg[g.loc] == 0])
+        while heap:
+            s = heapq.heappop(heap)[3]
+            batch = np.sort(np.concatenate(buckets[s]))  # recording order keeps later users contiguous
+            buckets[s] = []
+            ids = (batch + g.lo).tolist()
+            batches.extend([[n] for n in ids] if not ops[s].batchable else [ids])
+            push(g.release(batch, indeg))
+        return batches
+
+
+class PendingGraph:
+    """The pending nodes of a graph as arrays local to [lo, hi), with CSR user lists."""
+
+    def __init__(self, cg, nodes: Sequence[int]):
+        self.lo = lo = nodes[0]
+        self.n = n = nodes[-1] + 1 - lo
+        self.loc = np.asarray(nodes, dtype=np.int64) - lo
+        pend = np.zeros(n + 1, dtype=bool)  # slot n stands for "not pending"
+        pend[self.loc] = True
+        arg_lists = cg.args[lo:lo + n]
+        counts = np.fromiter(map(len, arg_lists), dtype=np.int64, count=n)
+        args = np.fromiter(chain.from_iterable(arg_lists), dtype=np.int64, count=int(counts.sum())) - lo
+        owner = np.repeat(np.arange(n, dtype=np.int64), counts)
+        args = np.where(args < 0, n, args)
+        keep = pend[args] & pend[owner]
+        src, dst = args[keep], owner[keep]
+        self.indeg = np.bincount(dst, minlength=n)
+        self.users = dst[np.argsort(src, kind="stable")]
+        self.starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=n), out=self.starts[1:])
+        self.sig = np.asarray(cg.sig[lo:lo + n], dtype=np.int64)
+        self.depth = np.asarray(cg.depth[lo:lo + n], dtype=np.float64)
+
+    def release(self, batch: np.ndarray, indeg: np.ndarray) -> np.ndarray:
+        """Decrement the in-degree of the batch's users; return those that became ready."""
+        begin, end = self.starts[batch], self.starts[batch + 1]
+        counts = end - begin
+        total = int(counts.sum())
+        if total == 0:
+            return batch[:0]
+        offsets = np.repeat(begin - np.cumsum(counts) + counts, counts) + np.arange(total)
+        users, k = np.unique(self.users[offsets], return_counts=True)
+        indeg[users] -= k
+        return users[indeg[users] == 0]
+
+
+def pending_graph(cg, nodes: Sequence[int]) -> PendingGraph:
+    return PendingGraph(cg, nodes)
 
 
 register("none", NoBatching)
