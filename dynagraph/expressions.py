@@ -81,7 +81,9 @@ def inputTensor(arr, batched: bool = False, device: str = "") -> Expression:
     if a.ndim == 0:
         a = a.reshape(1)
     if not np.isfinite(a).all():
-        raise DynagraphError(f"inputTensor: input contains NaN or inf\n  at {user_line()}")
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+        raise DynagraphError(f"inputTensor(shape {a.shape}): input contains NaN or inf (first at index {where})"
+                             f"\n  at {user_line()}")
     return record(_O["input"], (), (a.shape,), a)
 
 

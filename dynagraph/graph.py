@@ -196,7 +196,8 @@ class ComputationGraph:
         self._sync_values()
         if self.grad_blocks is None:
             raise DynagraphError("gradient() needs a backward() call on this graph first")
-        g = self.grad_blocks[self.blk[nid]] if self.blk[nid] >= 0 else None
+        b = self.blk[nid]  # a block made after the last backward() has no gradient: zero
+        g = self.grad_blocks[b] if 0 <= b < len(self.grad_blocks) else None
         # A batch may compute rows that need no gradient; like DyNet (and "none"), report zero.
         if g is None or not (self.needs_grad[nid] or self.grad_full):
             return np.zeros(self.shape[nid], dtype=self.dtype)
@@ -261,6 +262,8 @@ class Expression:
 
     def scalar_value(self, recalculate: bool = False) -> float:
         v = self.npvalue(recalculate)
+        if v.size != 1:  # DyNet aborts the process here
+            raise DynagraphError(f"scalar_value() of an expression of shape {v.shape}\n  at {user_line()}")
         return float(v.reshape(-1)[0])
 
     def vec_value(self, recalculate: bool = False) -> list:
@@ -343,7 +346,10 @@ class Expression:
             return record1(OPS["pick_range"], self, (start, stop, 0))
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"expression index must be an int or a slice, got {type(i).__name__}")
-        return record1(OPS["pick"], self, (0,), int(i))
+        i = int(i)
+        if i < 0:  # DyNet counts negative indices from the end
+            i += self.cg.shape[self.i][0]
+        return record1(OPS["pick"], self, (0,), i)
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
@@ -392,7 +398,16 @@ def _arg_id(cg: ComputationGraph, a) -> int:
                              f"(versions {a.cg.version} and {cg.version}) cannot be combined")
     if isinstance(a, (Parameters, LookupParameters)):
         return cg.leaf(a)
+    if isinstance(a, np.ndarray):
+        raise TypeError(f"expected an Expression or Parameters, got a numpy array of shape {a.shape}: "
+                        f"wrap it with dy.inputTensor()")
     raise TypeError(f"expected an Expression or Parameters, got {type(a).__name__}")
+
+
+def _describe(args) -> str:
+    """Argument shapes for an error message, whatever the arguments are."""
+    return ", ".join(str(a.cg.shape[a.i]) if type(a) is Expression else
+                     f"ndarray{a.shape}" if isinstance(a, np.ndarray) else type(a).__name__ for a in args)
 
 
 def record(op: OpDef, args: Sequence = (), attrs: tuple = (), data: Any = None) -> Expression:
@@ -410,15 +425,15 @@ def record(op: OpDef, args: Sequence = (), attrs: tuple = (), data: Any = None) 
                                        f"which renew_cg() retired")
         ids = tuple([a.i if type(a) is Expression and a.cg is cg else _arg_id(cg, a) for a in args])
     except (DynagraphError, TypeError) as e:
-        raise type(e)(f"{op.name}: {e}\n  recorded at {user_line()}") from None
+        raise type(e)(f"{op.name}({_describe(args)}): {e}\n  recorded at {user_line()}") from None
     return Expression(cg, cg.add(op, ids, attrs, data))
 
 
 RANDOM_KEY = _RANDOM_KEY
 
 
-def _expression_of(p, update: bool = True, lookup=None) -> Expression:
-    cg = current()
+def _expression_of(p, update: bool = True, lookup=None, graph=None) -> Expression:
+    cg = graph if graph is not None else current()
     if lookup is None:
         return Expression(cg, cg.leaf(p, update))
     return record(OPS["lookup"], (Expression(cg, cg.leaf(p, update)),), (), _index(lookup))

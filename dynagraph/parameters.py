@@ -173,15 +173,19 @@ class Parameters(_Stored):
         return expression_hook(self, update)
 
     # Parameters act as trained expressions in arithmetic, as in DyNet 2.1.
-    def __mul__(self, o): return self.expr(True) * o
-    def __rmul__(self, o): return o * self.expr(True)
-    def __add__(self, o): return self.expr(True) + o
-    def __radd__(self, o): return o + self.expr(True)
-    def __sub__(self, o): return self.expr(True) - o
-    def __rsub__(self, o): return o - self.expr(True)
-    def __truediv__(self, o): return self.expr(True) / o
+    def __mul__(self, o): return self._bound(o) * o
+    def __rmul__(self, o): return o * self._bound(o)
+    def __add__(self, o): return self._bound(o) + o
+    def __radd__(self, o): return o + self._bound(o)
+    def __sub__(self, o): return self._bound(o) - o
+    def __rsub__(self, o): return o - self._bound(o)
+    def __truediv__(self, o): return self._bound(o) / o
     def __neg__(self): return -self.expr(True)
     def __getitem__(self, i): return self.expr(True)[i]
+
+    def _bound(self, o):
+        """The trained expression, in the graph of `o` when `o` is an expression."""
+        return expression_hook(self, True, graph=getattr(o, "cg", None))
 
     def grad_norm_sq(self) -> float:
         return float(np.vdot(self.grad, self.grad))
@@ -249,6 +253,8 @@ class ParameterCollection:
         self._subs: list[ParameterCollection] = []
         self._counter = 0
         self._names: set[str] = set()
+        self._sub_counter = 0  # DyNet numbers unnamed sub-collections apart from parameters
+        self._sub_names: set[str] = set()
 
     def _fresh(self, name: str) -> str:
         if not name:
@@ -277,8 +283,8 @@ class ParameterCollection:
         shape = as_shape(dim)
         if len(shape) < 2:
             raise ValueError(f"lookup parameters need (rows, dim...), got {shape}")
-        init = GlorotInitializer(is_lookup=True, gain=scale) if init is None else make_initializer(init, scale)
-        p = LookupParameters(self, self._fresh(name), init(shape, True))
+        init = GlorotInitializer(gain=scale) if init is None else make_initializer(init, scale)  # DyNet: all dims
+        p = LookupParameters(self, self._fresh(name), init(shape))
         self._params.append(p)
         return p
 
@@ -287,7 +293,15 @@ class ParameterCollection:
         return self.add_lookup_parameters(array.shape, init=array, name=name)
 
     def add_subcollection(self, name: str | None = None) -> "ParameterCollection":
-        sub = ParameterCollection(self._fresh(name or "") + "/", self)
+        if not name:
+            name = f"_{self._sub_counter}"
+            self._sub_counter += 1
+        base, k = name, 0
+        while name in self._sub_names:
+            k += 1
+            name = f"{base}_{k}"
+        self._sub_names.add(name)
+        sub = ParameterCollection(self._name + name + "/", self)
         self._subs.append(sub)
         return sub
 
