@@ -244,6 +244,25 @@ class LookupParameters(_Stored):
                                   "write per-sample code and let dynagraph batch it")
 
 
+class _Namer:
+    """Unique names in one namespace: '_0', '_1', ... for unnamed, 'W', 'W_1' for repeats."""
+
+    def __init__(self):
+        self.counter = 0
+        self.used: set[str] = set()
+
+    def fresh(self, name: str) -> str:
+        if not name:
+            name = f"_{self.counter}"
+            self.counter += 1
+        base, k = name, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
 class ParameterCollection:
     """DyNet's ParameterCollection (alias Model). Names look like '/_0', '/W', '/sub/_1'."""
 
@@ -251,21 +270,12 @@ class ParameterCollection:
         self._name, self._parent = name, parent
         self._params: list[_Stored] = []
         self._subs: list[ParameterCollection] = []
-        self._counter = 0
-        self._names: set[str] = set()
-        self._sub_counter = 0  # DyNet numbers unnamed sub-collections apart from parameters
-        self._sub_names: set[str] = set()
+        # DyNet numbers unnamed parameters and unnamed sub-collections separately.
+        self._param_names = _Namer()
+        self._sub_names = _Namer()
 
     def _fresh(self, name: str) -> str:
-        if not name:
-            name = f"_{self._counter}"
-            self._counter += 1
-        base, k = name, 0
-        while name in self._names:
-            k += 1
-            name = f"{base}_{k}"
-        self._names.add(name)
-        return self._name + name
+        return self._name + self._param_names.fresh(name)
 
     def add_parameters(self, dim, init=None, name: str = "", device: str = "", scale: float = 1.0) -> Parameters:
         if isinstance(init, np.ndarray) and dim is None:
@@ -293,15 +303,7 @@ class ParameterCollection:
         return self.add_lookup_parameters(array.shape, init=array, name=name)
 
     def add_subcollection(self, name: str | None = None) -> "ParameterCollection":
-        if not name:
-            name = f"_{self._sub_counter}"
-            self._sub_counter += 1
-        base, k = name, 0
-        while name in self._sub_names:
-            k += 1
-            name = f"{base}_{k}"
-        self._sub_names.add(name)
-        sub = ParameterCollection(self._name + name + "/", self)
+        sub = ParameterCollection(self._name + self._sub_names.fresh(name or "") + "/", self)
         self._subs.append(sub)
         return sub
 
