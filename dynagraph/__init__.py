@@ -13,6 +13,7 @@ from .graph import ComputationGraph, Expression, cg, cg_version, renew_cg  # noq
 from . import engine  # noqa: F401  (installs evaluation into the graph layer)
 from .backends import get_backend  # noqa: F401
 from . import schedulers  # noqa: F401
+from .subgraph import Block, block  # noqa: F401
 from .expressions import *  # noqa: F401,F403
 
 

@@ -59,7 +59,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
     needs_grad, args = cg.needs_grad, cg.args
-    for nodes, xs, bid, plans, need in reversed(cg.executed):
+    for nodes, xs, bid, plans, need, ctx in reversed(cg.executed):
         g = gb[bid]
         n0 = nodes[0]
         op = cg.op[n0]
@@ -71,9 +71,13 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
             continue
         t0 = time.perf_counter()
         data = [cg.data[n] for n in nodes] if op.uses_data else None
-        gxs = be.backward_kernels.get(op.name, op.backward)(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need)
+        bw = be.backward_kernels.get(op.name, op.backward)
+        if op.saves_ctx:
+            gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need, ctx=ctx)
+        else:
+            gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need)
         t1 = time.perf_counter()
-        stats.kernel_calls += 1
+        stats.kernel_calls += op.inner_kernels
         stats.t_backward += t1 - t0
         for k, plan in enumerate(plans):
             if need[k] and gxs[k] is not None:

@@ -20,6 +20,7 @@ class ExecutedBatch(NamedTuple):
     block: int        # output block id
     plans: list       # how each argument was gathered (see gather)
     need: tuple       # per argument: does any node's argument need a gradient
+    ctx: object = None  # what a saves_ctx op (a static subgraph) keeps for its backward
 
 
 # How argument k of a batch was assembled; autodiff reuses it to scatter gradients back.
@@ -65,6 +66,9 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     data = [cg.data[n] for n in nodes] if op.uses_data else None
     t1 = time.perf_counter()
     y = be.forward_kernels.get(op.name, op.forward)(xp, cg.attrs[n0], data, *xs)
+    ctx = None
+    if op.saves_ctx:
+        y, ctx = y
     B = len(nodes)
     if y.shape[0] != B:  # every node computed the same thing from shared arguments
         y = xp.broadcast_to(y, (B,) + y.shape[1:])
@@ -78,8 +82,8 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     for r, n in enumerate(nodes):
         blk[n] = bid
         row[n] = r
-    cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, tuple(need)))
-    stats.kernel_calls += 1
+    cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, tuple(need), ctx))
+    stats.kernel_calls += op.inner_kernels
     stats.batches += 1
     stats.nodes += B
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import DynagraphError, user_line
-from .graph import RANDOM_KEY, Expression, record, record1, record2
+from .graph import RANDOM_KEY, Expression, IndexSlot, record, record1, record2
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 
@@ -69,6 +69,8 @@ def const_lookup(p: LookupParameters, index: int) -> Expression:
 def _int(i, what: str) -> int:
     if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
         return int(i)
+    if type(i) is IndexSlot:  # a runtime index inside a static subgraph
+        return i
     raise TypeError(f"{what}: index must be an int, got {type(i).__name__} (at {user_line()})")
 
 

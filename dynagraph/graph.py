@@ -68,6 +68,7 @@ class ComputationGraph:
         self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
         self.stats = Stats()
         self._t_last = time.perf_counter()
+        self.tracing = False            # a static subgraph's trace: recorded, never evaluated
 
     # ------------------------------------------------------------------ recording
     def add(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
@@ -77,7 +78,7 @@ class ComputationGraph:
             if len(ids) == 1:
                 i = ids[0]
                 shape = op.shape(attrs, shp[i])
-                if op.check is not None:
+                if op.check is not None and type(data) is not IndexSlot:
                     op.check(attrs, data, shp[i])
                 depth, needs, parts = dep[i], ng[i], part[i]
             else:
@@ -91,7 +92,7 @@ class ComputationGraph:
                         needs = True
                 parts = tuple(plist)
                 shape = op.shape(attrs, *shapes)
-                if op.check is not None:
+                if op.check is not None and type(data) is not IndexSlot:
                     op.check(attrs, data, *shapes)
         except (IndexError, ValueError) as e:
             kind = DynagraphIndexError if isinstance(e, IndexError) else DynagraphError
@@ -122,6 +123,20 @@ class ComputationGraph:
             self.blk.extend([-1] * k)
             self.row.extend([0] * k)
 
+    def placeholder(self, op: OpDef, shape: tuple) -> int:
+        """An input of a static subgraph being traced: stands for a coarse node's argument."""
+        nid = len(self.op)
+        self.op.append(op)
+        self.args.append(())
+        self.attrs.append((shape,))
+        self.data.append(None)
+        self.shape.append(shape)
+        self.depth.append(0)
+        self.sig.append(-1)
+        self.sig_part.append(shape)
+        self.needs_grad.append(True)
+        return nid
+
     def leaf(self, p, update: bool = True) -> int:
         """The node standing for a parameter in this graph (one per parameter and mode)."""
         key = p if update else (p, False)
@@ -150,6 +165,9 @@ class ComputationGraph:
     # ----------------------------------------------------------------- evaluation
     def forward_to(self, nid: int) -> None:
         """Evaluate every pending node with id <= nid (DyNet's incremental_forward)."""
+        if self.tracing:
+            raise DynagraphError(f"a static subgraph is traced once and cannot read values: no .value(), "
+                                 f"backward() or data-dependent control flow inside a block\n  at {user_line()}")
         if self.retired:
             raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
                                        f"replaced by renew_cg()\n  used at {user_line()}")
@@ -344,6 +362,8 @@ class Expression:
             if step != 1:
                 raise DynagraphError(f"pick_range: slices with a step are not supported\n  at {user_line()}")
             return record1(OPS["pick_range"], self, (start, stop, 0))
+        if type(i) is IndexSlot:
+            return record1(OPS["pick"], self, (0,), i)
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"expression index must be an int or a slice, got {type(i).__name__}")
         i = int(i)
@@ -439,9 +459,22 @@ def _expression_of(p, update: bool = True, lookup=None, graph=None) -> Expressio
     return record(OPS["lookup"], (Expression(cg, cg.leaf(p, update)),), (), _index(lookup))
 
 
+class IndexSlot:
+    """A runtime index (word id, label) inside a static subgraph being traced."""
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"<index slot {self.k}>"
+
+
 def _index(i) -> int:
     if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
         return int(i)
+    if type(i) is IndexSlot:
+        return i
     raise TypeError(f"lookup index must be an int, got {type(i).__name__}")
 
 

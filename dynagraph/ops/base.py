@@ -37,6 +37,8 @@ class OpDef:
     leaf: bool = False          # parameter-like: value bound without a kernel
     uses_data: bool = False     # forward needs the per-node payload list
     blocks_grad: bool = False   # nobackprop: the node never needs a gradient
+    saves_ctx: bool = False     # forward returns (y, ctx); backward gets ctx= (static subgraphs)
+    inner_kernels: int = 1      # kernels one batch of this op launches (a subgraph runs many)
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

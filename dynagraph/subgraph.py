@@ -1,0 +1,284 @@
+"""Static subgraphs: a block is traced once, and each call adds one coarse node.
+
+    @dy.block
+    def cell(x, h_prev, c_prev):          # expressions in, expressions out
+        ...                                # plain dy.* code, parameters by closure
+        return h, c
+
+    h, c = cell(x, h, c)                   # in per-sample code: one node, not ~17
+
+Tracing runs the function once per distinct argument signature in a private
+graph, with placeholders for expression arguments and index slots for int
+arguments (word ids, labels). The trace becomes a `Plan`: an ordered list of op
+steps. A batch of B calls runs every step once over all B instances, forward
+and backward, so recording, scheduling and executor overhead are paid per call
+instead of per op. Parameters used inside the block become shared arguments of
+the coarse node, so its signature includes their identity and schedulers batch
+calls like any other node. Indices are checked against the traced shapes when
+the call is recorded, never inside a kernel.
+
+A coarse node's value is the concatenation of the block's outputs, flattened;
+each output is a cheap `block_output` view node that batches across calls.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .errors import DynagraphError, DynagraphIndexError, user_line
+from .graph import ComputationGraph, Expression, IndexSlot, current, record, record1
+from .ops.base import CHEAP, GEMM, OpDef, Sliced, SparseRows, reduce_to, size_of
+
+PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
+
+_RANDOM_STRIDE = 1 << 12  # random keys of a call's inner nodes: call key * stride + step (mod 2^64)
+_MASK64 = (1 << 64) - 1
+
+
+def _output_forward(xp, a, data, x):
+    start, shape = a
+    return x[:, start:start + size_of(shape)].reshape((x.shape[0],) + shape)
+
+
+def _output_backward(xp, a, data, xs, y, g, need):
+    start, shape = a
+    n = size_of(shape)
+    return (Sliced((slice(start, start + n),), g.reshape(g.shape[0], n), xs[0].shape),)
+
+
+BLOCK_OUTPUT = OpDef("block_output", lambda a, s: a[1], _output_forward, _output_backward, cost=CHEAP)
+
+
+class Plan:
+    """One traced block for one argument signature: the steps, run over a whole batch."""
+
+    def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int]):
+        self.name = name
+        self.inputs = inputs
+        self.outputs = outputs
+        live = _reachable(trace, outputs)
+        self.leaves = [i for i in live if trace.op[i].leaf and trace.op[i] is not PLACEHOLDER]
+        self.leaf_params = [trace.attrs[i][1] for i in self.leaves]
+        self.leaf_update = [_leaf_update(trace, i) for i in self.leaves]
+        self.steps = []
+        self.checks = []
+        self.random = False
+        for i in live:
+            op = trace.op[i]
+            if op.leaf:
+                continue
+            d = trace.data[i]
+            if type(d) is IndexSlot:
+                spec = ("slot", d.k)
+                if op.check is not None:
+                    self.checks.append((op, trace.attrs[i], d.k, [trace.shape[a] for a in trace.args[i]]))
+            elif op.uses_data and isinstance(d, (int, np.integer)) and op.name in _RANDOM_OPS:
+                spec = ("random", len(self.steps))
+                self.random = True
+            else:
+                spec = ("const", d)
+            self.steps.append((i, op, trace.args[i], trace.attrs[i], spec, trace.shape[i]))
+        self.out_shapes = [trace.shape[o] for o in outputs]
+        self.out_sizes = [size_of(s) for s in self.out_shapes]
+        self.total = sum(self.out_sizes)
+        self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
+        self.op = OpDef(f"block:{name}", lambda a, *s: (self.total,), self.forward, self.backward,
+                        uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, len(self.steps)))
+
+    # ------------------------------------------------------------------ running
+    def _data(self, spec, data: list):
+        kind, v = spec
+        if kind == "slot":
+            return [call[v] for call in data]
+        if kind == "random":
+            return [(call[-1] * _RANDOM_STRIDE + v) & _MASK64 for call in data]
+        return [v] * len(data)
+
+    def forward(self, xp, attrs, data, *xs):
+        B = len(data)
+        vals: dict = {}
+        for k, i in enumerate(self.inputs):
+            vals[i] = xs[k]
+        for k, i in enumerate(self.leaves):
+            vals[i] = xs[len(self.inputs) + k]
+        saved = []
+        for i, op, args, a, spec, shape in self.steps:
+            d = self._data(spec, data) if op.uses_data else None
+            ins = [vals[j] for j in args]
+            y = op.forward(xp, a, d, *ins)
+            y = y.reshape((y.shape[0],) + shape)
+            vals[i] = y
+            saved.append((ins, y, d))
+        outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
+        return xp.concatenate(outs, axis=1), saved
+
+    def backward(self, xp, attrs, data, xs, y, g, need, ctx=None):
+        B = len(data)
+        acc = _Grads(xp)
+        start = 0
+        for o, n, shape in zip(self.outputs, self.out_sizes, self.out_shapes):
+            acc.add(o, g[:, start:start + n].reshape((B,) + shape))
+            start += n
+        needs = self._needs(need)
+        for (i, op, args, a, spec, shape), (ins, yv, d) in zip(reversed(self.steps), reversed(ctx)):
+            gi = acc.pop(i)
+            if gi is None or op.backward is None or not needs.get(i, False):
+                continue
+            gxs = op.backward(xp, a, d, ins, yv, gi, tuple(needs.get(j, False) for j in args))
+            for j, x, gx in zip(args, ins, gxs):
+                if gx is not None and needs.get(j, False):
+                    acc.add(j, gx, x.shape)
+        return tuple(acc.result(i) for i in self.inputs + self.leaves)
+    def _needs(self, need: tuple) -> dict:
+        """Which trace nodes need a gradient, given which coarse arguments do."""
+        needs = {i: bool(n) for i, n in zip(self.inputs + self.leaves, need)}
+        for i, op, args, a, spec, shape in self.steps:
+            needs[i] = i not in self.blocks_grad and any(needs.get(j, False) for j in args)
+        return needs
+
+    def check(self, values: tuple) -> None:
+        for op, a, k, shapes in self.checks:
+            try:
+                op.check(a, values[k], *shapes)
+            except (IndexError, ValueError) as e:
+                raise DynagraphIndexError(f"block {self.name}: {op.name}({', '.join(map(str, shapes))}) "
+                                          f"index argument {k}: {e}\n  recorded at {user_line()}") from None
+
+
+_RANDOM_OPS = {"dropout", "noise", "random_normal", "random_uniform", "random_bernoulli"}
+
+
+def _leaf_update(trace: ComputationGraph, i: int) -> bool:
+    """Was leaf i recorded as a trained use (W) or a constant one (const_parameter(W))?"""
+    return trace.sig_part[i][2]
+
+
+class _Grads:
+    """Gradients of a plan's nodes. Buffers it allocated are updated in place; arrays
+    handed over by an op (which may alias its output gradient) are copied on write."""
+
+    def __init__(self, xp):
+        self.xp = xp
+        self.g: dict = {}
+        self.owned: set = set()
+        self.sparse: dict = {}
+
+    def add(self, i: int, gx, shape: tuple | None = None) -> None:
+        if isinstance(gx, SparseRows):
+            self.sparse.setdefault(i, []).append(gx)
+            return
+        if isinstance(gx, Sliced):
+            buf = self._own(i, gx.shape if shape is None or shape[0] != 1 else shape, gx.vals.dtype)
+            buf[(slice(None),) + gx.index] += gx.vals if buf.shape[0] == gx.vals.shape[0] \
+                else gx.vals.sum(axis=0, keepdims=True)
+            return
+        if shape is not None and shape[0] == 1 and gx.shape[0] != 1:
+            gx = reduce_to(gx, shape)  # a shared argument: sum over the batch
+        old = self.g.get(i)
+        if old is None:
+            self.g[i] = gx
+        elif i in self.owned and old.shape == np.broadcast_shapes(old.shape, gx.shape):
+            old += gx
+        else:
+            self.g[i] = old + gx
+            self.owned.add(i)
+
+    def _own(self, i: int, shape: tuple, dtype):
+        old = self.g.get(i)
+        if old is None:
+            buf = self.xp.zeros(shape, dtype=dtype)
+        elif i in self.owned:
+            return old
+        else:
+            buf = old.copy()
+        self.g[i] = buf
+        self.owned.add(i)
+        return buf
+
+    def pop(self, i: int):
+        self.owned.discard(i)
+        return self.g.pop(i, None)
+
+    def result(self, i: int):
+        if i in self.sparse:
+            parts = self.sparse[i]
+            return SparseRows(np.concatenate([p.idx for p in parts]),
+                              self.xp.concatenate([p.vals for p in parts]))
+        return self.g.get(i)
+
+
+def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
+    seen = set()
+    stack = list(outputs)
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack.extend(trace.args[i])
+    return sorted(seen)
+
+
+class Block:
+    """A function traced once per argument signature and called as one coarse node."""
+
+    def __init__(self, fn: Callable, name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "block")
+        self._plans: dict = {}
+
+    def plan_for(self, args: tuple) -> Plan:
+        key = tuple(a.cg.shape[a.i] if type(a) is Expression else "index" for a in args)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._trace(key)
+        return plan
+
+    def _trace(self, key: tuple) -> Plan:
+        trace = ComputationGraph(scheduler="none")
+        trace.tracing = True
+        inputs, slot_args = [], []
+        with trace:
+            for k, spec in enumerate(key):
+                if spec == "index":
+                    slot_args.append(IndexSlot(len([s for s in key[:k] if s == "index"])))
+                else:
+                    nid = trace.placeholder(PLACEHOLDER, spec)
+                    inputs.append(nid)
+                    slot_args.append(Expression(trace, nid))
+            result = self.fn(*slot_args)
+        single = type(result) is Expression
+        outs = [result] if single else list(result) if isinstance(result, (tuple, list)) else [result]
+        if not outs or any(type(o) is not Expression or o.cg is not trace for o in outs):
+            raise DynagraphError(f"block {self.name} must return expressions computed from its arguments")
+        plan = Plan(self.name, trace, inputs, [o.i for o in outs])
+        plan.single = single
+        return plan
+
+    def __call__(self, *args):
+        for a in args:
+            if not (type(a) is Expression or (isinstance(a, (int, np.integer)) and not isinstance(a, bool))):
+                raise TypeError(f"block {self.name}: arguments must be expressions or int indices, "
+                                f"got {type(a).__name__}\n  at {user_line()}")
+        plan = self.plan_for(args)
+        values = tuple(int(a) for a in args if type(a) is not Expression)
+        plan.check(values)
+        exprs = [a for a in args if type(a) is Expression]
+        cg = exprs[0].cg if exprs else current()
+        if plan.random:
+            values = values + (cg._rand_base + len(cg.op),)
+        leaves = [Expression(cg, cg.leaf(p, upd)) for p, upd in zip(plan.leaf_params, plan.leaf_update)]
+        node = record(plan.op, exprs + leaves, (), values)
+        outs, start = [], 0
+        for shape, n in zip(plan.out_shapes, plan.out_sizes):
+            outs.append(record1(BLOCK_OUTPUT, node, (start, shape)))
+            start += n
+        return outs[0] if plan.single else tuple(outs)
+
+
+def block(fn: Callable | None = None, *, name: str | None = None):
+    """Decorator: `@dy.block` or `@dy.block(name="cell")`."""
+    if fn is None:
+        return lambda f: Block(f, name)
+    return Block(fn, name)
+

@@ -1,0 +1,184 @@
+"""Static subgraphs (dy.block): one coarse node per call, same numbers as op-level code."""
+import inspect
+
+import numpy as np
+import pytest
+
+import dynagraph as dy
+from refcheck import assert_same_run, run_graph
+
+H = 3
+SCHEDULERS = dy.schedulers.available()
+
+
+def _lstm_params(pc):
+    return (pc.add_lookup_parameters((12, H)), pc.add_parameters((4 * H, H)),
+            pc.add_parameters((4 * H, H)), pc.add_parameters(4 * H))
+
+
+def _cell(E, W, U, b):
+    def cell(x, h, c):
+        g = dy.affine_transform([b, W, x, U, h])
+        i, f, o = (dy.logistic(g[k * H:(k + 1) * H]) for k in range(3))
+        u = dy.tanh(g[3 * H:4 * H])
+        c2 = dy.cmult(i, u) + dy.cmult(f, c)
+        return dy.cmult(o, dy.tanh(c2)), c2
+    return cell
+
+
+def _sequences(blocked: bool):
+    def build(pc):
+        E, W, U, b = _lstm_params(pc)
+        cell = _cell(E, W, U, b)
+        step = dy.block(cell) if blocked else cell
+        outs = []
+        for s, length in enumerate([1, 4, 2, 3]):
+            h, c = dy.zeros(H), dy.zeros(H)
+            for t in range(length):
+                h, c = step(E[(3 * s + t) % 12], h, c)
+            outs.append(dy.pickneglogsoftmax(h, s % H))
+            outs.append(c)
+        return outs
+    return build
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_blocked_lstm_equals_op_level(scheduler):
+    ref = run_graph("none", _sequences(False))
+    got = run_graph(scheduler, _sequences(True))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+
+
+def _trees(blocked: bool):
+    """A TreeLSTM-like model with a leaf block taking a word index and a node block."""
+    def build(pc):
+        E = pc.add_lookup_parameters((20, H))
+        WL, WR, b = pc.add_parameters((2 * H, H)), pc.add_parameters((2 * H, H)), pc.add_parameters(2 * H)
+        Wo = pc.add_parameters((4, H))
+
+        def leaf(w):
+            return dy.tanh(E[w])
+
+        def node(hl, hr):
+            g = dy.affine_transform([b, WL, hl, WR, hr])
+            return dy.cmult(dy.logistic(g[0:H]), dy.tanh(g[H:2 * H]))
+
+        leaf_f, node_f = (dy.block(leaf), dy.block(node)) if blocked else (leaf, node)
+
+        def enc(t):
+            return leaf_f(t) if isinstance(t, int) else node_f(enc(t[0]), enc(t[1]))
+
+        trees = [((1, 2), 3), (4, (5, (6, 7))), 8, ((9, 10), (11, 12))]
+        return [dy.pickneglogsoftmax(Wo * enc(t), k % 4) for k, t in enumerate(trees)]
+    return build
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_blocked_tree_equals_op_level_and_batches_calls(scheduler):
+    ref = run_graph("none", _trees(False))
+    got = run_graph(scheduler, _trees(True))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+    if scheduler != "none":
+        sizes = [len(e.nodes) for e in got.cg.executed if e.nodes and got.cg.op[e.nodes[0]].name == "block:leaf"]
+        assert max(sizes) >= 8  # all leaves of all trees in one call of the leaf plan
+
+
+def test_block_records_one_node_per_call_plus_outputs():
+    pc = dy.ParameterCollection()
+    E, W, U, b = _lstm_params(pc)
+    step = dy.block(_cell(E, W, U, b))
+    cg = dy.renew_cg()
+    h, c = dy.zeros(H), dy.zeros(H)
+    before = len(cg)
+    h, c = step(E[0], h, c)
+    added = [cg.op[i].name for i in range(before, len(cg))]
+    # lookup + leaves for the 3 parameters + the coarse node + two output views
+    assert added.count("block:cell") == 1 and added.count("block_output") == 2
+    assert h.dim() == ((H,), 1) and c.dim() == ((H,), 1)
+
+
+def test_index_argument_is_checked_at_record_time():
+    pc = dy.ParameterCollection()
+    E = pc.add_lookup_parameters((5, H))
+    leaf = dy.block(lambda w: dy.tanh(E[w]))
+    dy.renew_cg()
+    leaf(4)
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(dy.DynagraphIndexError) as err:
+        leaf(5)
+    msg = str(err.value)
+    assert "block <lambda>" in msg and "lookup" in msg and "(5, 3)" in msg
+    assert f"test_subgraph.py:{line}" in msg
+    assert dy.cg().stats.nodes == 0  # raised while recording
+
+
+def test_label_index_inside_block():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((4, H), init=np.arange(4 * H, dtype=float).reshape(4, H) / 10)
+    loss = dy.block(lambda x, y: dy.pickneglogsoftmax(W * x, y))
+    dy.renew_cg()
+    x = dy.inputVector([0.5, -1.0, 2.0])
+    got = [loss(x, k).value() for k in range(4)]
+    ref = [dy.pickneglogsoftmax(W * x, k).value() for k in range(4)]
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    with pytest.raises(dy.DynagraphIndexError, match="label 4"):
+        loss(x, 4)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_dropout_inside_block_is_scheduler_invariant(scheduler):
+    def build(pc):
+        W = pc.add_parameters((6, H))
+        f = dy.block(lambda x: dy.dropout(dy.tanh(W * x), 0.5))
+        return [f(dy.inputVector([0.1 * k, 1.0, -0.5])) for k in range(5)]
+    ref = run_graph("none", build)
+    got = run_graph(scheduler, build)
+    assert_same_run(ref, got)
+    masks = np.array([v != 0 for v in got.values])
+    assert masks.any() and not masks.all()
+    assert len({m.tobytes() for m in masks}) > 1  # every call draws its own mask
+
+
+def test_const_parameter_inside_block_gets_no_gradient():
+    pc = dy.ParameterCollection()
+    W, V = pc.add_parameters((H, H)), pc.add_parameters((H, H))
+    f = dy.block(lambda x: dy.sum_elems(dy.const_parameter(W) * x + V * x))
+    dy.renew_cg(scheduler="depth")
+    dy.esum([f(dy.inputVector([1.0, 2.0, 3.0])) for _ in range(3)]).backward()
+    assert not W.grad_as_array().any()
+    np.testing.assert_allclose(V.grad_as_array(), 3 * np.tile([1.0, 2.0, 3.0], (H, 1)))
+
+
+def test_retrace_per_argument_shape():
+    f = dy.block(lambda x: dy.sum_elems(dy.square(x)))
+    dy.renew_cg()
+    assert f(dy.inputVector([1.0, 2.0])).value() == pytest.approx(5.0)
+    assert f(dy.inputVector([1.0, 2.0, 3.0])).value() == pytest.approx(14.0)
+    assert len(f._plans) == 2
+
+
+def test_tracing_rejects_values_and_bad_arguments():
+    peek = dy.block(lambda x: dy.scalarInput(dy.sum_elems(x).value()))
+    dy.renew_cg()
+    with pytest.raises(dy.DynagraphError, match="traced once"):
+        peek(dy.inputVector([1.0]))
+    with pytest.raises(TypeError, match="expressions or int"):
+        dy.block(lambda x: x)(1.5)
+    with pytest.raises(dy.DynagraphError, match="must return expressions"):
+        dy.block(lambda x: 3)(dy.inputVector([1.0]))
+
+
+def test_stats_count_inner_kernels():
+    pc = dy.ParameterCollection()
+    E, W, U, b = _lstm_params(pc)
+    step = dy.block(_cell(E, W, U, b))
+    cg = dy.renew_cg(scheduler="depth")
+    outs = []
+    for s in range(4):
+        h, c = step(E[s], dy.zeros(H), dy.zeros(H))
+        outs.append(dy.sum_elems(h))
+    dy.esum(outs).value()
+    by_op = cg.stats.by_op()
+    assert by_op["block:cell"] == (4, 1)
+    plan = next(iter(step._plans.values()))
+    assert cg.stats.kernel_calls >= len(plan.steps) + 4
