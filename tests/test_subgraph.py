@@ -182,3 +182,34 @@ def test_stats_count_inner_kernels():
     assert by_op["block:cell"] == (4, 1)
     plan = next(iter(step._plans.values()))
     assert cg.stats.kernel_calls >= len(plan.steps) + 4
+
+
+@pytest.mark.parametrize("name", ["VanillaLSTMBuilder", "GRUBuilder"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_blocked_builder_matches_unblocked(name, scheduler):
+    def build(blocked):
+        def f(pc):
+            rnn = getattr(dy, name)(2, 3, 4, pc)
+            rnn.set_blocked(blocked)
+            outs = []
+            for s, length in enumerate([3, 1, 4]):
+                xs = [dy.inputVector([0.1 * (s + t), -0.2 * t, 0.3]) for t in range(length)]
+                outs.extend(rnn.initial_state().transduce(xs))
+            return outs
+        return f
+    ref = run_graph("none", build(False))
+    got = run_graph(scheduler, build(True))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+    names = {got.cg.op[e.nodes[0]].name for e in got.cg.executed}
+    assert any(n.startswith("block:") for n in names)
+
+
+def test_blocked_builder_falls_back_with_dropout():
+    pc = dy.ParameterCollection()
+    rnn = dy.VanillaLSTMBuilder(1, 3, 4, pc)
+    rnn.set_blocked(True)
+    rnn.set_dropouts(0.5, 0.5)
+    cg = dy.renew_cg()
+    outs = rnn.initial_state().transduce([dy.inputVector([1.0, 2.0, 3.0])] * 3)
+    outs[-1].value()
+    assert not any(cg.op[e.nodes[0]].name.startswith("block:") for e in cg.executed)

@@ -44,6 +44,7 @@ from ..expressions import (
 )
 from ..graph import Expression
 from ..parameters import ConstInitializer, ParameterCollection
+from ..subgraph import block
 
 __all__ = ["RNNState", "SimpleRNNBuilder", "GRUBuilder", "VanillaLSTMBuilder", "LSTMBuilder",
            "CoupledLSTMBuilder", "BiRNNBuilder"]
@@ -74,10 +75,10 @@ def _layer_norm(x, g, b):
 
 class _Sequence:
     """What every state of one sequence shares: parameter expressions and dropout masks."""
-    __slots__ = ("vars", "ln_vars", "masks")
+    __slots__ = ("vars", "ln_vars", "masks", "update")
 
-    def __init__(self, vars_, ln_vars):
-        self.vars, self.ln_vars, self.masks = vars_, ln_vars, {}
+    def __init__(self, vars_, ln_vars, update: bool = True):
+        self.vars, self.ln_vars, self.masks, self.update = vars_, ln_vars, {}, update
 
     def mask(self, key: tuple, dim: int, rate: float) -> Expression:
         m = self.masks.get(key)
@@ -139,6 +140,7 @@ class _RNNBuilder:
     """Shared machinery: parameters, initial states, dropout bookkeeping."""
     _subname = ""
     _has_cell = False   # LSTMs carry c next to h
+    _blockable = False  # has a _make_block (static-subgraph step)
 
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
         who = self.whoami()
@@ -153,6 +155,23 @@ class _RNNBuilder:
         self.ln_params: list[list] = []
         self.dropout_rate = self.dropout_rate_h = 0.0
         self._last_seq: _Sequence | None = None
+        self.blocked = False
+        self._blocks: list = []
+
+    def set_blocked(self, on: bool = True) -> None:
+        """Run each layer's step as one static subgraph (dy.block): one coarse node per
+        step instead of ~15 ops. Same numbers; used when dropout is off, parameters are
+        trained (update=True) and, for LSTMs, ln_lstm is off (op-level otherwise)."""
+        self.blocked = bool(on)
+
+    def _use_blocks(self, seq: _Sequence) -> bool:
+        return (self.blocked and self._blockable and seq.update and self.dropout_rate == 0.0 and self.dropout_rate_h == 0.0
+                and not self.ln_params)
+
+    def _layer_block(self, i: int):
+        while len(self._blocks) <= i:
+            self._blocks.append(self._make_block(len(self._blocks)))
+        return self._blocks[i]
 
     # ---------------------------------------------------------------- parameters
     def _w(self, rows: int, cols: int):
@@ -183,7 +202,7 @@ class _RNNBuilder:
     def initial_state(self, vecs=None, update: bool = True) -> RNNState:
         """A fresh sequence; `vecs` gives h per layer ([c..., h...] for LSTMs)."""
         seq = _Sequence([[p.expr(update) for p in ps] for ps in self.params],
-                        [[p.expr(update) for p in ps] for ps in self.ln_params])
+                        [[p.expr(update) for p in ps] for ps in self.ln_params], update)
         self._last_seq = seq
         if vecs is None:
             return RNNState(self, seq)
@@ -295,6 +314,7 @@ class SimpleRNNBuilder(_RNNBuilder):
 class GRUBuilder(_RNNBuilder):
     """GRU with DyNet's per-gate params [W_zx, W_zh, b_z, W_rx, W_rh, b_r, W_hx, W_hh, b_h]."""
     _subname = "gru-builder"
+    _blockable = True
 
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
         super().__init__(layers, input_dim, hidden_dim, model)
@@ -319,21 +339,46 @@ class GRUBuilder(_RNNBuilder):
 
     def _step(self, seq, hs, cs, x):
         d = self.dropout_rate
+        if self._use_blocks(seq) and hs is not None:
+            out = []
+            for i in range(self.layers):
+                x = self._layer_block(i)(x, hs[i])
+                out.append(x)
+            return out, None, x
         out = []
-        for i, (W_zx, W_zh, b_z, W_rx, W_rh, b_r, W_hx, W_hh, b_h) in enumerate(seq.vars):
+        for i, ps in enumerate(seq.vars):
             if d > 0:
                 x = dropout(x, d)
-            if hs is None:  # no previous state: DyNet drops the h terms (h_{-1} = 0)
-                z = logistic(affine_transform([b_z, W_zx, x]))
-                x = cmult(z, tanh(affine_transform([b_h, W_hx, x])))
-            else:
-                hp = hs[i]
-                z = logistic(affine_transform([b_z, W_zx, x, W_zh, hp]))
-                r = logistic(affine_transform([b_r, W_rx, x, W_rh, hp]))
-                cand = tanh(affine_transform([b_h, W_hx, x, W_hh, cmult(r, hp)]))
-                x = cmult(1.0 - z, hp) + cmult(z, cand)
+            x = _gru_update(ps, x, None if hs is None else hs[i])
             out.append(x)
         return out, None, (dropout(x, d) if d > 0 else x)
+
+    def _make_block(self, i: int):
+        ps = self.params[i]
+        return block(lambda x, hp: _gru_update(ps, x, hp), name=f"gru-layer{i}")
+
+
+def _gru_update(ps, x, hp):
+    """One GRU layer step; ps are parameter expressions (op-level) or Parameters (block)."""
+    W_zx, W_zh, b_z, W_rx, W_rh, b_r, W_hx, W_hh, b_h = ps
+    if hp is None:  # no previous state: DyNet drops the h terms (h_{-1} = 0)
+        z = logistic(affine_transform([b_z, W_zx, x]))
+        return cmult(z, tanh(affine_transform([b_h, W_hx, x])))
+    z = logistic(affine_transform([b_z, W_zx, x, W_zh, hp]))
+    r = logistic(affine_transform([b_r, W_rx, x, W_rh, hp]))
+    cand = tanh(affine_transform([b_h, W_hx, x, W_hh, cmult(r, hp)]))
+    return cmult(1.0 - z, hp) + cmult(z, cand)
+
+
+def _lstm_update(pre, cp, hd: int, fb: float):
+    """Vanilla LSTM gates (i, f, o, g stacked in `pre`) -> (h, c); cp None at the first step."""
+    a_f = pick_range(pre, hd, 2 * hd)
+    i_t = logistic(pick_range(pre, 0, hd))
+    f_t = logistic(a_f + fb) if fb != 0.0 else logistic(a_f)
+    o_t = logistic(pick_range(pre, 2 * hd, 3 * hd))
+    g_t = tanh(pick_range(pre, 3 * hd, 4 * hd))
+    c = cmult(i_t, g_t) if cp is None else cmult(f_t, cp) + cmult(i_t, g_t)
+    return o_t, c
 
 
 class _LSTMBase(_RNNBuilder):
@@ -356,6 +401,7 @@ class _LSTMBase(_RNNBuilder):
 class VanillaLSTMBuilder(_LSTMBase):
     """Standard LSTM; per layer [W_x (4h x in), W_h (4h x h), b (4h)], gates stacked i, f, o, g."""
     _subname = "vanilla-lstm-builder"
+    _blockable = True
 
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection,
                  ln_lstm: bool = False, forget_bias: float = 1.0):
@@ -385,16 +431,17 @@ class VanillaLSTMBuilder(_LSTMBase):
     def _step(self, seq, hs, cs, x):
         hd, fb = self.hidden_dim, self.forget_bias
         out_h, out_c = [], []
+        if self._use_blocks(seq) and hs is not None:
+            for i in range(self.layers):
+                x, c = self._layer_block(i)(x, hs[i], cs[i])
+                out_h.append(x)
+                out_c.append(c)
+            return out_h, out_c, x
         for i in range(self.layers):
             x = self._dropped_input(seq, i, x)
             hp = None if hs is None else self._dropped_h(seq, i, hs[i])
             pre = self._gates(seq, i, x, hp)
-            a_f = pick_range(pre, hd, 2 * hd)
-            i_t = logistic(pick_range(pre, 0, hd))
-            f_t = logistic(a_f + fb) if fb != 0.0 else logistic(a_f)
-            o_t = logistic(pick_range(pre, 2 * hd, 3 * hd))
-            g_t = tanh(pick_range(pre, 3 * hd, 4 * hd))
-            c = cmult(i_t, g_t) if hs is None else cmult(f_t, cs[i]) + cmult(i_t, g_t)
+            o_t, c = _lstm_update(pre, None if hs is None else cs[i], hd, fb)
             if self.ln_lstm:
                 g_c, b_c = seq.ln_vars[i][4:]
                 x = cmult(o_t, tanh(_layer_norm(c, g_c, b_c)))
@@ -403,6 +450,16 @@ class VanillaLSTMBuilder(_LSTMBase):
             out_h.append(x)
             out_c.append(c)
         return out_h, out_c, x
+
+
+    def _make_block(self, i: int):
+        W_x, W_h, b = self.params[i]
+        hd, fb = self.hidden_dim, self.forget_bias
+
+        def cell(x, hp, cp):
+            o_t, c = _lstm_update(affine_transform([b, W_x, x, W_h, hp]), cp, hd, fb)
+            return cmult(o_t, tanh(c)), c
+        return block(cell, name=f"lstm-layer{i}")
 
 
 LSTMBuilder = VanillaLSTMBuilder  # as in DyNet's Python API
