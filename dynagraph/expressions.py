@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import DynagraphError, user_line
-from .graph import RANDOM_KEY, Expression, IndexSlot, record, record1, record2
+from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in, record, record1, record2
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 
@@ -59,7 +59,7 @@ def const_parameter(*ps):
 def lookup(p: LookupParameters, index: int, update: bool = True) -> Expression:
     if not isinstance(p, LookupParameters):
         raise TypeError(f"lookup needs LookupParameters, got {type(p).__name__}")
-    return record(_O["lookup"], (p.expr(update),), (), _int(index, "lookup"))
+    return lookup_in(current(), p, _int(index, "lookup"), update)
 
 
 def const_lookup(p: LookupParameters, index: int) -> Expression:

@@ -248,8 +248,9 @@ class ComputationGraph:
 
 
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
-_ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
-    OPS[n] for n in ("addc", "sub", "rsubc", "mulc", "matmul", "cdiv", "rdivc", "neg", "powc", "pow"))
+_LOOKUP = OPS["lookup"]
+_ADD, _ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
+    OPS[n] for n in ("add", "addc", "sub", "rsubc", "mulc", "matmul", "cdiv", "rdivc", "neg", "powc", "pow"))
 
 
 class Expression:
@@ -309,12 +310,16 @@ class Expression:
 
     # --- operators (DyNet: `*` between expressions is a matrix product)
     def __add__(self, o):
+        if type(o) is Expression:  # the common case first: it is on every model's hot path
+            return record2(_ADD, self, o)
         return _binary_or_const(self, o, "add", "addc", 1.0)
 
     def __radd__(self, o):
         return _binary_or_const(o, self, "add", "addc", 1.0)
 
     def __sub__(self, o):
+        if type(o) is Expression:
+            return record2(_SUB, self, o)
         if _is_number(o):
             return record1(_ADDC, self, (-float(o),))
         return record2(_SUB, self, o)
@@ -325,6 +330,8 @@ class Expression:
         return record2(_SUB, o, self)
 
     def __mul__(self, o):
+        if type(o) is Expression:
+            return record2(_MATMUL, self, o)
         if _is_number(o):
             return record1(_MULC, self, (float(o),))
         return record2(_MATMUL, self, o)
@@ -456,7 +463,14 @@ def _expression_of(p, update: bool = True, lookup=None, graph=None) -> Expressio
     cg = graph if graph is not None else current()
     if lookup is None:
         return Expression(cg, cg.leaf(p, update))
-    return record(OPS["lookup"], (Expression(cg, cg.leaf(p, update)),), (), _index(lookup))
+    return lookup_in(cg, p, lookup, update)
+
+
+def lookup_in(cg: ComputationGraph, p, index, update: bool = True) -> Expression:
+    """E[i] without the general record() path: lookups are a model's most frequent leaf."""
+    if cg.retired:
+        raise StaleExpressionError(f"lookup: the graph was retired by renew_cg()\n  at {user_line()}")
+    return Expression(cg, cg.add(_LOOKUP, (cg.leaf(p, update),), (), _index(index)))
 
 
 class IndexSlot:

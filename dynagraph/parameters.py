@@ -118,7 +118,7 @@ class _Stored:
     def __init__(self, pc: "ParameterCollection", name: str, values: np.ndarray):
         self._pc, self._name = pc, name
         self._order = next(_creation)
-        self.values = np.ascontiguousarray(values, dtype=config.np_dtype)
+        self.values = np.array(values, dtype=config.np_dtype, order="C")  # a copy, as DyNet makes
         self.grad = np.zeros_like(self.values)
         self.updated = True
 
