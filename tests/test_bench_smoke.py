@@ -1,0 +1,89 @@
+"""Smoke test of the benchmark harness (bench/run.py) at tiny sizes, dynagraph and numpy only.
+
+Checks the JSON it writes and that the harness compares like with like: every
+dynagraph scheduler, and the hand-batched numpy baseline, report the same losses
+for the same data and initial parameters (also after an SGD step).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from itertools import groupby
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench import report, run  # noqa: E402
+
+WORKLOADS = ["treelstm", "treefc64", "bilstm", "mvrnn"]  # synthetic only: tests never read ../shared
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    run.main(["--systems", "dynagraph,numpy", "--workloads", ",".join(WORKLOADS), "--H", "8",
+              "--batch-size", "4", "--batches", "2", "--warmup", "0", "--modes", "train,infer",
+              "--out", str(out), "--no-progress", "--quiet"])
+    with open(out) as f:
+        return json.load(f)
+
+
+def by_config(results):
+    key = lambda r: (r["workload"], r["mode"], r["H"])  # noqa: E731
+    return {k: list(g) for k, g in groupby(sorted(results, key=key), key=key)}
+
+
+def test_json_fields(doc):
+    meta = doc["meta"]
+    assert {"date", "command", "versions", "cpus", "threads"} <= set(meta)
+    assert "dynagraph" in meta["versions"]
+    results = doc["results"]
+    schedulers = run.dynagraph_schedulers()
+    # every (workload, mode) ran on every scheduler; numpy only where it has a model
+    assert len(by_config(results)) == len(WORKLOADS) * 2
+    for (workload, mode, H), rows in by_config(results).items():
+        labels = {r["label"] for r in rows}
+        assert {f"dynagraph:{s}" for s in schedulers} <= labels
+        assert ("numpy" in labels) == workload.startswith("tree")
+        assert H == 8
+    for r in results:
+        assert not r.get("error"), r.get("traceback", r.get("error"))
+        assert r["samples"] == 8 and len(r["losses"]) == 2
+        assert r["samples_per_sec"] > 0 and len(r["step_seconds"]) == 2
+        assert r["vs_dynet_best"] is None  # DyNet did not run
+        if r["system"] == "dynagraph":
+            assert set(r["time_split"]) == set(report.SPLIT)
+            assert abs(sum(r["time_split"].values()) - 1.0) < 1e-6 or r["time_split"]["other"] == 0.0
+            last = r["last_step"]
+            assert last["batches"] >= last["lower_bound"] > 0  # no schedule beats the bound
+            assert r["nodes_per_step"] >= last["batches"]
+            if r["variant"] == "none":
+                assert last["batches"] == last["nodes"]  # no batching at all
+
+
+def test_losses_equal_across_schedulers_and_numpy(doc):
+    for config, rows in by_config(doc["results"]).items():
+        ref = np.array(rows[0]["losses"])
+        assert np.all(np.isfinite(ref)) and np.all(ref > 0)
+        for r in rows[1:]:
+            np.testing.assert_allclose(r["losses"], ref, rtol=1e-5, err_msg=f"{config} {r['label']}")
+
+
+def test_train_and_infer_start_equal_and_sgd_changes_the_next_loss(doc):
+    for (workload, mode, _), rows in by_config(doc["results"]).items():
+        first, second = rows[0]["losses"]
+        infer = [r for r in doc["results"] if r["workload"] == workload and r["mode"] == "infer"][0]
+        assert infer["losses"][0] == pytest.approx(first, rel=1e-5)  # same data, same initial parameters
+        if mode == "train":  # batch 2 was seen after one SGD step: different parameters, different loss
+            assert second != pytest.approx(infer["losses"][1], rel=1e-6)
+
+
+def test_table_lists_every_run(doc):
+    text = report.table(doc["results"])
+    for r in doc["results"]:
+        assert r["label"] in text
+    assert "samples/s" in text.splitlines()[0]
