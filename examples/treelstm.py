@@ -44,6 +44,15 @@ class TreeLSTM:
         self.b = pc.add_parameters((5 * hidden,), init=dy.ConstInitializer(0.0), name="b")
         self.W_out = pc.add_parameters((n_labels, hidden), name="W_out")
         self.b_out = pc.add_parameters((n_labels,), init=dy.ConstInitializer(0.0), name="b_out")
+        self._op_level = leaf, node = (self.leaf, self.node)
+        # The same cells as static subgraphs: traced once, one coarse node per call.
+        leaf_block = dy.block(leaf, name="leaf")
+        node_block = dy.block(lambda hl, cl, hr, cr: node((hl, cl), (hr, cr)), name="node")
+        self._blocked = (leaf_block, lambda left, right: node_block(*left, *right))
+
+    def set_blocked(self, on: bool) -> None:
+        """Record each tree node as one dy.block call instead of ~15 ops (same numbers)."""
+        self.leaf, self.node = self._blocked if on else self._op_level
 
     def leaf(self, word_id: int):
         h = self.h
