@@ -78,12 +78,15 @@ def test_demo_schedulers_agree_and_batch(ex, capsys):
     r = ex["demo"].main(["--quiet", "--train", "24", "--dev", "8", "--epochs", "1", "--bench", "24",
                          "--batch-size", "12", "--hidden", "8", "--emb-dim", "8", "--repeat", "1"])
     rows = {row["scheduler"]: row for row in r["rows"]}
-    assert list(rows) == ["none", "depth", "agenda"]
+    assert list(rows) == ["none", "depth", "agenda", "agenda+block"]
     nodes = rows["none"]["nodes"]
     assert rows["none"]["batches"] == nodes > 0
-    for s in ("depth", "agenda"):
-        assert rows[s]["nodes"] == nodes
-        assert r["lower_bound"] <= rows[s]["batches"] < nodes / 10
+    for s in ("depth", "agenda", "agenda+block"):
+        if s == "agenda+block":  # one coarse node per tree node: far fewer nodes and launches
+            assert rows[s]["nodes"] < nodes / 3 and rows[s]["batches"] < rows["agenda"]["batches"]
+        else:
+            assert rows[s]["nodes"] == nodes
+            assert r["lower_bound"] <= rows[s]["batches"] < nodes / 10
         # Same start weights and data: batching must not change the numbers.
         np.testing.assert_allclose(rows[s]["losses"], rows["none"]["losses"], rtol=1e-5)
         assert rows[s]["loss_diff"] < 1e-5 and rows[s]["weight_diff"] < 1e-5
