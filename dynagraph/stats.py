@@ -21,6 +21,8 @@ class Stats:
     t_execute: float = 0.0       # forward kernels
     t_memory: float = 0.0        # gathers, scatters, block bookkeeping
     t_backward: float = 0.0      # backward kernels
+    policy_hits: int = 0         # FSM scheduler: decisions found in the policy table
+    policy_misses: int = 0       # FSM scheduler: decisions made by the fallback rule
     batch_log: list = field(default_factory=list, repr=False)  # (op name, size) per batch
     # Set by the engine: computing the bound is O(nodes x signatures), so only on demand.
     lower_bound_fn: Callable[[], int] | None = field(default=None, repr=False, compare=False)

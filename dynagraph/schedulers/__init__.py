@@ -1,3 +1,4 @@
 """Batching schedulers, chosen by name. See base.py for the protocol."""
 from .base import Scheduler, available, get, lower_bound, register, validate  # noqa: F401
 from . import simple  # noqa: F401
+from . import typewise, fsm  # noqa: F401  (registers "typewise" and "fsm")

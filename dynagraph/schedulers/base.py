@@ -34,10 +34,11 @@ def get(spec) -> Scheduler:
     """A scheduler from a name or an object with a `schedule` method."""
     if hasattr(spec, "schedule"):
         return spec
-    try:
-        return _REGISTRY[spec]()
-    except KeyError:
-        raise ValueError(f"unknown scheduler {spec!r}; available: {', '.join(available())}") from None
+    name, sep, arg = spec.partition(":")  # "fsm:policy.json" passes an argument to the factory
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown scheduler {spec!r}; available: {', '.join(available())}")
+    return factory(arg) if sep else factory()
 
 
 def validate(cg, nodes: Sequence[int], batches: list[list[int]], name: str) -> None:

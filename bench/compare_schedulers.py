@@ -1,0 +1,179 @@
+"""Compare batching schedulers on the workloads of examples/workloads.
+
+    python bench/compare_schedulers.py                          # every workload, every scheduler
+    python bench/compare_schedulers.py --workloads treelstm,latticelstm --instances 16
+    python bench/compare_schedulers.py --quick                  # small graphs, few episodes
+
+For each workload, FSM policies (one per encoding) are trained on one graph of
+`--instances` samples (data seed 1); every scheduler is then measured on a
+*different* graph of the same size (data seed 2), so FSM numbers include states
+the policy never saw. Columns:
+
+    batches      forward batches of the schedule of the whole graph
+    x LB         batches / lower bound (schedulers.lower_bound)
+    sched ms     one schedule() call on the recorded graph
+    e2e ms       renew_cg + record + forward + backward (median of --reps)
+    hit %        FSM decisions found in the policy table (the rest use the fallback);
+                 "-" when settling left no decision to make
+    train s      FSM training time (episodes run in parentheses)
+
+Prints a Markdown table and writes bench/results/compare_schedulers.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `python bench/compare_schedulers.py` puts bench/, not the repo, on the path
+    sys.path.insert(0, ROOT)
+
+import dynagraph.fsm as fsm  # noqa: E402
+from dynagraph import schedulers  # noqa: E402
+from dynagraph.schedulers import typewise  # noqa: E402,F401  (registers "typewise")
+from examples.workloads import WORKLOADS  # noqa: E402
+
+BASELINES = ["none", "depth", "agenda", "typewise"]
+
+
+def pending(cg) -> list[int]:
+    cg._sync_values()
+    return [i for i in range(cg.done, len(cg)) if not cg.op[i].leaf]
+
+
+def train_policies(w, xs, encodings, args) -> dict:
+    out = {}
+    for enc in encodings:
+        cg = w.graph(xs)
+        t0 = time.perf_counter()
+        pol = fsm.train(cg, encoding=enc, episodes=args.episodes, seed=0, time_limit=args.time_limit,
+                        progress=not args.quiet)
+        out[enc] = (pol, time.perf_counter() - t0)
+    return out
+
+
+def measure(w, xs, name, sched, reps: int) -> dict:
+    """Batches, scheduling time and end-to-end time of one scheduler on the graph of xs."""
+    cg = w.graph(xs)
+    nodes = pending(cg)
+    if hasattr(sched, "hits"):
+        sched.hits = sched.misses = 0
+    t0 = time.perf_counter()
+    batches = sched.schedule(cg, nodes)
+    t_sched = time.perf_counter() - t0
+    schedulers.validate(cg, nodes, batches, name)
+    extra = {}
+    if hasattr(sched, "hits"):  # FSM: share of decisions found in the table (None: no decision left)
+        decisions = sched.hits + sched.misses
+        extra = {"hit_rate": sched.hits / decisions if decisions else None, "decisions": decisions}
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        w.graph(xs, scheduler=sched)
+        w.last_loss.value()
+        w.last_loss.backward()
+        times.append(time.perf_counter() - t0)
+    return {"batches": len(batches), "nodes": len(nodes), "sched_ms": 1e3 * t_sched,
+            "e2e_ms": 1e3 * statistics.median(times), **extra}
+
+
+def run_workload(name: str, args) -> list[dict]:
+    w = WORKLOADS[name](hidden=args.hidden, seed=0)
+    train_xs = w.instances(args.instances, seed=1)
+    test_xs = w.instances(args.instances, seed=2)
+    cg = w.graph(test_xs)
+    lb = schedulers.lower_bound(cg, pending(cg))
+    policies = train_policies(w, train_xs, args.encodings, args)
+    rows = []
+    scheds = [(s, schedulers.get(s)) for s in BASELINES]
+    scheds += [(f"fsm-{enc}", fsm.Scheduler(pol)) for enc, (pol, _) in policies.items()]
+    for sname, sched in scheds:
+        r = {"workload": name, "kind": w.kind, "scheduler": sname, "lower_bound": lb}
+        r.update(measure(w, test_xs, sname, sched, args.reps))
+        r["x_lb"] = r["batches"] / max(lb, 1)
+        if sname.startswith("fsm-"):
+            pol, secs = policies[sname[4:]]
+            r.update({"train_s": secs, "episodes": pol.meta["episodes"],
+                      "train_batches": pol.meta["batches"], "train_lower_bound": pol.meta["lower_bound"],
+                      "states": len(pol)})
+        rows.append(r)
+        if not args.quiet:
+            print(f"  {name:<14} {sname:<10} {r['batches']:>6} batches (x{r['x_lb']:.2f} LB)", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| workload | scheduler | batches | LB | x LB | sched ms | e2e ms | hit % | train s (episodes) |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---|")
+    lines = [head]
+    for r in rows:
+        hit = "" if "hit_rate" not in r else "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.0f}"
+        tr = f"{r['train_s']:.1f} ({r['episodes']})" if "train_s" in r else ""
+        lines.append(f"| {r['workload']} | {r['scheduler']} | {r['batches']} | {r['lower_bound']} | "
+                     f"{r['x_lb']:.3f} | {r['sched_ms']:.1f} | {r['e2e_ms']:.0f} | {hit} | {tr} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    """Per workload: best FSM vs the better of depth and agenda, and vs the lower bound."""
+    out = []
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        rs = {r["scheduler"]: r for r in rows if r["workload"] == name}
+        fsms = [r for k, r in rs.items() if k.startswith("fsm-")]
+        if not fsms:
+            continue
+        best = min(fsms, key=lambda r: r["batches"])
+        base = min(rs["depth"]["batches"], rs["agenda"]["batches"])
+        out.append(f"- {name}: best FSM ({best['scheduler']}) {best['batches']} batches = "
+                   f"x{best['x_lb']:.3f} LB, {base / best['batches']:.2f}x fewer than min(depth, agenda) = {base}; "
+                   f"typewise {rs['typewise']['batches']}")
+    return "\n".join(out)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all)")
+    ap.add_argument("--encodings", default="base,max,sort")
+    ap.add_argument("--instances", type=int, default=32, help="samples per graph (default 32)")
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--episodes", type=int, default=1000, help="FSM training episodes at most")
+    ap.add_argument("--time-limit", type=float, default=25.0, help="FSM training seconds at most")
+    ap.add_argument("--reps", type=int, default=3, help="end-to-end repetitions (median)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--quick", action="store_true", help="8 instances, 100 episodes, 1 rep")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.encodings = [e for e in args.encodings.split(",") if e]
+    if args.quick:
+        args.instances, args.episodes, args.reps = 8, 100, 1
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    rows = []
+    for name in args.workloads:
+        rows += run_workload(name, args)
+    text = (f"# Scheduler comparison\n\n{args.instances} instances per graph, hidden {args.hidden}, "
+            f"FSM trained on another graph of the model ({platform.processor() or platform.machine()}, "
+            f"python {platform.python_version()})\n\n{table(rows)}\n\n{summary(rows)}\n")
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "compare_schedulers.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "compare_schedulers.json"), "w") as f:
+        json.dump({"config": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,215 @@
+"""The FSM scheduler (ED-Batch): a learned table from frontier state to the type to run.
+
+The state is an encoding of the frontier's types (see `encode`); a type is a
+signature named by its model-level stable key (typewise.stable_keys), so a
+policy trained on one graph applies to any graph of the same model. The policy
+is trained by dynagraph.fsm.train (tabular Q-learning). Unbatchable nodes run as
+soon as they are ready; with `settle` (the default) so does every type whose
+whole G_a frontier is ready (typewise.Simulation.settle): the policy only
+decides the contested steps.
+
+By name: "fsm" is the FSM with the policy file named by $DYNAGRAPH_FSM_POLICY,
+or, without it, an empty policy (settling plus the fallback rule: an untrained
+FSM). Scheduler.from_file(path) keeps one scheduler per file.
+
+Unseen states. When the state is not in the table (or a frontier type is not in
+the policy's vocabulary) the scheduler falls back to running the *most common
+type on the frontier* (most ready nodes; ties to the first-recorded type). Hits
+and misses are counted on the scheduler (`hits`, `misses`) and added to
+`cg.stats.policy_hits` / `policy_misses` when Stats has those fields.
+
+Policy file (JSON, written by Policy.save):
+    {"format": "dynagraph.fsm.policy", "version": 1,
+     "encoding": "base" | "max" | "sort",
+     "settle": true,                               # run ratio-1 types outside the policy
+     "types":  [stable type key, ...],             # vocabulary; a type is its index
+     "states": [{"s": [type, ...],                 # the encoded state
+                 "a": type,                        # the action: the type to run
+                 "q": {"type": value, ...}}, ...], # Q-values of the actions tried
+     "meta":   {...}}                              # training summary (informative)
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from .base import register
+from .typewise import Simulation, stable_keys
+
+ENCODINGS = ("base", "max", "sort")
+FORMAT = "dynagraph.fsm.policy"
+
+
+# ------------------------------------------------------------------ encodings
+def encode(encoding: str, ready: dict, vmap: Sequence[int]) -> tuple | None:
+    """The state of a frontier: ready maps a type to its ready nodes, vmap a type to its vocabulary id.
+
+    base: the sorted set of frontier types.
+    max:  base plus the type with the most ready nodes (ties: lower id).
+    sort: the frontier types ordered by ready count, descending (ties: lower id).
+    None when a frontier type is outside the vocabulary (the state cannot be seen).
+    """
+    items = []
+    for t, bucket in ready.items():
+        v = vmap[t]
+        if v < 0:
+            return None
+        items.append((-len(bucket), v))
+    if encoding == "sort":
+        items.sort()
+        return tuple([v for _, v in items])
+    base = tuple(sorted([v for _, v in items]))
+    if encoding == "base":
+        return base
+    if encoding == "max":
+        return base + (min(items)[1],)
+    raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
+
+
+def most_common(ready: dict) -> int:
+    """The fallback rule: the ready type with the most ready nodes (ties: first recorded)."""
+    best, size = -1, -1
+    for t, bucket in ready.items():
+        if len(bucket) > size or (len(bucket) == size and t < best):
+            best, size = t, len(bucket)
+    return best
+
+
+# --------------------------------------------------------------------- policy
+class Policy:
+    """A trained FSM: encoding, type vocabulary, state -> action table (+ Q-values)."""
+
+    def __init__(self, encoding: str, types: list, table: dict, q: dict | None = None,
+                 meta: dict | None = None, settle: bool = True):
+        if encoding not in ENCODINGS:
+            raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
+        self.encoding = encoding
+        self.settle = bool(settle)
+        self.types = list(types)
+        self.index = {k: i for i, k in enumerate(self.types)}
+        self.table = dict(table)
+        self.q = q or {}
+        self.meta = meta or {}
+
+    def act(self, state) -> int | None:
+        return self.table.get(state)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __repr__(self) -> str:
+        return f"<fsm.Policy {self.encoding}: {len(self.types)} types, {len(self.table)} states>"
+
+    def to_json(self) -> dict:
+        states = []
+        for s, a in self.table.items():
+            e = {"s": list(s), "a": a}
+            q = self.q.get(s)
+            if q:
+                e["q"] = {str(k): round(v, 6) for k, v in q.items()}
+            states.append(e)
+        return {"format": FORMAT, "version": 1, "encoding": self.encoding, "settle": self.settle,
+                "types": self.types,
+                "states": states, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Policy":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not an FSM policy (format {d.get('format')!r}, expected {FORMAT!r})")
+        if d.get("version") != 1:
+            raise ValueError(f"unsupported FSM policy version {d.get('version')!r}")
+        table, q = {}, {}
+        for e in d["states"]:
+            s = tuple(e["s"])
+            table[s] = int(e["a"])
+            if "q" in e:
+                q[s] = {int(k): float(v) for k, v in e["q"].items()}
+        return cls(d["encoding"], d["types"], table, q, d.get("meta", {}), d.get("settle", False))
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=0, separators=(",", ":"))
+
+    @classmethod
+    def load(cls, path: str) -> "Policy":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(json.load(f))
+
+
+# ------------------------------------------------------------------ scheduler
+_BY_FILE: dict = {}
+
+
+class FSMScheduler:
+    """Runs a trained Policy; unbatchable nodes run as soon as they are ready."""
+    name = "fsm"
+    trusted = True  # validated by tests/schedulers/test_fsm.py
+
+    def __init__(self, policy: Policy):
+        if not isinstance(policy, Policy):
+            raise TypeError(f"FSMScheduler needs an fsm.Policy, got {type(policy).__name__} "
+                            f"(use Scheduler.from_file(path) for a saved policy)")
+        self.policy = policy
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def from_file(cls, path: str) -> "FSMScheduler":
+        """A scheduler for a saved policy; one per file (and version), so counts accumulate."""
+        path = os.path.abspath(path)
+        key = (path, os.path.getmtime(path))
+        sched = _BY_FILE.get(key)
+        if sched is None:
+            sched = _BY_FILE[key] = cls(Policy.load(path))
+        return sched
+
+    @classmethod
+    def from_spec(cls, path: str | None = None) -> "FSMScheduler":
+        """Registry factory: "fsm:<path>" loads a policy file; plain "fsm" loads
+        $DYNAGRAPH_FSM_POLICY if set, else runs an empty policy (settling plus the
+        fallback rule on every decision: an untrained FSM)."""
+        path = path or os.environ.get("DYNAGRAPH_FSM_POLICY")
+        if not path:
+            return cls(Policy("base", [], {}))
+        return cls.from_file(path)
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
+        if not nodes:
+            return []
+        pol = self.policy
+        sim = Simulation(cg, nodes, typewise=pol.settle)
+        sim.reset()
+        keys = stable_keys(cg, sim.type_sig)
+        vmap = [pol.index.get(keys[s], -1) for s in sim.type_sig]
+        inv = {v: t for t, v in enumerate(vmap) if v >= 0}
+        ready, table, enc = sim.ready, pol.table, pol.encoding
+        hits = misses = 0
+        while ready:
+            if pol.settle:
+                sim.settle()
+                if not ready:
+                    break
+            state = encode(enc, ready, vmap)
+            t = inv.get(table.get(state, -1), -1) if state is not None else -1
+            if t in ready:
+                hits += 1
+            else:
+                misses += 1
+                t = most_common(ready)
+            sim.step(t)
+        self.hits += hits
+        self.misses += misses
+        st = cg.stats
+        if hasattr(st, "policy_hits"):
+            st.policy_hits += hits
+            st.policy_misses += misses
+        return sim.batches
+
+
+register("fsm", FSMScheduler.from_spec)

@@ -1,0 +1,218 @@
+"""The FSM scheduler (dy.fsm): encodings, the n-step update, training, save/load,
+fallback counting, and scheduler invariance (values and gradients equal to "none")."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+import dynagraph as dy
+import dynagraph.fsm as fsm
+from dynagraph.schedulers import base as sbase
+from dynagraph.schedulers.fsm import FSMScheduler, Policy, encode, most_common
+from dynagraph.schedulers.typewise import Simulation
+
+from ._util import check_schedule, compare_with_none
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # examples.workloads
+from examples.workloads import WORKLOADS  # noqa: E402
+
+
+def pending(cg) -> list[int]:
+    cg._sync_values()
+    return [i for i in range(cg.done, len(cg)) if not cg.op[i].leaf]
+
+
+def two_type_graph(n: int = 6, seed: int = 1, hidden: int = 2):
+    """TreeLSTM-2Type: its two internal cells compete, so the policy has decisions to make."""
+    w = WORKLOADS["treelstm2type"](hidden=hidden, seed=0)
+    return w, w.graph(w.instances(n, seed=seed))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """One policy for the module: training is the slow part."""
+    _, cg = two_type_graph()
+    return fsm.train(cg, encoding="base", episodes=60, eval_every=20, seed=0, progress=False)
+
+
+# ------------------------------------------------------------------ encodings
+READY = {0: [10, 11, 12], 1: [13], 2: [14, 15]}
+
+
+def test_encodings():
+    vmap = [5, 3, 7]
+    assert encode("base", READY, vmap) == (3, 5, 7)
+    assert encode("max", READY, vmap) == (3, 5, 7, 5)       # type 0 (id 5) has 3 ready nodes
+    assert encode("sort", READY, vmap) == (5, 7, 3)         # by ready count, descending
+    assert encode("sort", {0: [1], 1: [2]}, [4, 2]) == (2, 4)  # ties: lower vocabulary id first
+    assert encode("max", {0: [1], 1: [2]}, [4, 2]) == (2, 4, 2)
+    assert encode("base", READY, [5, -1, 7]) is None         # a type outside the vocabulary
+    with pytest.raises(ValueError):
+        encode("nope", READY, vmap)
+
+
+def test_fallback_is_the_most_common_type():
+    assert most_common(READY) == 0
+    assert most_common({3: [1, 2], 1: [3, 4]}) == 1            # ties: first-recorded type
+
+
+# ------------------------------------------------------------------- updates
+def test_n_step_update_bootstraps_only_from_tried_actions():
+    S, A, R = ["a", "b", "c"], [0, 1, 0], [-1.0, -0.5, -1.0]
+    q: dict = {}
+    fsm.n_step_update(q, S, A, R, n=2, gamma=1.0, alpha=0.4)
+    # Backwards: c gets -1; b sees the end (-0.5 - 1); a bootstraps from c's tried action.
+    assert q == {"c": {0: -1.0}, "b": {1: -1.5}, "a": {0: -1.5 + -1.0}}
+    q["c"][4] = -0.25                                         # a better action tried in c
+    fsm.n_step_update(q, S, A, R, n=2, gamma=1.0, alpha=0.4)
+    assert q["c"] == {0: -1.0, 4: -0.25}
+    assert q["a"][0] == pytest.approx(-2.5 + 0.4 * ((-1.5 - 0.25) - -2.5))
+    # Discounting, and the explicit n-step horizon without bootstrap.
+    q = {}
+    fsm.n_step_update(q, S, A, R, n=2, gamma=0.5, alpha=0.4)
+    assert q["a"][0] == pytest.approx(-1.0 + 0.5 * -0.5 + 0.25 * -1.0)
+    q = {"c": {0: -7.0}}
+    fsm.n_step_update(q, ["a", "b", "c"], A, R, n=2, gamma=1.0, alpha=1.0, bootstrap=False)
+    assert q["a"][0] == -1.5
+
+
+# ------------------------------------------------------------------- training
+def test_training_improves_on_the_fallback_and_reports(trained):
+    _, cg = two_type_graph()
+    nodes = pending(cg)
+    meta = trained.meta
+    assert meta["lower_bound"] == sbase.lower_bound(cg, nodes)
+    assert meta["history"][0][0] == 0 and meta["episodes"] <= 60
+    untrained = len(FSMScheduler(Policy("base", [], {})).schedule(cg, nodes))
+    assert meta["history"][0][1] == untrained
+    assert meta["lower_bound"] <= meta["batches"] < untrained
+    sched = fsm.Scheduler(trained)
+    batches = sched.schedule(cg, nodes)
+    check_schedule(cg, nodes, batches)
+    assert len(batches) == meta["batches"]                    # the scheduler replays the best greedy run
+
+
+def test_training_stops_at_the_lower_bound():
+    w = WORKLOADS["bilstm"](hidden=2, seed=0)
+    pol = fsm.train(lambda: w.graph(w.instances(4, seed=1)), encoding="sort", episodes=100, progress=False)
+    assert pol.meta["episodes"] == 0                          # settling alone reaches the bound
+    assert pol.meta["batches"] == pol.meta["lower_bound"]
+
+
+def test_train_checks_its_arguments():
+    with pytest.raises(TypeError):
+        fsm.train(42)
+    _, cg = two_type_graph(2)
+    with pytest.raises(ValueError):
+        fsm.train(cg, encoding="bogus")
+
+
+def test_policy_generalises_to_another_graph_of_the_model(trained):
+    _, cg = two_type_graph(n=8, seed=5)
+    nodes = pending(cg)
+    sched = fsm.Scheduler(trained)
+    batches = sched.schedule(cg, nodes)
+    check_schedule(cg, nodes, batches)
+    assert sched.hits > 0
+    assert len(batches) <= 1.25 * sbase.lower_bound(cg, nodes)
+
+
+# ------------------------------------------------------------------ save/load
+def test_save_load_round_trip(trained, tmp_path):
+    path = tmp_path / "policy.json"
+    trained.save(str(path))
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "dynagraph.fsm.policy" and doc["version"] == 1
+    assert doc["encoding"] == "base" and doc["settle"] is True and doc["types"] == trained.types
+    back = fsm.load(str(path))
+    assert back.table == trained.table and back.types == trained.types and back.encoding == "base"
+    assert back.q.keys() == trained.q.keys()
+    _, cg = two_type_graph(n=5, seed=9)
+    nodes = pending(cg)
+    assert fsm.Scheduler(back).schedule(cg, nodes) == fsm.Scheduler(trained).schedule(cg, nodes)
+    same = FSMScheduler.from_file(str(path))
+    assert same is FSMScheduler.from_file(str(path))          # one scheduler per file: counts accumulate
+    with pytest.raises(ValueError):
+        Policy.from_json({"format": "something else"})
+
+
+def test_registry_names(trained, tmp_path, monkeypatch):
+    monkeypatch.delenv("DYNAGRAPH_FSM_POLICY", raising=False)
+    plain = sbase.get("fsm")
+    assert isinstance(plain, FSMScheduler) and len(plain.policy) == 0
+    path = tmp_path / "p.json"
+    trained.save(str(path))
+    monkeypatch.setenv("DYNAGRAPH_FSM_POLICY", str(path))
+    assert sbase.get("fsm").policy.table == trained.table
+
+
+def test_registry_with_a_path(trained, tmp_path):
+    path = tmp_path / "p.json"
+    trained.save(str(path))
+    assert sbase.get(f"fsm:{path}").policy.table == trained.table
+
+
+# ------------------------------------------------------------------ fallback
+def test_fallback_counting(trained):
+    _, cg = two_type_graph()
+    nodes = pending(cg)
+    # Count the decisions of the fallback rule by hand: settled batches are not decisions.
+    sim = Simulation(cg, nodes)
+    sim.reset(record=False)
+    decisions = 0
+    while True:
+        sim.settle()
+        if sim.done:
+            break
+        decisions += 1
+        sim.step(most_common(sim.ready))
+    empty = FSMScheduler(Policy("base", [], {}))
+    assert len(empty.schedule(cg, nodes)) == sim.n_batches
+    assert (empty.hits, empty.misses) == (0, decisions) and decisions > 0
+    sched = fsm.Scheduler(trained)
+    sched.schedule(cg, nodes)
+    h, m = sched.hits, sched.misses
+    assert h > 0 and sched.hit_rate == h / (h + m)
+    sched.schedule(cg, nodes)
+    assert (sched.hits, sched.misses) == (2 * h, 2 * m)         # deterministic, and counts accumulate
+    # A policy that knows one type only: every state holding another type is a miss.
+    s2 = FSMScheduler(Policy("base", trained.types[:1], {(0,): 0}))
+    s2.schedule(cg, nodes)
+    assert s2.hits == 0 and s2.misses == decisions
+
+
+def test_cg_stats_receive_counts_when_available(trained):
+    w, cg = two_type_graph(n=3)
+    cg.scheduler = fsm.Scheduler(trained)
+    w.last_loss.value()
+    st = cg.stats
+    assert st.policy_hits + st.policy_misses > 0
+
+
+# ---------------------------------------------------------------- invariance
+def _lattice(pc):
+    w = WORKLOADS["latticelstm"](hidden=3, seed=None, pc=pc)
+    return [w.loss(x) for x in w.instances(3, seed=4)]
+
+
+def test_fsm_matches_none_on_lattices():
+    w = WORKLOADS["latticelstm"](hidden=3, seed=0)
+    pol = fsm.train(w.graph(w.instances(4, seed=2)), encoding="sort", episodes=20, eval_every=10,
+                    progress=False)
+    sched = fsm.Scheduler(pol)
+    _, got = compare_with_none(sched, _lattice)               # float64, 1e-10, every node and gradient
+    assert len(got.rec.batches) < sum(len(b) for b in got.rec.batches)
+    assert sched.hits + sched.misses > 0
+
+
+@pytest.mark.parametrize("encoding", ["base", "max"])
+def test_fsm_matches_none_on_trees(encoding, trained):
+    def build(pc):
+        w = WORKLOADS["treelstm2type"](hidden=2, seed=None, pc=pc)
+        return [w.loss(x) for x in w.instances(3, seed=7)]
+    _, cg = two_type_graph(3)
+    pol = fsm.train(cg, encoding=encoding, episodes=10, eval_every=5, progress=False)
+    compare_with_none(fsm.Scheduler(pol), build)
