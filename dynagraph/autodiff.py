@@ -24,7 +24,7 @@ def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
     xp = be.xp
     kind, b, rows = plan
     if isinstance(gx, SparseRows):
-        cg.leaf_param(b).add_sparse_grad(gx.idx, gx.vals)
+        be.embedding_backward(cg.leaf_param(b), gx.idx, gx.vals)
         stats.scatters += 1
         stats.scatter_bytes += gx.vals.nbytes
         return

@@ -19,7 +19,7 @@ _DYNET_IGNORED = {"mem", "requested_gpus", "profiling", "weight_decay", "shared_
 class Config:
     seed: int = 0
     dtype: str = "float32"
-    backend: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_BACKEND", "numpy"))
+    backend: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_BACKEND", "cpu"))
     scheduler: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULER", "agenda"))
     debug: int = 0
     threads: int | None = None  # BLAS threads; None leaves numpy's default alone

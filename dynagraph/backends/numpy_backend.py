@@ -47,6 +47,10 @@ class NumpyBackend:
             g = grad_block(bb)
             self.add_rows(g, dst, vals[xp.asarray(src)].reshape((len(src),) + g.shape[1:]))
 
+    def embedding_backward(self, p, idx, vals) -> None:
+        """A lookup table's sparse gradient: p.grad[idx] += vals (repeats add up)."""
+        p.add_sparse_grad(idx, vals)
+
 
 def _group(blks: list, rows: list) -> dict:
     """block -> ([positions in the batch], [rows in that block])."""

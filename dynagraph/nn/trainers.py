@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from ..backends import get_backend
 from ..errors import NonFiniteError
 
 __all__ = ["Trainer", "SimpleSGDTrainer", "MomentumSGDTrainer", "AdagradTrainer", "AdadeltaTrainer",
@@ -105,7 +106,7 @@ class Trainer:
             if p.is_lookup:
                 self._update_lookup(p, gscale)
             else:
-                self._rule(p.values, p.grad, self._states(p), gscale)
+                self._apply(p.values, p.grad, self._states(p), gscale, None)
                 p.grad[...] = 0
         self.updates += 1
         self.updates_since_status += 1
@@ -123,11 +124,11 @@ class Trainer:
     def _update_lookup(self, p, gscale: float) -> None:
         states = self._states(p)
         if not self.sparse_updates_enabled:
-            self._rule(p.values, p.grad, states, gscale)
+            self._apply(p.values, p.grad, states, gscale, None)
             p.grad[...] = 0
         else:
             rows = p.touched_rows()
-            if rows.size:
+            if rows.size and not self._compiled(p.values, p.grad, states, gscale, rows):
                 # Gather the touched rows, apply the rule, scatter back: untouched rows
                 # and their optimizer state stay exactly as they were.
                 w = p.values[rows]
@@ -147,6 +148,20 @@ class Trainer:
     def _rule(self, w: np.ndarray, g: np.ndarray, states: list, gscale: float) -> None:
         """Update w (and states) in place from gradient g scaled by gscale. g must not be kept."""
         raise NotImplementedError
+
+    def _apply(self, w, g, states, gscale, rows) -> None:
+        if not self._compiled(w, g, states, gscale, rows):
+            self._rule(w, g, states, gscale)
+
+    def _compiled(self, w, g, states, gscale, rows) -> bool:
+        """With the cpu backend, run the compiled rule (same arithmetic in one pass; rows:
+        only those rows, in place). False where this trainer has none: use _rule."""
+        kernel = getattr(type(self), "_kernel", None)
+        if kernel is None or get_backend().name != "cpu":
+            return False
+        from ..backends import cpu
+        kernel(self, cpu, w, g, states, gscale, rows)
+        return True
 
 
 def _grad_norm_sq(params) -> float:
@@ -177,6 +192,9 @@ class SimpleSGDTrainer(Trainer):
     def _rule(self, w, g, states, gscale):
         w -= g * (self.learning_rate * gscale)
 
+    def _kernel(self, k, w, g, states, gscale, rows):
+        k.sgd_update(w, g, self.learning_rate * gscale, rows)
+
 
 class MomentumSGDTrainer(Trainer):
     """v = mom * v - lr * g;  w += v"""
@@ -192,6 +210,9 @@ class MomentumSGDTrainer(Trainer):
         v -= g * (self.learning_rate * gscale)
         w += v
 
+    def _kernel(self, k, w, g, states, gscale, rows):
+        k.momentum_update(w, g, states[0], self.momentum, self.learning_rate * gscale, rows)
+
 
 class AdagradTrainer(Trainer):
     """h += g^2;  w -= lr * g / sqrt(h + eps)   (eps inside the root, as in DyNet)"""
@@ -206,6 +227,9 @@ class AdagradTrainer(Trainer):
         g = g * gscale
         h += np.square(g)
         w -= g / np.sqrt(h + self.epsilon) * self.learning_rate
+
+    def _kernel(self, k, w, g, states, gscale, rows):
+        k.adagrad_update(w, g, states[0], self.learning_rate, self.epsilon, gscale, rows)
 
 
 class AdadeltaTrainer(Trainer):
@@ -262,8 +286,14 @@ class AdamTrainer(Trainer):
         mom += g * (1 - self.beta_1)
         var *= self.beta_2
         var += np.square(g) * (1 - self.beta_2)
+        return self._lr_t()
+
+    def _lr_t(self) -> float:
         t = self.updates + 1
         return self.learning_rate * math.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+
+    def _kernel(self, k, w, g, states, gscale, rows):
+        k.adam_update(w, g, states[0], states[1], self.beta_1, self.beta_2, self.epsilon, self._lr_t(), gscale, rows)
 
     def _rule(self, w, g, states, gscale):
         mom, var = states
@@ -274,6 +304,7 @@ class AdamTrainer(Trainer):
 class AmsgradTrainer(AdamTrainer):
     """Adam with vhat = max(vhat, v) in the denominator."""
     n_states = 3
+    _kernel = None  # Adam's compiled rule does not apply
 
     def _rule(self, w, g, states, gscale):
         mom, var, vhat = states

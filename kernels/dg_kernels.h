@@ -1,0 +1,178 @@
+/* dynagraph compute kernels: the public C API (float32 "_f32" and float64 "_f64").
+ *
+ * Conventions shared by every kernel:
+ *  - arrays are C-contiguous; a "batched" array is (B, n): B rows of n elements;
+ *  - a `*stride` argument is the distance between batch rows: n for a per-row
+ *    operand, 0 for an operand shared by the whole batch (a parameter, a bias);
+ *  - the Python wrapper (dynagraph/backends/cpu.py) validates every shape, dtype and
+ *    index before calling: the C side trusts its arguments and never allocates.
+ *
+ * This file is also fed to cffi's cdef (preprocessor lines are stripped), so it
+ * holds declarations only, in the subset of C that cffi parses.
+ */
+#ifndef DG_KERNELS_H
+#define DG_KERNELS_H
+#include <stdint.h>
+
+enum dg_unary_op {
+    DG_NEG = 0, DG_TANH = 1, DG_LOGISTIC = 2, DG_RECTIFY = 3, DG_EXP = 4,
+    DG_LOG = 5, DG_SQUARE = 6, DG_SQRT = 7
+};
+
+enum dg_binary_op { DG_ADD = 0, DG_SUB = 1, DG_CMULT = 2, DG_CDIV = 3 };
+
+/* ---------------------------------------------------------------- rows.c
+ * gather:  out[j] = bases[src[j]][rows[j]]                (rows of `width`)
+ * scatter: bases[dst[j]][rows[j]] += vals[j * vstride]     (sequential: repeats add up)
+ * take:    out[j] = table[rows[j]]                          (embedding lookup)
+ * add:     g[rows[j]] += vals[j * vstride]                  (embedding gradient)
+ * embedding_bwd: add, and touched[rows[j]] = 1
+ */
+void dg_gather_rows_f32(float *out, const float *const *bases, const int64_t *src,
+                        const int64_t *rows, int64_t n, int64_t width);
+void dg_gather_rows_f64(double *out, const double *const *bases, const int64_t *src,
+                        const int64_t *rows, int64_t n, int64_t width);
+void dg_scatter_add_rows_f32(float *const *bases, const int64_t *dst, const int64_t *rows,
+                             const float *vals, int64_t vstride, int64_t n, int64_t width);
+void dg_scatter_add_rows_f64(double *const *bases, const int64_t *dst, const int64_t *rows,
+                             const double *vals, int64_t vstride, int64_t n, int64_t width);
+void dg_take_rows_f32(float *out, const float *table, const int64_t *rows, int64_t n, int64_t width);
+void dg_take_rows_f64(double *out, const double *table, const int64_t *rows, int64_t n, int64_t width);
+void dg_add_rows_f32(float *g, const int64_t *rows, const float *vals, int64_t vstride,
+                     int64_t n, int64_t width);
+void dg_add_rows_f64(double *g, const int64_t *rows, const double *vals, int64_t vstride,
+                     int64_t n, int64_t width);
+void dg_embedding_bwd_f32(float *grad, unsigned char *touched, const int64_t *rows,
+                          const float *vals, int64_t vstride, int64_t n, int64_t width);
+void dg_embedding_bwd_f64(double *grad, unsigned char *touched, const int64_t *rows,
+                          const double *vals, int64_t vstride, int64_t n, int64_t width);
+
+/* ---------------------------------------------------------- elementwise.c
+ * unary:  y = f(x) over n elements;  gx = g * f'(x, y)
+ * binary: out[b] = x[b * xstride] op y[b * ystride] for b < B (rows of n);
+ *         backward writes gx (B, n) or, when xstride == 0, its sum over the batch (n);
+ *         gx or gy may be NULL when that gradient is not needed.
+ */
+void dg_unary_fwd_f32(int op, float *y, const float *x, int64_t n);
+void dg_unary_fwd_f64(int op, double *y, const double *x, int64_t n);
+void dg_unary_bwd_f32(int op, float *gx, const float *x, const float *y, const float *g, int64_t n);
+void dg_unary_bwd_f64(int op, double *gx, const double *x, const double *y, const double *g, int64_t n);
+void dg_binary_fwd_f32(int op, float *out, const float *x, int64_t xstride,
+                       const float *y, int64_t ystride, int64_t B, int64_t n);
+void dg_binary_fwd_f64(int op, double *out, const double *x, int64_t xstride,
+                       const double *y, int64_t ystride, int64_t B, int64_t n);
+void dg_binary_bwd_f32(int op, float *gx, float *gy, const float *x, int64_t xstride,
+                       const float *y, int64_t ystride, const float *out, const float *g,
+                       int64_t B, int64_t n);
+void dg_binary_bwd_f64(int op, double *gx, double *gy, const double *x, int64_t xstride,
+                       const double *y, int64_t ystride, const double *out, const double *g,
+                       int64_t B, int64_t n);
+
+/* --------------------------------------------------------------- reduce.c
+ * sum_args: out[b] = scale * sum_a args[a][b * strides[a]]   (esum, average)
+ * row_sums: out[r] = sum_i x[r, i] / divisor                 (sum_elems, mean_elems)
+ * col_sums: out[i] = sum_r x[r, i]                           (batch sum: shared grads)
+ */
+void dg_sum_args_f32(float *out, const float *const *args, const int64_t *strides, int64_t k,
+                     int64_t B, int64_t n, double scale);
+void dg_sum_args_f64(double *out, const double *const *args, const int64_t *strides, int64_t k,
+                     int64_t B, int64_t n, double scale);
+void dg_row_sums_f32(float *out, const float *x, int64_t rows, int64_t n, int64_t divisor);
+void dg_row_sums_f64(double *out, const double *x, int64_t rows, int64_t n, int64_t divisor);
+void dg_col_sums_f32(float *out, const float *x, int64_t rows, int64_t n);
+void dg_col_sums_f64(double *out, const double *x, int64_t rows, int64_t n);
+
+/* -------------------------------------------------------------- softmax.c
+ * Row-wise over `rows` rows of n classes. pnls = pickneglogsoftmax:
+ * loss[r] = logsumexp(x[r]) - x[r, labels[r]], x read at r * xstride (0: shared x);
+ * its backward writes gx (rows, n), or (1, n) summed over rows when xstride == 0.
+ * `work` is scratch space for n values. Row sums use numpy's pairwise order.
+ */
+void dg_softmax_fwd_f32(float *y, const float *x, int64_t rows, int64_t n);
+void dg_softmax_fwd_f64(double *y, const double *x, int64_t rows, int64_t n);
+void dg_softmax_bwd_f32(float *gx, const float *y, const float *g, int64_t rows, int64_t n);
+void dg_softmax_bwd_f64(double *gx, const double *y, const double *g, int64_t rows, int64_t n);
+void dg_log_softmax_fwd_f32(float *y, const float *x, int64_t rows, int64_t n);
+void dg_log_softmax_fwd_f64(double *y, const double *x, int64_t rows, int64_t n);
+void dg_log_softmax_bwd_f32(float *gx, const float *y, const float *g, int64_t rows, int64_t n);
+void dg_log_softmax_bwd_f64(double *gx, const double *y, const double *g, int64_t rows, int64_t n);
+void dg_pnls_fwd_f32(float *loss, float *work, const float *x, int64_t xstride,
+                     const int64_t *labels, int64_t rows, int64_t n);
+void dg_pnls_fwd_f64(double *loss, double *work, const double *x, int64_t xstride,
+                     const int64_t *labels, int64_t rows, int64_t n);
+void dg_pnls_bwd_f32(float *gx, const float *x, int64_t xstride, const int64_t *labels,
+                     const float *g, int64_t rows, int64_t n);
+void dg_pnls_bwd_f64(double *gx, const double *x, int64_t xstride, const int64_t *labels,
+                     const double *g, int64_t rows, int64_t n);
+
+/* ---------------------------------------------------------------- gates.c
+ * Fused recurrent cells on pre-activations (the GEMMs stay with BLAS). H = hidden size.
+ * LSTM:  pre (B, 4H) = [i f o g];  i,f,o = logistic (f with forget_bias), g = tanh;
+ *        c = f c_prev + i g;  h = o tanh(c);  act (B, 5H) saves [i f o g tanh(c)].
+ *        c_prev NULL means a zero previous cell (first step).
+ * GRU:   gates: pre_zr (B, 2H) -> zr = logistic, rh = r * h_prev;
+ *        output: cand = tanh(pre_c), h = (1 - z) h_prev + z cand.
+ * TreeLSTM (N-ary): pre (B, (N+3)H) = [i f_1..f_N o u];  c_kids (N, B, H);
+ *        c = logistic(i) tanh(u) + sum_k logistic(f_k) c_k;  h = logistic(o) tanh(c);
+ *        act (B, (N+4)H) saves [i f_1..f_N o u tanh(c)] after their nonlinearities.
+ * Backward kernels write every output gradient (dc_prev, dh_prev, dc_kids may be NULL
+ * when not needed; dc may be NULL when the cell state has no gradient of its own),
+ * except dg_gru_gates_bwd's dh_prev, which it adds to (the output kernel wrote it).
+ */
+void dg_lstm_fwd_f32(const float *pre, const float *c_prev, float *c, float *h, float *act,
+                     int64_t B, int64_t H, double forget_bias);
+void dg_lstm_fwd_f64(const double *pre, const double *c_prev, double *c, double *h, double *act,
+                     int64_t B, int64_t H, double forget_bias);
+void dg_lstm_bwd_f32(const float *act, const float *c_prev, const float *dh, const float *dc,
+                     float *dpre, float *dc_prev, int64_t B, int64_t H);
+void dg_lstm_bwd_f64(const double *act, const double *c_prev, const double *dh, const double *dc,
+                     double *dpre, double *dc_prev, int64_t B, int64_t H);
+void dg_gru_gates_fwd_f32(const float *pre_zr, const float *h_prev, float *zr, float *rh,
+                          int64_t B, int64_t H);
+void dg_gru_gates_fwd_f64(const double *pre_zr, const double *h_prev, double *zr, double *rh,
+                          int64_t B, int64_t H);
+void dg_gru_out_fwd_f32(const float *pre_c, const float *zr, const float *h_prev, float *cand,
+                        float *h, int64_t B, int64_t H);
+void dg_gru_out_fwd_f64(const double *pre_c, const double *zr, const double *h_prev, double *cand,
+                        double *h, int64_t B, int64_t H);
+void dg_gru_out_bwd_f32(const float *zr, const float *h_prev, const float *cand, const float *dh,
+                        float *dpre_c, float *dz, float *dh_prev, int64_t B, int64_t H);
+void dg_gru_out_bwd_f64(const double *zr, const double *h_prev, const double *cand, const double *dh,
+                        double *dpre_c, double *dz, double *dh_prev, int64_t B, int64_t H);
+void dg_gru_gates_bwd_f32(const float *zr, const float *h_prev, const float *dz, const float *drh,
+                          float *dpre_zr, float *dh_prev, int64_t B, int64_t H);
+void dg_gru_gates_bwd_f64(const double *zr, const double *h_prev, const double *dz, const double *drh,
+                          double *dpre_zr, double *dh_prev, int64_t B, int64_t H);
+void dg_treelstm_fwd_f32(const float *pre, const float *c_kids, int64_t N, float *c, float *h,
+                         float *act, int64_t B, int64_t H);
+void dg_treelstm_fwd_f64(const double *pre, const double *c_kids, int64_t N, double *c, double *h,
+                         double *act, int64_t B, int64_t H);
+void dg_treelstm_bwd_f32(const float *act, const float *c_kids, int64_t N, const float *dh,
+                         const float *dc, float *dpre, float *dc_kids, int64_t B, int64_t H);
+void dg_treelstm_bwd_f64(const double *act, const double *c_kids, int64_t N, const double *dh,
+                         const double *dc, double *dpre, double *dc_kids, int64_t B, int64_t H);
+
+/* ---------------------------------------------------------------- optim.c
+ * Trainer rules with DyNet's semantics (dynagraph/nn/trainers.py), in place.
+ * rows == NULL: dense update of nrows * width elements; otherwise only rows[j] of
+ * (w, g, states) are updated (sparse lookup-table update, rows unique).
+ * Scalars arrive as double and are rounded to the array type once, as numpy does.
+ */
+void dg_sgd_f32(float *w, const float *g, const int64_t *rows, int64_t nrows, int64_t width,
+                double lr_scaled);
+void dg_sgd_f64(double *w, const double *g, const int64_t *rows, int64_t nrows, int64_t width,
+                double lr_scaled);
+void dg_momentum_f32(float *w, const float *g, float *v, const int64_t *rows, int64_t nrows,
+                     int64_t width, double mom, double lr_scaled);
+void dg_momentum_f64(double *w, const double *g, double *v, const int64_t *rows, int64_t nrows,
+                     int64_t width, double mom, double lr_scaled);
+void dg_adagrad_f32(float *w, const float *g, float *h, const int64_t *rows, int64_t nrows,
+                    int64_t width, double lr, double eps, double gscale);
+void dg_adagrad_f64(double *w, const double *g, double *h, const int64_t *rows, int64_t nrows,
+                    int64_t width, double lr, double eps, double gscale);
+void dg_adam_f32(float *w, const float *g, float *m, float *v, const int64_t *rows, int64_t nrows,
+                 int64_t width, double beta1, double beta2, double eps, double lr_t, double gscale);
+void dg_adam_f64(double *w, const double *g, double *m, double *v, const int64_t *rows, int64_t nrows,
+                 int64_t width, double beta1, double beta2, double eps, double lr_t, double gscale);
+
+#endif

@@ -1,0 +1,3 @@
+/* Trainer update rules (SGD, momentum, Adagrad, Adam), dense or on a set of rows. */
+#define DG_BODY "optim.inc"
+#include "dg_instantiate.h"

@@ -1,0 +1,251 @@
+"""Fused LSTM/GRU/TreeLSTM cells (against numpy formulas and finite differences) and
+the trainer rules (against dynagraph's numpy trainers, bit for bit)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dynagraph as dy
+
+from ._util import DTYPES, close, kernels
+
+kernels()
+from dynagraph.backends import cpu  # noqa: E402
+
+
+def sig(v):
+    return 0.5 * np.tanh(0.5 * v) + 0.5
+
+
+def np_lstm(pre, cp, fb):
+    H = pre.shape[1] // 4
+    i, f, o, g = sig(pre[:, :H]), sig(pre[:, H:2 * H] + fb), sig(pre[:, 2 * H:3 * H]), np.tanh(pre[:, 3 * H:])
+    c = i * g if cp is None else f * cp + i * g
+    return o * np.tanh(c), c
+
+
+def np_tree(pre, kids):
+    N = len(kids)
+    H = pre.shape[1] // (N + 3)
+    c = sig(pre[:, :H]) * np.tanh(pre[:, (N + 2) * H:])
+    for k, ck in enumerate(kids):
+        c = c + sig(pre[:, (k + 1) * H:(k + 2) * H]) * ck
+    return sig(pre[:, (N + 1) * H:(N + 2) * H]) * np.tanh(c), c
+
+
+def numgrad(f, x, eps=1e-6):
+    """Central differences of the scalar f() with respect to every entry of x (in place)."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + eps
+        hi = f()
+        x[i] = old - eps
+        lo = f()
+        x[i] = old
+        g[i] = (hi - lo) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B,H", [(1, 1), (3, 5), (2, 70)])
+@pytest.mark.parametrize("first", [False, True])
+def test_lstm_forward(dt, B, H, first):
+    rng = np.random.default_rng(0)
+    pre = rng.standard_normal((B, 4 * H)).astype(dt)
+    cp = None if first else rng.standard_normal((B, H)).astype(dt)
+    h, c, act = cpu.lstm_forward(pre, cp, forget_bias=1.0)
+    h_ref, c_ref = np_lstm(pre, cp, 1.0)
+    close(h, h_ref.astype(dt), dt)
+    close(c, c_ref.astype(dt), dt)
+    assert act.shape == (B, 5 * H)
+
+
+@pytest.mark.parametrize("first,with_dc", [(False, True), (False, False), (True, True)])
+def test_lstm_backward_finite_differences(first, with_dc):
+    rng = np.random.default_rng(1)
+    B, H = 2, 3
+    pre = rng.standard_normal((B, 4 * H))
+    cp = None if first else rng.standard_normal((B, H))
+    wh, wc = rng.standard_normal((B, H)), rng.standard_normal((B, H)) if with_dc else np.zeros((B, H))
+
+    def loss():
+        h, c = np_lstm(pre, cp, 0.5)
+        return float((h * wh).sum() + (c * wc).sum())
+    _, _, act = cpu.lstm_forward(pre, cp, 0.5)
+    dpre, dcp = cpu.lstm_backward(act, cp, wh, wc if with_dc else None)
+    np.testing.assert_allclose(dpre, numgrad(loss, pre), rtol=1e-6, atol=1e-8)
+    if first:
+        assert dcp is None
+    else:
+        np.testing.assert_allclose(dcp, numgrad(loss, cp), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("N", [0, 1, 2, 3])
+@pytest.mark.parametrize("B,H", [(1, 1), (4, 9), (0, 3)])
+def test_treelstm_forward(dt, N, B, H):
+    rng = np.random.default_rng(2)
+    pre = rng.standard_normal((B, (N + 3) * H)).astype(dt)
+    kids = [rng.standard_normal((B, H)).astype(dt) for _ in range(N)]
+    h, c, act = cpu.treelstm_forward(pre, kids)
+    h_ref, c_ref = np_tree(pre, kids)
+    close(h, h_ref.astype(dt), dt)
+    close(c, c_ref.astype(dt), dt)
+    if N:  # a stacked (N, B, H) array is the same as a list
+        close(cpu.treelstm_forward(pre, np.stack(kids))[0], h, dt)
+
+
+@pytest.mark.parametrize("N", [0, 2, 3])
+@pytest.mark.parametrize("with_dc", [True, False])
+def test_treelstm_backward_finite_differences(N, with_dc):
+    rng = np.random.default_rng(3)
+    B, H = 2, 3
+    pre = rng.standard_normal((B, (N + 3) * H))
+    kids = rng.standard_normal((N, B, H))
+    wh, wc = rng.standard_normal((B, H)), rng.standard_normal((B, H)) if with_dc else np.zeros((B, H))
+
+    def loss():
+        h, c = np_tree(pre, list(kids))
+        return float((h * wh).sum() + (c * wc).sum())
+    _, _, act = cpu.treelstm_forward(pre, kids)
+    dpre, dkids = cpu.treelstm_backward(act, kids, wh, wc if with_dc else None)
+    np.testing.assert_allclose(dpre, numgrad(loss, pre), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dkids, numgrad(loss, kids), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_gru_stages_forward(dt):
+    rng = np.random.default_rng(4)
+    B, H = 3, 6
+    pre_zr, pre_c = rng.standard_normal((B, 2 * H)).astype(dt), rng.standard_normal((B, H)).astype(dt)
+    hp = rng.standard_normal((B, H)).astype(dt)
+    zr, rh = cpu.gru_gates_forward(pre_zr, hp)
+    z, r = sig(pre_zr[:, :H]), sig(pre_zr[:, H:])
+    close(zr, np.concatenate([z, r], 1).astype(dt), dt)
+    close(rh, (r * hp).astype(dt), dt)
+    h, cand = cpu.gru_output_forward(pre_c, zr, hp)
+    close(cand, np.tanh(pre_c), dt)
+    close(h, ((1 - zr[:, :H]) * hp + zr[:, :H] * np.tanh(pre_c)).astype(dt), dt)
+
+
+def test_gru_backward_finite_differences():
+    rng = np.random.default_rng(5)
+    B, H = 2, 3
+    pre_zr, pre_c, hp = rng.standard_normal((B, 2 * H)), rng.standard_normal((B, H)), rng.standard_normal((B, H))
+    wz, wr, wh = (rng.standard_normal((B, H)) for _ in range(3))
+
+    def stage1():
+        z, r = sig(pre_zr[:, :H]), sig(pre_zr[:, H:])
+        return float((z * wz).sum() + (r * hp * wr).sum())
+    zr, _ = cpu.gru_gates_forward(pre_zr, hp)
+    dh_prev = np.zeros((B, H))
+    dpre_zr = cpu.gru_gates_backward(zr, hp, wz, wr, dh_prev)
+    np.testing.assert_allclose(dpre_zr, numgrad(stage1, pre_zr), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dh_prev, numgrad(stage1, hp), rtol=1e-6, atol=1e-8)
+
+    zr = zr.copy()
+
+    def stage2():
+        z = zr[:, :H]
+        return float((((1 - z) * hp + z * np.tanh(pre_c)) * wh).sum())
+    _, cand = cpu.gru_output_forward(pre_c, zr, hp)
+    dpre_c, dz, dhp = cpu.gru_output_backward(zr, hp, cand, wh)
+    np.testing.assert_allclose(dpre_c, numgrad(stage2, pre_c), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dz, numgrad(stage2, zr)[:, :H], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dhp, numgrad(stage2, hp), rtol=1e-6, atol=1e-8)
+
+
+def test_cell_shape_validation():
+    with pytest.raises(ValueError):
+        cpu.lstm_forward(np.zeros((2, 10)))  # not a multiple of 4
+    with pytest.raises(ValueError):
+        cpu.lstm_forward(np.zeros((2, 8)), np.zeros((2, 3)))
+    with pytest.raises(ValueError):
+        cpu.treelstm_forward(np.zeros((2, 12)), [np.zeros((2, 4))])  # N = 1 and 4H = 12: H = 3
+    with pytest.raises(ValueError):
+        cpu.gru_gates_backward(np.zeros((2, 4)), np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 2)),
+                               np.zeros((2, 2))[:, ::2])
+
+
+# ------------------------------------------------------------------ trainers
+def _trainer(cls, **kw):
+    return cls(dy.ParameterCollection(), **kw)
+
+
+def _rule_cases(dt):
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((9, 4)).astype(dt)
+    g = rng.standard_normal((9, 4)).astype(dt)
+    return w, g
+
+
+RULES = [
+    ("sgd", dy.SimpleSGDTrainer, dict(learning_rate=0.1), 0),
+    ("momentum", dy.MomentumSGDTrainer, dict(learning_rate=0.05, mom=0.8), 1),
+    ("adagrad", dy.AdagradTrainer, dict(learning_rate=0.1, eps=1e-20), 1),
+    ("adam", dy.AdamTrainer, dict(alpha=0.01), 2),
+]
+
+
+def _c_update(kind, tr, w, g, states, gscale, rows=None):
+    if kind == "sgd":
+        cpu.sgd_update(w, g, tr.learning_rate * gscale, rows)
+    elif kind == "momentum":
+        cpu.momentum_update(w, g, states[0], tr.momentum, tr.learning_rate * gscale, rows)
+    elif kind == "adagrad":
+        cpu.adagrad_update(w, g, states[0], tr.learning_rate, tr.epsilon, gscale, rows)
+    else:
+        t = tr.updates + 1
+        lr_t = tr.learning_rate * np.sqrt(1 - tr.beta_2 ** t) / (1 - tr.beta_1 ** t)
+        cpu.adam_update(w, g, states[0], states[1], tr.beta_1, tr.beta_2, tr.epsilon, lr_t, gscale, rows)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("kind,cls,kw,n_states", RULES)
+@pytest.mark.parametrize("gscale", [1.0, 0.37])
+def test_dense_rules_match_numpy_trainers_exactly(dt, kind, cls, kw, n_states, gscale):
+    tr = _trainer(cls, **kw)
+    w, g = _rule_cases(dt)
+    w_ref, s_ref = w.copy(), [np.full_like(w, 0.25) for _ in range(n_states)]
+    s = [x.copy() for x in s_ref]
+    for _ in range(3):  # a few steps, so states feed back
+        tr._rule(w_ref, g, s_ref, gscale)
+        _c_update(kind, tr, w, g, s, gscale)
+        tr.updates += 1
+    np.testing.assert_array_equal(w, w_ref)
+    for a, b in zip(s, s_ref):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind,cls,kw,n_states", RULES)
+def test_sparse_rules_touch_only_listed_rows(kind, cls, kw, n_states):
+    tr = _trainer(cls, **kw)
+    w, g = _rule_cases(np.float32)
+    rows = np.array([7, 2, 4])
+    w_ref, s_ref = w.copy(), [np.full_like(w, 0.25) for _ in range(n_states)]
+    s = [x.copy() for x in s_ref]
+    # the numpy trainers' sparse path: gather the rows, apply the rule, scatter back
+    sub_w, sub_s = w_ref[rows], [x[rows] for x in s_ref]
+    tr._rule(sub_w, g[rows], sub_s, 0.5)
+    w_ref[rows] = sub_w
+    for x, y in zip(s_ref, sub_s):
+        x[rows] = y
+    _c_update(kind, tr, w, g, s, 0.5, rows)
+    np.testing.assert_array_equal(w, w_ref)
+    for a, b in zip(s, s_ref):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rule_validation():
+    w = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError):
+        cpu.sgd_update(w[:, :1], np.zeros((4, 1)), 0.1)  # weights not contiguous
+    with pytest.raises(ValueError):
+        cpu.adagrad_update(w, np.zeros((4, 2)), np.zeros((4, 2)), 0.1, 1e-8, 1.0)  # float64 state
+    with pytest.raises(IndexError):
+        cpu.sgd_update(w, np.zeros((4, 2)), 0.1, rows=[4])
+    with pytest.raises(ValueError):
+        cpu.sgd_update(w, np.zeros((4, 2)), 0.1, rows=[1, 1])
+    with pytest.raises(ValueError):
+        cpu.sgd_update(w, np.zeros((3, 2)), 0.1)

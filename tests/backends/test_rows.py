@@ -1,0 +1,174 @@
+"""Row movers and embedding kernels against numpy, and their index validation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynagraph.backends.numpy_backend import NumpyBackend
+
+from ._util import DTYPES, kernels
+
+kernels()
+from dynagraph.backends import cpu  # noqa: E402
+
+REF = NumpyBackend(np)
+
+
+def _blocks(rng, dt, k=4, rows=6, tail=(5,)):
+    return [rng.standard_normal((rows,) + tail).astype(dt) for _ in range(k)]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B", [1, 2, 17])
+@pytest.mark.parametrize("tail", [(5,), (3, 4)])
+def test_gather_rows_matches_numpy(dt, B, tail):
+    rng = np.random.default_rng(B)
+    blocks = _blocks(rng, dt, tail=tail)
+    blks = [int(b) for b in rng.integers(0, 4, B)]
+    rows = [int(r) for r in rng.integers(0, 6, B)]
+    out = cpu.gather_rows(blocks, blks, rows)
+    np.testing.assert_array_equal(out, REF.gather_rows(blocks, blks, rows))
+    assert out.dtype == np.dtype(dt) and out.flags.c_contiguous
+
+
+def test_gather_rows_non_contiguous_sources_are_copied():
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((6, 10))
+    blocks = [big[:, ::2], np.asfortranarray(rng.standard_normal((6, 5)))]
+    blks, rows = [0, 1, 0, 1], [5, 0, 2, 3]
+    np.testing.assert_array_equal(cpu.gather_rows(blocks, blks, rows), REF.gather_rows(blocks, blks, rows))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B", [1, 3, 40])
+def test_scatter_rows_with_repeats_matches_sequential_sum(dt, B):
+    rng = np.random.default_rng(B)
+    shape = (4, 3, 2)
+    grads = [np.zeros(shape, dt) for _ in range(3)]
+    blks = [int(b) for b in rng.integers(0, 3, B)]
+    rows = [int(r) for r in rng.integers(0, 4, B)]  # B = 40 repeats (block, row) pairs
+    vals = rng.standard_normal((B,) + shape[1:]).astype(dt)
+    expect = [np.zeros(shape, np.float64) for _ in range(3)]
+    for j, (b, r) in enumerate(zip(blks, rows)):
+        expect[b][r] += vals[j]
+    cpu.scatter_add_rows(grads.__getitem__, blks, rows, vals)
+    for g, e in zip(grads, expect):
+        np.testing.assert_allclose(g, e, rtol=1e-5 if dt == np.float32 else 1e-12, atol=1e-6)
+
+
+def test_scatter_rows_broadcast_values_and_block_list():
+    vals = np.broadcast_to(np.arange(3.0), (4, 3))  # stride 0 on the batch axis
+    grads = [np.zeros((2, 3)), np.zeros((2, 3))]
+    cpu.scatter_add_rows(grads, [0, 1, 1, 1], [1, 0, 0, 1], vals)
+    np.testing.assert_array_equal(grads[0], [[0, 0, 0], [0, 1, 2]])
+    np.testing.assert_array_equal(grads[1], [[0, 2, 4], [0, 1, 2]])
+
+
+def test_backend_scatter_rows_matches_numpy_backend():
+    rng = np.random.default_rng(1)
+    blks, rows = [2, 0, 2, 1, 0], [1, 0, 1, 2, 0]
+    vals = rng.standard_normal((5, 4))
+    a = [np.zeros((3, 4)) for _ in range(3)]
+    b = [np.zeros((3, 4)) for _ in range(3)]
+    REF.scatter_rows(a.__getitem__, blks, rows, vals)
+    cpu.CpuBackend().scatter_rows(b.__getitem__, blks, rows, vals)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_take_and_add_rows(dt):
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((7, 3)).astype(dt)
+    idx = [6, 0, 6, 2]
+    np.testing.assert_array_equal(cpu.take_rows(table, idx), table[idx])
+    assert cpu.take_rows(table, []).shape == (0, 3)
+    g, ref = np.zeros_like(table), np.zeros_like(table)
+    vals = rng.standard_normal((4, 3)).astype(dt)
+    cpu.add_rows(g, idx, vals)
+    np.add.at(ref, np.array(idx), vals)
+    np.testing.assert_allclose(g, ref, rtol=1e-6)
+    cpu.add_rows(g, [], np.zeros((0, 3), dt))  # empty batch: a no-op
+    np.testing.assert_allclose(g, ref, rtol=1e-6)
+
+
+def test_backend_add_rows_small_and_large_paths_agree():
+    rng = np.random.default_rng(3)
+    be = cpu.CpuBackend()
+    for rows in ([3, 1], [2, 2, 2], list(rng.integers(0, 100, 200))):
+        vals = rng.standard_normal((len(rows), 4))
+        a, b = np.zeros((100, 4)), np.zeros((100, 4))
+        REF.add_rows(a, [int(r) for r in rows], vals)
+        be.add_rows(b, [int(r) for r in rows], vals)
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_embedding_backward_accumulates_and_marks_touched(dt):
+    rng = np.random.default_rng(4)
+    grad = np.zeros((6, 2, 2), dt)
+    touched = np.zeros(6, bool)
+    idx = np.array([5, 1, 5, 5])
+    vals = rng.standard_normal((4, 2, 2)).astype(dt)
+    cpu.embedding_backward(grad, touched, idx, vals)
+    ref = np.zeros((6, 2, 2), np.float64)
+    np.add.at(ref, idx, vals)
+    np.testing.assert_allclose(grad, ref, rtol=1e-6)
+    np.testing.assert_array_equal(touched, [False, True, False, False, False, True])
+
+
+# ------------------------------------------------------------------ validation
+def test_out_of_range_indices_raise_before_c():
+    blocks = [np.zeros((3, 2)), np.zeros((5, 2))]
+    with pytest.raises(IndexError):
+        cpu.gather_rows(blocks, [0, 1], [3, 0])  # block 0 has 3 rows
+    with pytest.raises(IndexError):
+        cpu.gather_rows(blocks, [0, 1], [0, -1])
+    with pytest.raises(IndexError):
+        cpu.gather_rows(blocks, [0, 2], [0, 0])  # no block 2
+    with pytest.raises(IndexError):
+        cpu.gather_rows(blocks, [-1, 0], [0, 0])
+    with pytest.raises(IndexError):
+        cpu.scatter_add_rows(blocks, [1, 0], [4, 3], np.ones((2, 2)))
+    with pytest.raises(IndexError):
+        cpu.take_rows(np.zeros((4, 2)), [0, 4])
+    with pytest.raises(IndexError):
+        cpu.add_rows(np.zeros((4, 2)), np.array([-2]), np.ones((1, 2)))
+    with pytest.raises(IndexError):
+        cpu.embedding_backward(np.zeros((4, 2)), np.zeros(4, bool), [9], np.ones((1, 2)))
+    with pytest.raises(IndexError):
+        cpu.add_rows(np.zeros((4, 2)), np.array([2**63], dtype=np.uint64), np.ones((1, 2)))
+
+
+def test_bad_index_types_and_shapes_raise():
+    with pytest.raises(TypeError):
+        cpu.take_rows(np.zeros((4, 2)), [0.5])
+    with pytest.raises(TypeError):
+        cpu.take_rows(np.zeros((4, 2)), np.array([[0]]))
+    with pytest.raises(ValueError):
+        cpu.add_rows(np.zeros((4, 2)), [0, 1], np.ones((3, 2)))  # 3 value rows for 2 indices
+    with pytest.raises(ValueError):
+        cpu.gather_rows([np.zeros((3, 2)), np.zeros((3, 4))], [0, 1], [0, 0])  # row shapes differ
+    with pytest.raises(ValueError):
+        cpu.gather_rows([np.zeros((3, 2))], [], [])
+
+
+def test_in_place_targets_must_be_contiguous_and_typed():
+    with pytest.raises(ValueError):
+        cpu.add_rows(np.zeros((4, 4))[:, ::2], [0], np.ones((1, 2)))
+    with pytest.raises(ValueError):
+        cpu.add_rows(np.zeros((4, 2), np.float32).astype(np.float64)[::2], [0], np.ones((1, 2)))
+    ro = np.zeros((4, 2))
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        cpu.scatter_add_rows([ro], [0], [0], np.ones((1, 2)))
+    with pytest.raises(TypeError):
+        cpu.add_rows(np.zeros((4, 2), np.int32), [0], np.ones((1, 2)))
+
+
+def test_values_aliasing_the_target_are_copied_first():
+    g = np.arange(8.0).reshape(4, 2)
+    expect = g.copy()
+    np.add.at(expect, np.array([1, 0]), g[0:2].copy())
+    cpu.add_rows(g, [1, 0], g[0:2])
+    np.testing.assert_array_equal(g, expect)
