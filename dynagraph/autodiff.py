@@ -8,7 +8,7 @@ tables receive one sparse row update per batch.
 from __future__ import annotations
 
 import time
-from .executor import LEAF, SLICE, TAKE
+from .executor import LEAF, SLICE, TAKE, pick
 from .ops.base import Sliced, SparseRows
 
 
@@ -59,18 +59,20 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
     needs_grad, args = cg.needs_grad, cg.args
-    for nodes, xs, bid, plans, need, ctx in reversed(cg.executed):
+    for nodes, xs, bid, plans, cols, ctx in reversed(cg.executed):
         g = gb[bid]
         n0 = nodes[0]
         op = cg.op[n0]
         if g is None or op.backward is None:
             continue
         if full:
-            need = (True,) * len(need)
-        elif True not in need:
-            continue
+            need = (True,) * len(cols)
+        else:
+            need = tuple([True in pick(needs_grad, ids) for ids in cols])
+            if True not in need:
+                continue
         t0 = time.perf_counter()
-        data = [cg.data[n] for n in nodes] if op.uses_data else None
+        data = list(pick(cg.data, nodes)) if op.uses_data else None
         bw = be.backward_kernels.get(op.name, op.backward)
         if op.saves_ctx:
             gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need, ctx=ctx)

@@ -7,6 +7,8 @@ other argument is brought together by one gather call.
 from __future__ import annotations
 
 import time
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 
@@ -19,7 +21,7 @@ class ExecutedBatch(NamedTuple):
     xs: list          # the gathered arguments
     block: int        # output block id
     plans: list       # how each argument was gathered (see gather)
-    need: tuple       # per argument: does any node's argument need a gradient
+    cols: tuple       # per argument position, the argument node ids (autodiff derives `need`)
     ctx: object = None  # what a saves_ctx op (a static subgraph) keeps for its backward
 
 
@@ -27,19 +29,24 @@ class ExecutedBatch(NamedTuple):
 LEAF, SLICE, TAKE, MANY = 0, 1, 2, 3
 
 
-def gather(cg, be, ids: list, stats) -> tuple:
+def pick(values: list, ids: Sequence[int]) -> tuple:
+    """values[i] for i in ids, as a tuple; itemgetter does the loop in C."""
+    return itemgetter(*ids)(values) if len(ids) > 1 else (values[ids[0]],)
+
+
+def gather(cg, be, ids: Sequence[int], stats) -> tuple:
     """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan."""
-    blk, row = cg.blk, cg.row
+    blk = cg.blk
     first = ids[0]
     b = blk[first]
     if cg.op[first].leaf:
         return cg.blocks[b], (LEAF, b, None)  # the signature guarantees every node shares it
-    r0 = row[first]
+    r0 = cg.row[first]
     B = len(ids)
-    blks = [blk[i] for i in ids]
-    rows = [row[i] for i in ids]
+    blks = pick(blk, ids)
+    rows = pick(cg.row, ids)
     if blks.count(b) == B:
-        if rows[-1] - r0 == B - 1 and rows == list(range(r0, r0 + B)):
+        if rows[-1] - r0 == B - 1 and rows == tuple(range(r0, r0 + B)):
             return cg.blocks[b][r0:r0 + B], (SLICE, b, r0)
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
@@ -55,15 +62,13 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     n0 = nodes[0]
     op = cg.op[n0]
     t0 = time.perf_counter()
-    args, ng = cg.args, cg.needs_grad
-    xs, plans, need = [], [], []
-    for k in range(len(args[n0])):
-        ids = [args[n][k] for n in nodes]
+    cols = tuple(zip(*pick(cg.args, nodes)))  # cols[k]: argument k of every node
+    xs, plans = [], []
+    for ids in cols:
         x, plan = gather(cg, be, ids, stats)
         xs.append(x)
         plans.append(plan)
-        need.append(True in [ng[i] for i in ids])
-    data = [cg.data[n] for n in nodes] if op.uses_data else None
+    data = list(pick(cg.data, nodes)) if op.uses_data else None
     t1 = time.perf_counter()
     y = be.forward_kernels.get(op.name, op.forward)(xp, cg.attrs[n0], data, *xs)
     ctx = None
@@ -78,11 +83,11 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     t2 = time.perf_counter()
     bid = len(cg.blocks)
     cg.blocks.append(y)
-    blk, row = cg.blk, cg.row
-    for r, n in enumerate(nodes):
-        blk[n] = bid
-        row[n] = r
-    cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, tuple(need), ctx))
+    for _ in map(cg.blk.__setitem__, nodes, repeat(bid, B)):  # C-level loops over the batch
+        pass
+    for _ in map(cg.row.__setitem__, nodes, range(B)):
+        pass
+    cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, cols, ctx))
     stats.kernel_calls += op.inner_kernels
     stats.batches += 1
     stats.nodes += B
