@@ -92,6 +92,8 @@ def weighted_loss(out, w: np.ndarray):
 # ------------------------------------------------------------- finite differences
 def numeric_grad(f: Callable[[], float], x: np.ndarray, h: float = FD_STEP) -> np.ndarray:
     """Central differences of f() w.r.t. every entry of x, perturbing x in place."""
+    if x.size == 0:
+        return np.zeros(x.shape)
     flat = x.reshape(-1)
     if not np.shares_memory(flat, x):
         raise ValueError("numeric_grad needs a contiguous array it can perturb in place")

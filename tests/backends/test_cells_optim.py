@@ -7,6 +7,8 @@ import pytest
 
 import dynagraph as dy
 
+from refcheck import numeric_grad
+
 from ._util import DTYPES, close, kernels
 
 kernels()
@@ -31,20 +33,6 @@ def np_tree(pre, kids):
     for k, ck in enumerate(kids):
         c = c + sig(pre[:, (k + 1) * H:(k + 2) * H]) * ck
     return sig(pre[:, (N + 1) * H:(N + 2) * H]) * np.tanh(c), c
-
-
-def numgrad(f, x, eps=1e-6):
-    """Central differences of the scalar f() with respect to every entry of x (in place)."""
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + eps
-        hi = f()
-        x[i] = old - eps
-        lo = f()
-        x[i] = old
-        g[i] = (hi - lo) / (2 * eps)
-    return g
 
 
 @pytest.mark.parametrize("dt", DTYPES)
@@ -74,11 +62,11 @@ def test_lstm_backward_finite_differences(first, with_dc):
         return float((h * wh).sum() + (c * wc).sum())
     _, _, act = cpu.lstm_forward(pre, cp, 0.5)
     dpre, dcp = cpu.lstm_backward(act, cp, wh, wc if with_dc else None)
-    np.testing.assert_allclose(dpre, numgrad(loss, pre), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dpre, numeric_grad(loss, pre), rtol=1e-6, atol=1e-8)
     if first:
         assert dcp is None
     else:
-        np.testing.assert_allclose(dcp, numgrad(loss, cp), rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(dcp, numeric_grad(loss, cp), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
@@ -110,8 +98,8 @@ def test_treelstm_backward_finite_differences(N, with_dc):
         return float((h * wh).sum() + (c * wc).sum())
     _, _, act = cpu.treelstm_forward(pre, kids)
     dpre, dkids = cpu.treelstm_backward(act, kids, wh, wc if with_dc else None)
-    np.testing.assert_allclose(dpre, numgrad(loss, pre), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dkids, numgrad(loss, kids), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dpre, numeric_grad(loss, pre), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dkids, numeric_grad(loss, kids), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
@@ -141,8 +129,8 @@ def test_gru_backward_finite_differences():
     zr, _ = cpu.gru_gates_forward(pre_zr, hp)
     dh_prev = np.zeros((B, H))
     dpre_zr = cpu.gru_gates_backward(zr, hp, wz, wr, dh_prev)
-    np.testing.assert_allclose(dpre_zr, numgrad(stage1, pre_zr), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dh_prev, numgrad(stage1, hp), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dpre_zr, numeric_grad(stage1, pre_zr), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dh_prev, numeric_grad(stage1, hp), rtol=1e-6, atol=1e-8)
 
     zr = zr.copy()
 
@@ -151,9 +139,9 @@ def test_gru_backward_finite_differences():
         return float((((1 - z) * hp + z * np.tanh(pre_c)) * wh).sum())
     _, cand = cpu.gru_output_forward(pre_c, zr, hp)
     dpre_c, dz, dhp = cpu.gru_output_backward(zr, hp, cand, wh)
-    np.testing.assert_allclose(dpre_c, numgrad(stage2, pre_c), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dz, numgrad(stage2, zr)[:, :H], rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dhp, numgrad(stage2, hp), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dpre_c, numeric_grad(stage2, pre_c), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dz, numeric_grad(stage2, zr)[:, :H], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dhp, numeric_grad(stage2, hp), rtol=1e-6, atol=1e-8)
 
 
 def test_cell_shape_validation():
