@@ -56,6 +56,7 @@ class Plan:
     def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int]):
         self.name = name
         self.inputs = inputs
+        self.in_shapes = [trace.shape[i] for i in inputs]  # lets dynagraph.memory plan a layout
         self.outputs = outputs
         live = _reachable(trace, outputs)
         self.leaves = [i for i in live if trace.op[i].leaf and trace.op[i] is not PLACEHOLDER]
