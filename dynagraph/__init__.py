@@ -14,6 +14,7 @@ from . import engine  # noqa: F401  (installs evaluation into the graph layer)
 from .backends import get_backend  # noqa: F401
 from . import schedulers  # noqa: F401
 from .subgraph import Block, block  # noqa: F401
+from . import cavs  # noqa: F401  (dy.cavs: Cavs vertex functions)
 from . import fsm  # noqa: F401  (dy.fsm: ED-Batch's learned batching policy)
 from .expressions import *  # noqa: F401,F403
 

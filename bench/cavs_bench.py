@@ -1,0 +1,396 @@
+"""TreeLSTM training: op level vs dy.block vs Cavs vertex functions vs DyNet autobatch.
+
+    python bench/cavs_bench.py                         # H 64,256,512; threads 1 then default
+    python bench/cavs_bench.py --H 64 --threads 1 --rounds 3 --batches 3
+    python bench/cavs_bench.py --systems dynagraph:cavs,dynet:1 --H 256
+
+Same workload, parameters and SGD step as bench/run.py (bench/workloads.py,
+bench/params.py, bench/dy_models.py): a step is one minibatch of 64 trees, record,
+forward, backward, update. Every system runs in its own process; the configs are
+interleaved across systems and repeated --rounds times, and each system keeps its
+best round (the machine is shared and noisy: ratios of best rounds are what to quote).
+
+Systems: dynagraph:agenda and dynagraph:depth (op level, two schedulers),
+dynagraph:block (leaf and node cells as dy.block), dynagraph:cavs (dy.cavs vertex
+functions; dynagraph:cavs-plain turns fusion and the measured optimisations off),
+dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is).
+--threads 0 means the library default (no BLAS thread cap).
+
+Reported per system: samples/s (best round), ratio to DyNet's best autobatch mode,
+kernel calls per step, and the split of step time. For dy.cavs the split is:
+build (input graphs -> children lists, validation, scheduling, tracing lookup),
+cavs forward and backward (the run node), the imperative rest (root losses:
+recording, scheduling, kernels, their backward) and the parameter update.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench import params, workloads  # noqa: E402
+from bench.dy_models import DyModel  # noqa: E402
+from bench.worker import PREFIX, emit  # noqa: E402
+
+SYSTEMS = ["dynagraph:agenda", "dynagraph:depth", "dynagraph:block", "dynagraph:cavs", "dynet:1", "dynet:2"]
+
+
+# =========================================================================== models
+class BlockModel(DyModel):
+    """The TreeLSTM of dy_models with its leaf and node cells as static subgraphs."""
+
+    def __init__(self, dy: Any, *a, **k):
+        super().__init__(dy, *a, **k)
+        P, H = self.P, self.H
+
+        def leaf(w):
+            g = dy.affine_transform([P["b_iou"], P["W_iou"], dy.lookup(P["E"], w)])
+            c = dy.cmult(dy.logistic(dy.pick_range(g, 0, H)), dy.tanh(dy.pick_range(g, 2 * H, 3 * H)))
+            return dy.cmult(dy.logistic(dy.pick_range(g, H, 2 * H)), dy.tanh(c)), c
+        self.leaf = dy.block(leaf, name="leaf")
+        self.node = dy.block(lambda hl, cl, hr, cr: _node(dy, P, H, hl, cl, hr, cr), name="node")
+
+    def _treelstm(self, t):
+        states = []
+        for w, l, r in zip(t.words, t.left, t.right):
+            states.append(self.leaf(w) if l < 0 else self.node(*states[l], *states[r]))
+        return self._root_loss(states[-1][0], t.label)
+
+
+def _node(dy, P, H, hl, cl, hr, cr):
+    g = dy.affine_transform([P["b"], P["U_l"], hl, P["U_r"], hr])
+    i, fl = dy.logistic(dy.pick_range(g, 0, H)), dy.logistic(dy.pick_range(g, H, 2 * H))
+    fr, o = dy.logistic(dy.pick_range(g, 2 * H, 3 * H)), dy.logistic(dy.pick_range(g, 3 * H, 4 * H))
+    u = dy.tanh(dy.pick_range(g, 4 * H, 5 * H))
+    c = dy.cmult(i, u) + dy.cmult(fl, cl) + dy.cmult(fr, cr)
+    return dy.cmult(o, dy.tanh(c)), c
+
+
+class CavsModel(DyModel):
+    """The same TreeLSTM as two vertex functions over the whole minibatch."""
+
+    def __init__(self, dy: Any, *a, fuse: bool | None = None, **k):
+        super().__init__(dy, *a, **k)
+        import dynagraph.cavs as cavs
+        P, H = self.P, self.H
+        self.fuse, self.cavs = fuse, cavs
+
+        @cavs.vertex_function(arity=0)
+        def leaf(v):
+            g = dy.affine_transform([P["b_iou"], P["W_iou"], v.pull()])
+            c = dy.cmult(dy.logistic(dy.pick_range(g, 0, H)), dy.tanh(dy.pick_range(g, 2 * H, 3 * H)))
+            h = dy.cmult(dy.logistic(dy.pick_range(g, H, 2 * H)), dy.tanh(c))
+            v.scatter(h, c)
+            v.push(h)
+
+        @cavs.vertex_function(arity=2)
+        def node(v):
+            (hl, cl), (hr, cr) = v.gather(0), v.gather(1)
+            h, c = _node(dy, P, H, hl, cl, hr, cr)
+            v.scatter(h, c)
+            v.push(h)
+        self.functions = [leaf, node]
+        self.out = None
+        self.t_build = 0.0
+
+    def graph(self, batch: list):
+        dy = self.dy
+        dy.renew_cg(**self.renew_kwargs)
+        self.begin()
+        t0 = time.perf_counter()
+        # FlatTree: post-order; a leaf has left = right = -1 (children [-1, -1]: none)
+        graphs = [{"children": list(zip(t.left, t.right)), "types": [0 if l < 0 else 1 for l in t.left]}
+                  for t in batch]
+        self.out = self.cavs.run(self.functions, graphs, pull=(self.P["E"], [t.words for t in batch]),
+                                 fuse=self.fuse)
+        self.t_build = time.perf_counter() - t0
+        return dy.esum([self._root_loss(h, t.label) for h, t in zip(self.out.roots(), batch)])
+
+
+# =========================================================================== worker
+def setup(system: str, threads: int) -> dict:
+    import numpy as np
+    versions = {"numpy": np.__version__}
+    if threads > 0:
+        import threadpoolctl
+        threadpoolctl.threadpool_limits(threads)
+    if system == "dynet":
+        import dynet_config
+        dynet_config.set(autobatch=int(_VARIANT[0]), random_seed=1, mem="1024,1024,512,512")
+        import dynet
+        versions["dynet"] = getattr(dynet, "__version__", "2.x")
+    else:
+        import dynagraph
+        if threads > 0:
+            dynagraph.config.set(threads=threads)
+        versions["dynagraph"] = dynagraph.__version__
+    return versions
+
+
+_VARIANT = [""]
+
+
+def make_model(system: str, variant: str, arrays: dict, lr: float):
+    if system == "dynet":
+        import dynet
+        return DyModel(dynet, "treelstm", arrays, lr)
+    import dynagraph
+    if variant == "block":
+        return BlockModel(dynagraph, "treelstm", arrays, lr)
+    if variant in ("cavs", "cavs-plain"):
+        import dynagraph.cavs as cavs
+        plain = variant == "cavs-plain"
+        cavs.DEDUP_HOISTED = not plain
+        return CavsModel(dynagraph, "treelstm", arrays, lr, fuse=False if plain else None)
+    return DyModel(dynagraph, "treelstm", arrays, lr, {"scheduler": variant})
+
+
+class _Split:
+    """Wall time per step and, for dynagraph, where it went."""
+
+    def __init__(self):
+        self.t: dict = {}
+        self.kernels = 0
+        self.steps = 0
+
+    def add(self, key: str, v: float) -> None:
+        self.t[key] = self.t.get(key, 0.0) + v
+
+
+def timed_step(system: str, variant: str, model, batch: list, split: _Split) -> tuple[float, float]:
+    timer: dict = {}
+    t0 = time.perf_counter()
+    loss = model.step(batch, True, timer)
+    wall = time.perf_counter() - t0
+    split.steps += 1
+    split.add("update", timer.get("update", 0.0))
+    if system == "dynagraph":
+        import dynagraph
+        st = dynagraph.cg().stats
+        split.kernels += st.kernel_calls
+        if variant.startswith("cavs"):
+            tm = model.out.timing
+            split.add("build", model.t_build)
+            split.add("cavs_forward", tm["forward"])
+            split.add("cavs_backward", tm["backward"])
+            split.add("imperative", wall - timer.get("update", 0.0) - model.t_build - tm["forward"] - tm["backward"])
+        else:
+            for k in ("record", "schedule", "execute", "memory", "backward"):
+                split.add(k, getattr(st, "t_" + k))
+    return loss, wall
+
+
+_CACHE: dict = {}
+
+
+def run_round(system: str, variant: str, cfg: dict) -> dict:
+    """One round of cfg["batches"] timed steps; the model persists across rounds of a config."""
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _CACHE:
+        _CACHE.clear()
+        n = (cfg["warmup"] + cfg["batches"]) * cfg["batch_size"]
+        samples, vocab = workloads.load(cfg["workload"], n, cfg["seed"])
+        arrays = params.init_arrays("treelstm", cfg["H"], vocab, 5, seed=cfg["seed"])
+        model = make_model(system, variant, arrays, cfg["lr"])
+        batches = workloads.minibatches(samples, cfg["batch_size"])
+        first = [model.step(b, True) for b in batches[:cfg["warmup"]]]
+        _CACHE[key] = (model, batches[cfg["warmup"]:], first)
+    model, batches, first = _CACHE[key]
+    split, losses, total = _Split(), [], 0.0
+    gc.collect()
+    for b in batches:
+        loss, wall = timed_step(system, variant, model, b, split)
+        losses.append(loss)
+        total += wall
+    out = {"seconds": total, "samples": len(batches) * cfg["batch_size"], "loss0": first[0] if first else None,
+           "losses": losses}
+    out["samples_per_sec"] = out["samples"] / total
+    if split.steps and system == "dynagraph":
+        out["kernels_per_step"] = split.kernels / split.steps
+        out["split"] = {k: v / total for k, v in split.t.items()}
+    return out
+
+
+def worker_main(argv) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--system", required=True)
+    ap.add_argument("--variant", default="")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    _VARIANT[0] = args.variant
+    try:
+        versions = setup(args.system, args.threads)
+    except Exception as e:  # noqa: BLE001 - reported to the driver, which skips the system
+        emit({"ready": False, "error": f"{type(e).__name__}: {e}"})
+        return
+    emit({"ready": True, "versions": versions})
+    for line in sys.stdin:
+        if line.strip():
+            cfg = json.loads(line)
+            try:
+                emit(run_round(args.system, args.variant, cfg))
+            except Exception as e:  # noqa: BLE001
+                emit({"error": f"{type(e).__name__}: {e}"})
+
+
+# =========================================================================== driver
+class Worker:
+    def __init__(self, spec: str, threads: int):
+        self.spec, self.threads = spec, threads
+        self.system, _, self.variant = spec.partition(":")
+        self.proc, self.versions, self.error = None, {}, None
+
+    def start(self) -> None:
+        import subprocess
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        if self.threads > 0:
+            env["DYNAGRAPH_THREADS"] = str(self.threads)
+        else:
+            env.pop("DYNAGRAPH_THREADS", None)
+        cmd = [sys.executable, "-m", "bench.cavs_bench", "--worker", "--system", self.system,
+               "--variant", self.variant, "--threads", str(self.threads)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        hello = self._read()
+        if not hello.get("ready"):
+            self.error = hello.get("error", "worker failed to start")
+            self.stop()
+        else:
+            self.versions = hello.get("versions", {})
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):])
+        return {"error": f"worker exited with code {self.proc.wait()}"}
+
+    def run(self, cfg: dict) -> dict:
+        if self.proc is None:
+            return {"error": self.error or "not running"}
+        self.proc.stdin.write(json.dumps(cfg) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+def run_threads(args, threads: int, with_dynet: bool) -> list[dict]:
+    import importlib.util
+    specs = [s for s in args.systems if not s.startswith("dynet")
+             or (with_dynet and importlib.util.find_spec("dynet"))]
+    workers = [Worker(s, threads if not s.startswith("dynet") else 1) for s in specs]
+    for w in workers:
+        w.start()
+        if w.error:
+            print(f"note: {w.spec} unavailable: {w.error}", file=sys.stderr)
+    best: dict = {}
+    try:
+        for rnd in range(args.rounds):
+            for H in args.H:
+                cfg = dict(workload=args.workload, H=H, batch_size=args.batch_size, batches=args.batches,
+                           warmup=args.warmup, seed=args.seed, lr=args.lr)
+                for w in workers:
+                    if w.error:
+                        continue
+                    r = w.run(cfg)
+                    if not args.quiet:
+                        sps = r.get("samples_per_sec")
+                        print(f"  round {rnd + 1} H={H} threads={threads} {w.spec:<18} "
+                              + (f"{sps:8.1f} samples/s" if sps else r.get("error", "?")), file=sys.stderr)
+                    k = (H, w.spec)
+                    if "error" in r or k not in best or r["samples_per_sec"] > best[k]["samples_per_sec"]:
+                        best[k] = {**cfg, "system": w.spec, "threads": threads, "round": rnd, **r}
+    finally:
+        for w in workers:
+            w.stop()
+    return list(best.values())
+
+
+def add_ratios(results: list[dict]) -> None:
+    dynet: dict = {}
+    for r in results:
+        if r["system"].startswith("dynet") and r.get("samples_per_sec"):
+            dynet[r["H"]] = max(dynet.get(r["H"], 0.0), r["samples_per_sec"])
+    for r in results:
+        d = dynet.get(r["H"])
+        r["vs_dynet_best"] = r["samples_per_sec"] / d if d and r.get("samples_per_sec") else None
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'H':>4} {'thr':>3}  {'system':<18}{'samples/s':>10}{'vs DyNet':>9}{'kern/step':>10}   split (% of step)",
+             "-" * 100]
+    for r in sorted(results, key=lambda r: (r["H"], r["threads"], SYSTEMS.index(r["system"])
+                                            if r["system"] in SYSTEMS else 99)):
+        if r.get("error"):
+            lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<18}error: {r['error'][:80]}")
+            continue
+        ratio = f"{r['vs_dynet_best']:.2f}x" if r.get("vs_dynet_best") else "-"
+        kern = f"{r['kernels_per_step']:.0f}" if r.get("kernels_per_step") else ""
+        split = " ".join(f"{k} {100 * v:.0f}" for k, v in (r.get("split") or {}).items())
+        lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<18}{r['samples_per_sec']:>10.1f}{ratio:>9}"
+                     f"{kern:>10}   {split}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    csv = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    ap.add_argument("--systems", type=csv, default=SYSTEMS)
+    ap.add_argument("--H", type=lambda s: [int(x) for x in csv(s)], default=[64, 256, 512])
+    ap.add_argument("--threads", type=lambda s: [int(x) for x in csv(s)], default=[1, 0],
+                    help="dynagraph BLAS threads, one pass each; 0 = library default (default 1,0)")
+    ap.add_argument("--workload", default="treelstm", choices=["treelstm", "treelstm-sst"])
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batches", type=int, default=3, help="timed steps per round")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3, help="best-of-N rounds, interleaved across systems")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/cavs-<date>.json)")
+    ap.add_argument("--quiet", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    results = []
+    for k, threads in enumerate(args.threads):  # DyNet is single-threaded: measured in the first pass
+        results += run_threads(args, threads, with_dynet=k == 0)
+    for t in args.threads:
+        add_ratios([r for r in results if r["threads"] == t or r["system"].startswith("dynet")])
+    doc = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                    "command": "python bench/cavs_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "python": platform.python_version(), "cpus": os.cpu_count()},
+           "results": results}
+    out = args.out or os.path.join(ROOT, "bench", "results",
+                                   "cavs-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + ".json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    if not args.quiet:
+        print(table(results))
+        print(f"\nwrote {out}")
+    return doc
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        sys.argv.remove("--worker")
+        worker_main(sys.argv[1:])
+    else:
+        main()
