@@ -24,10 +24,10 @@ import time
 import numpy as np
 
 import dynagraph as dy
-import dynagraph.cavs  # noqa: F401  (dy.cavs; a no-op once dynagraph/__init__ imports it)
 from dynagraph.datasets import Tree, Vocab
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import parse_example_args  # noqa: E402
 from treelstm import load_trees, minibatches  # noqa: E402  (same data as the op-level example)
 
 
@@ -137,17 +137,7 @@ def accuracy(model: CavsTreeLSTM, trees: list[FlatTree], batch_size: int = 64) -
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--train", type=int, default=400, help="training trees (default 400)")
-    ap.add_argument("--dev", type=int, default=200, help="dev trees (default 200)")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--emb-dim", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quiet", action="store_true")
-    return ap.parse_args(argv)
+    return parse_example_args(__doc__, argv, train=400, dev=200, epochs=2, batch_size=32, emb_dim=64, hidden=64, lr=0.05, seed=1)
 
 
 def main(argv=None) -> dict:

@@ -13,14 +13,17 @@ at once (lazy batching). Word projections W x (pull only) are hoisted the same w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import numpy as np
 
 import dynagraph as dy
-import dynagraph.cavs  # noqa: F401  (dy.cavs)
 from dynagraph.datasets import Vocab, read_wikiner, shared_data_path, synthetic_tagging
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import parse_example_args  # noqa: E402
 
 
 class ChainLSTM:
@@ -80,17 +83,7 @@ def load(n_train: int, n_test: int, seed: int):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--train", type=int, default=300)
-    ap.add_argument("--test", type=int, default=100)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--emb-dim", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quiet", action="store_true")
-    return ap.parse_args(argv)
+    return parse_example_args(__doc__, argv, train=300, test=100, epochs=2, batch_size=32, emb_dim=32, hidden=64, lr=0.1, seed=1)
 
 
 def main(argv=None) -> dict:

@@ -22,7 +22,6 @@ import time
 import numpy as np
 
 import dynagraph as dy
-import dynagraph.cavs  # noqa: F401  (dy.cavs)
 
 
 def random_dag(rng: np.random.Generator, n: int, max_parents: int, vocab: int) -> tuple[list, list, list]:

@@ -17,10 +17,10 @@ import time
 import numpy as np
 
 import dynagraph as dy
-import dynagraph.cavs  # noqa: F401  (dy.cavs)
 from dynagraph.datasets import Vocab
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import parse_example_args  # noqa: E402
 from cavs_treelstm import FlatTree  # noqa: E402
 from treelstm import load_trees, minibatches  # noqa: E402
 
@@ -56,16 +56,7 @@ class TreeFC:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--train", type=int, default=400)
-    ap.add_argument("--dev", type=int, default=200)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quiet", action="store_true")
-    return ap.parse_args(argv)
+    return parse_example_args(__doc__, argv, train=400, dev=200, epochs=2, batch_size=32, hidden=64, lr=0.05, seed=1)
 
 
 def main(argv=None) -> dict:

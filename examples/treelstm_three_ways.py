@@ -22,7 +22,6 @@ import time
 
 
 import dynagraph as dy
-import dynagraph.cavs  # noqa: F401  (dy.cavs)
 from dynagraph.datasets import Vocab
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
