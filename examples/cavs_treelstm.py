@@ -76,19 +76,11 @@ class CavsTreeLSTM:
 
     # ---------------------------------------------------------------- cells (plain dy ops)
     def leaf_math(self, x):
-        H = self.h
-        g = dy.affine_transform([self.b_iou, self.W_iou, x])
-        c = dy.cmult(dy.logistic(dy.pick_range(g, 0, H)), dy.tanh(dy.pick_range(g, 2 * H, 3 * H)))
-        return dy.cmult(dy.logistic(dy.pick_range(g, H, 2 * H)), dy.tanh(c)), c
+        return dy.tree_lstm_update(dy.affine_transform([self.b_iou, self.W_iou, x]), [], self.h)
 
     def node_math(self, h_l, c_l, h_r, c_r):
-        H = self.h
         g = dy.affine_transform([self.b, self.U_l, h_l, self.U_r, h_r])
-        i, f_l = dy.logistic(dy.pick_range(g, 0, H)), dy.logistic(dy.pick_range(g, H, 2 * H))
-        f_r, o = dy.logistic(dy.pick_range(g, 2 * H, 3 * H)), dy.logistic(dy.pick_range(g, 3 * H, 4 * H))
-        u = dy.tanh(dy.pick_range(g, 4 * H, 5 * H))
-        c = dy.cmult(i, u) + dy.cmult(f_l, c_l) + dy.cmult(f_r, c_r)
-        return dy.cmult(o, dy.tanh(c)), c
+        return dy.tree_lstm_update(g, [c_l, c_r], self.h)
 
     # ---------------------------------------------------------------- vertex functions
     def leaf_cell(self, v) -> None:

@@ -57,22 +57,12 @@ class TreeLSTM:
     def leaf(self, word_id: int):
         h = self.h
         g = dy.affine_transform([self.b_iou, self.W_iou, dy.lookup(self.E, word_id)])
-        i = dy.logistic(dy.pick_range(g, 0, h))
-        o = dy.logistic(dy.pick_range(g, h, 2 * h))
-        u = dy.tanh(dy.pick_range(g, 2 * h, 3 * h))
-        c = dy.cmult(i, u)
-        return dy.cmult(o, dy.tanh(c)), c
+        return dy.tree_lstm_update(g, [], h)
 
     def node(self, left, right):
         (h_l, c_l), (h_r, c_r), h = left, right, self.h
         g = dy.affine_transform([self.b, self.U_l, h_l, self.U_r, h_r])
-        i = dy.logistic(dy.pick_range(g, 0, h))
-        f_l = dy.logistic(dy.pick_range(g, h, 2 * h))
-        f_r = dy.logistic(dy.pick_range(g, 2 * h, 3 * h))
-        o = dy.logistic(dy.pick_range(g, 3 * h, 4 * h))
-        u = dy.tanh(dy.pick_range(g, 4 * h, 5 * h))
-        c = dy.cmult(i, u) + dy.cmult(f_l, c_l) + dy.cmult(f_r, c_r)
-        return dy.cmult(o, dy.tanh(c)), c
+        return dy.tree_lstm_update(g, [c_l, c_r], h)
 
     def encode(self, tree: Tree, vocab: Vocab):
         """(h, c) of the root. Post-order iteration: SST trees can be 30+ levels deep."""

@@ -83,23 +83,13 @@ class TreeLSTM(_TreeModel):
     def leaf(self, x, _n):
         h = self.hidden
         g = dy.affine_transform([self.b_iou, self.W_iou, x])
-        i = dy.logistic(dy.pick_range(g, 0, h))
-        o = dy.logistic(dy.pick_range(g, h, 2 * h))
-        u = dy.tanh(dy.pick_range(g, 2 * h, 3 * h))
-        c = dy.cmult(i, u)
-        return dy.cmult(o, dy.tanh(c)), c
+        return dy.tree_lstm_update(g, [], h)
 
     def node(self, left, right, kind: int = 0):
         (h_l, c_l), (h_r, c_r), h = left, right, self.hidden
         b, U_l, U_r = self.cells[kind]
         g = dy.affine_transform([b, U_l, h_l, U_r, h_r])
-        i = dy.logistic(dy.pick_range(g, 0, h))
-        f_l = dy.logistic(dy.pick_range(g, h, 2 * h))
-        f_r = dy.logistic(dy.pick_range(g, 2 * h, 3 * h))
-        o = dy.logistic(dy.pick_range(g, 3 * h, 4 * h))
-        u = dy.tanh(dy.pick_range(g, 4 * h, 5 * h))
-        c = dy.cmult(i, u) + dy.cmult(f_l, c_l) + dy.cmult(f_r, c_r)
-        return dy.cmult(o, dy.tanh(c)), c
+        return dy.tree_lstm_update(g, [c_l, c_r], h)
 
 
 class TreeLSTM2Type(TreeLSTM):
