@@ -402,21 +402,7 @@ class _Part(Plan):
     written straight into destination buffers, and the backend's kernel overrides."""
 
     def forward_rows(self, be, B: int, keys, xs: list, dests: list) -> list:
-        xp = be.xp
-        vals: dict = {}
-        for k, i in enumerate(self.inputs):
-            vals[i] = xs[k]
-        for k, i in enumerate(self.leaves):
-            vals[i] = xs[len(self.inputs) + k]
-        saved = []
-        kern = be.forward_kernels
-        for i, op, args, a, spec, shape in self.steps:
-            d = self._rows_data(spec, B, keys) if op.uses_data else None
-            ins = [vals[j] for j in args]
-            y = kern.get(op.name, op.forward)(xp, a, d, *ins)
-            y = y.reshape((y.shape[0],) + shape)
-            vals[i] = y
-            saved.append((ins, y, d))
+        vals, saved = self.run_steps(be, xs, lambda spec: self._rows_data(spec, B, keys))
         for o, dst in zip(self.outputs, dests):
             v = vals[o]
             dst[...] = v.reshape(v.shape[0], -1)  # a shared (lead 1) value broadcasts over the rows
@@ -427,31 +413,17 @@ class _Part(Plan):
         """Gradients of inputs and leaves. Weight gradients of the products in `self.defer`
         whose weight is leaf k in `defer_leaves` are not computed: (k, output gradient,
         input) goes to `deferred` instead, so that the caller does ONE GEMM over all tasks."""
-        xp = be.xp
-        acc = _Grads(xp)
+        acc = _Grads(be.xp)
         for o, g, shape in zip(self.outputs, gouts, self.out_shapes):
             if g is not None:
                 acc.add(o, g.reshape((B,) + shape))
-        needs = self._needs(need)
-        kern = be.backward_kernels
-        steps = self.steps
-        for n in range(len(steps) - 1, -1, -1):
-            i, op, args, a, spec, shape = steps[n]
-            ins, yv, d = saved[n]
-            gi = acc.pop(i)
-            if gi is None or op.backward is None or not needs.get(i, False):
-                continue
-            want = [needs.get(j, False) for j in args]
-            if deferred is not None and n in self.defer:
-                for pos in self.defer[n]:
-                    if want[pos] and self._leaf_at[args[pos]] in defer_leaves:
-                        want[pos] = False
-                        deferred.append((self._leaf_at[args[pos]], gi, ins[pos + 1]))
-            gxs = kern.get(op.name, op.backward)(xp, a, d, ins, yv, gi, tuple(want))
-            for j, x, gx, w in zip(args, ins, gxs, want):
-                if gx is not None and w:
-                    acc.add(j, gx, x.shape)
-        return [acc.result(i) for i in self.inputs + self.leaves]
+
+        def divert(n, args, ins, gi, want):
+            for pos in self.defer.get(n, ()):
+                if want[pos] and self._leaf_at[args[pos]] in defer_leaves:
+                    want[pos] = False
+                    deferred.append((self._leaf_at[args[pos]], gi, ins[pos + 1]))
+        return self.grad_steps(be, acc, saved, need, divert if deferred is not None else None)
 
     def find_deferrable(self, trace: ComputationGraph) -> None:
         """Products W x with W a shared matrix and x a batch of vectors: their weight gradient

@@ -97,22 +97,44 @@ class Plan:
             return [(call[-1] * _RANDOM_STRIDE + v) & _MASK64 for call in data]
         return [v] * len(data)
 
+    def run_steps(self, be, xs, data_of: Callable) -> tuple[dict, list]:
+        """Every step once over the batch; xs are the inputs then the leaves.
+        Returns the values by trace id and what backward needs per step."""
+        vals = dict(zip(self.inputs + self.leaves, xs))
+        saved = []
+        kernels = be.forward_kernels  # the backend's measured-faster overrides
+        for i, op, args, a, spec, shape in self.steps:
+            d = data_of(spec) if op.uses_data else None
+            ins = [vals[j] for j in args]
+            y = kernels.get(op.name, op.forward)(be.xp, a, d, *ins)
+            y = vals[i] = y.reshape((y.shape[0],) + shape)
+            saved.append((ins, y, d))
+        return vals, saved
+
+    def grad_steps(self, be, acc: "_Grads", saved: list, need: tuple, divert: Callable | None = None) -> list:
+        """Replay the steps in reverse from the output gradients in `acc`; returns the
+        gradients of the inputs then the leaves. `divert(n, args, ins, g, want)` may
+        clear entries of `want` to take those gradients elsewhere."""
+        needs = self._needs(need)
+        kernels = be.backward_kernels
+        for n in range(len(self.steps) - 1, -1, -1):
+            i, op, args, a, spec, shape = self.steps[n]
+            gi = acc.pop(i)
+            if gi is None or op.backward is None or not needs.get(i, False):
+                continue
+            ins, yv, d = saved[n]
+            want = [needs.get(j, False) for j in args]
+            if divert is not None:
+                divert(n, args, ins, gi, want)
+            gxs = kernels.get(op.name, op.backward)(be.xp, a, d, ins, yv, gi, tuple(want))
+            for j, x, gx, w in zip(args, ins, gxs, want):
+                if gx is not None and w:
+                    acc.add(j, gx, x.shape)
+        return [acc.result(i) for i in self.inputs + self.leaves]
+
     def forward(self, xp, attrs, data, *xs):
         B = len(data)
-        vals: dict = {}
-        for k, i in enumerate(self.inputs):
-            vals[i] = xs[k]
-        for k, i in enumerate(self.leaves):
-            vals[i] = xs[len(self.inputs) + k]
-        saved = []
-        kernels = get_backend().forward_kernels  # the backend's measured-faster overrides
-        for i, op, args, a, spec, shape in self.steps:
-            d = self._data(spec, data) if op.uses_data else None
-            ins = [vals[j] for j in args]
-            y = kernels.get(op.name, op.forward)(xp, a, d, *ins)
-            y = y.reshape((y.shape[0],) + shape)
-            vals[i] = y
-            saved.append((ins, y, d))
+        vals, saved = self.run_steps(get_backend(), xs, lambda spec: self._data(spec, data))
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
         return xp.concatenate(outs, axis=1), saved
 
@@ -123,17 +145,8 @@ class Plan:
         for o, n, shape in zip(self.outputs, self.out_sizes, self.out_shapes):
             acc.add(o, g[:, start:start + n].reshape((B,) + shape))
             start += n
-        needs = self._needs(need)
-        kernels = get_backend().backward_kernels
-        for (i, op, args, a, spec, shape), (ins, yv, d) in zip(reversed(self.steps), reversed(ctx)):
-            gi = acc.pop(i)
-            if gi is None or op.backward is None or not needs.get(i, False):
-                continue
-            gxs = kernels.get(op.name, op.backward)(xp, a, d, ins, yv, gi, tuple(needs.get(j, False) for j in args))
-            for j, x, gx in zip(args, ins, gxs):
-                if gx is not None and needs.get(j, False):
-                    acc.add(j, gx, x.shape)
-        return tuple(acc.result(i) for i in self.inputs + self.leaves)
+        return tuple(self.grad_steps(get_backend(), acc, ctx, need))
+
     def _needs(self, need: tuple) -> dict:
         """Which trace nodes need a gradient, given which coarse arguments do."""
         needs = {i: bool(n) for i, n in zip(self.inputs + self.leaves, need)}
