@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -23,7 +22,7 @@ import dynagraph as dy
 from dynagraph.datasets import Vocab, read_wikiner, shared_data_path, synthetic_tagging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import parse_example_args  # noqa: E402
+from _common import parse_example_args, train_epoch  # noqa: E402
 
 
 class ChainLSTM:
@@ -97,16 +96,7 @@ def main(argv=None) -> dict:
     say(f"{source}: {len(train)} train / {len(test)} test sentences, {n_tags} tags")
     history = []
     for epoch in range(args.epochs):
-        t0, losses = time.perf_counter(), []
-        for k in range(0, len(train), args.batch_size):
-            batch = train[k:k + args.batch_size]
-            dy.renew_cg()
-            per_token = model.losses(batch)
-            loss = dy.esum(per_token) * (1.0 / len(per_token))
-            losses.append(loss.value())
-            loss.backward()
-            trainer.update()
-        dt = time.perf_counter() - t0
+        losses, dt = train_epoch(train, args.batch_size, model.losses, trainer)
         acc = model.accuracy(test)
         history.append({"loss": float(np.mean(losses)), "test_acc": acc, "seconds": dt})
         say(f"epoch {epoch + 1}: loss {np.mean(losses):.4f}  test acc {acc:.3f}  "

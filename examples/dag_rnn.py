@@ -16,12 +16,15 @@ longest path from a source to v, capped at --classes - 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 
 import numpy as np
 
 import dynagraph as dy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import parse_example_args, train_epoch  # noqa: E402
 
 
 def random_dag(rng: np.random.Generator, n: int, max_parents: int, vocab: int) -> tuple[list, list, list]:
@@ -54,21 +57,15 @@ class DagRNN:
         out = dy.cavs.run(self.cell, [c for c, _, _ in dags], pull=(self.E, [x for _, x, _ in dags]))
         return [out.pushed(k) for k in range(len(dags))]
 
+    def losses(self, dags: list) -> list:
+        """A loss per vertex of every DAG."""
+        return [dy.pickneglogsoftmax(s, y) for ss, (_, _, ys) in zip(self.scores(dags), dags)
+                for s, y in zip(ss, ys)]
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--graphs", type=int, default=200)
-    ap.add_argument("--vertices", type=int, default=20, help="vertices per DAG (at most)")
-    ap.add_argument("--max-parents", type=int, default=4)
-    ap.add_argument("--classes", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=50)
-    ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quiet", action="store_true")
-    return ap.parse_args(argv)
+    return parse_example_args(__doc__, argv, graphs=200, vertices=20, max_parents=4, classes=4, vocab=50,
+                              hidden=32, epochs=3, batch_size=20, lr=0.1, seed=1)
 
 
 def main(argv=None) -> dict:
@@ -87,17 +84,7 @@ def main(argv=None) -> dict:
     say(f"{len(train)} train / {len(test)} test DAGs, up to {args.max_parents} parents per vertex")
     history = []
     for epoch in range(args.epochs):
-        t0, losses = time.perf_counter(), []
-        for k in range(0, len(train), args.batch_size):
-            batch = train[k:k + args.batch_size]
-            dy.renew_cg()
-            per_vertex = [dy.pickneglogsoftmax(s, y) for ss, (_, _, ys) in zip(model.scores(batch), batch)
-                          for s, y in zip(ss, ys)]
-            loss = dy.esum(per_vertex) * (1.0 / len(per_vertex))
-            losses.append(loss.value())
-            loss.backward()
-            trainer.update()
-        dt = time.perf_counter() - t0
+        losses, dt = train_epoch(train, args.batch_size, model.losses, trainer)
         dy.renew_cg()
         scores = model.scores(test)
         dy.cg().forward()
