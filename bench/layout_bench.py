@@ -6,96 +6,26 @@ copied per call (batch 8, hidden 64, float32), and the planning time.
 
     .venv/bin/python -m bench.layout_bench [--hidden 64] [--batch 8] [--describe CELL]
 
-The plan is not executed yet: Plan.forward still runs one op per step, so these
-are the copies the executor *would* make with batched steps, naive vs planned.
+Two views of the same question. The *layout model* counts the copies the layout
+predicts (inputs and parameters count as placeable, as in ED-Batch). *Executed*
+runs one batch of calls through `dynagraph.program` forward and backward and
+counts the copies it really made, with best-of latencies: None (one kernel per
+step), "naive" (steps batched inside the block, every operand list copied) and
+"planned" (batched in the layout's order, consecutive operands read in place,
+sliced GEMM outputs written piece-major).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import timeit
+
+import numpy as np
 
 import dynagraph as dy
 from dynagraph.memory.layout import block_layouts
 
-
-def _lstm(pc, H):
-    W, U, b = pc.add_parameters((4 * H, H)), pc.add_parameters((4 * H, H)), pc.add_parameters(4 * H)
-
-    def cell(x, h, c):
-        g = dy.affine_transform([b, W, x, U, h])
-        i, f, o = (dy.logistic(g[k * H:(k + 1) * H]) for k in range(3))
-        c2 = dy.cmult(i, dy.tanh(g[3 * H:])) + dy.cmult(f, c)
-        return dy.cmult(o, dy.tanh(c2)), c2
-    return cell, [H, H, H]
-
-
-def _gru(pc, H):
-    W, U, b = pc.add_parameters((2 * H, H)), pc.add_parameters((2 * H, H)), pc.add_parameters(2 * H)
-    Wh, Uh, bh = pc.add_parameters((H, H)), pc.add_parameters((H, H)), pc.add_parameters(H)
-
-    def cell(x, h):
-        g = dy.affine_transform([b, W, x, U, h])
-        r, z = dy.logistic(g[:H]), dy.logistic(g[H:])
-        hh = dy.tanh(dy.affine_transform([bh, Wh, x, Uh, dy.cmult(r, h)]))
-        return h + dy.cmult(z, hh - h)
-    return cell, [H, H]
-
-
-def _treelstm_node(pc, H):
-    Ul, Ur, b = pc.add_parameters((5 * H, H)), pc.add_parameters((5 * H, H)), pc.add_parameters(5 * H)
-
-    def node(hl, cl, hr, cr):
-        g = dy.affine_transform([b, Ul, hl, Ur, hr])
-        i, fl, fr, o = (dy.logistic(g[k * H:(k + 1) * H]) for k in range(4))
-        c = dy.cmult(i, dy.tanh(g[4 * H:])) + dy.cmult(fl, cl) + dy.cmult(fr, cr)
-        return dy.cmult(o, dy.tanh(c)), c
-    return node, [H, H, H, H]
-
-
-def _treelstm_leaf(pc, H):
-    E, W, b = pc.add_lookup_parameters((100, H)), pc.add_parameters((3 * H, H)), pc.add_parameters(3 * H)
-
-    def leaf(w):
-        g = dy.affine_transform([b, W, E[w]])
-        c = dy.cmult(dy.logistic(g[:H]), dy.tanh(g[2 * H:]))
-        return dy.cmult(dy.logistic(g[H:2 * H]), dy.tanh(c)), c
-    return leaf, ["index"]
-
-
-def _treegru_node(pc, H):
-    Ul, Ur, b = pc.add_parameters((5 * H, H)), pc.add_parameters((5 * H, H)), pc.add_parameters(5 * H)
-    Wl, Wr, bh = pc.add_parameters((H, H)), pc.add_parameters((H, H)), pc.add_parameters(H)
-
-    def node(hl, hr):
-        g = dy.affine_transform([b, Ul, hl, Ur, hr])
-        rl, rr, zl, zr, zh = (dy.logistic(g[k * H:(k + 1) * H]) for k in range(5))
-        hh = dy.tanh(dy.affine_transform([bh, Wl, dy.cmult(rl, hl), Wr, dy.cmult(rr, hr)]))
-        return dy.cmult(zl, hl) + dy.cmult(zr, hr) + dy.cmult(zh, hh)
-    return node, [H, H]
-
-
-def _treegru_leaf(pc, H):
-    E, W, b = pc.add_lookup_parameters((100, H)), pc.add_parameters((2 * H, H)), pc.add_parameters(2 * H)
-
-    def leaf(w):
-        g = dy.affine_transform([b, W, E[w]])
-        return dy.cmult(dy.logistic(g[:H]), dy.tanh(g[H:]))
-    return leaf, ["index"]
-
-
-def _mvrnn(pc, H):
-    W1, W2, b = pc.add_parameters((H, H)), pc.add_parameters((H, H)), pc.add_parameters(H)
-    WM1, WM2 = pc.add_parameters((H, H)), pc.add_parameters((H, H))
-
-    def node(a, A, bv, B):
-        p = dy.tanh(dy.affine_transform([b, W1, B * a, W2, A * bv]))
-        return p, WM1 * A + WM2 * B
-    return node, [H, (H, H), H, (H, H)]
-
-
-CELLS = {"LSTMCell": _lstm, "GRUCell": _gru, "TreeLSTM internal": _treelstm_node,
-         "TreeLSTM leaf": _treelstm_leaf, "TreeGRU internal": _treegru_node,
-         "TreeGRU leaf": _treegru_leaf, "MV-RNN": _mvrnn}
+from bench.cells import CELLS
 
 
 def layout_of(name: str, H: int, B: int, repeats: int = 5):
@@ -108,15 +38,42 @@ def layout_of(name: str, H: int, B: int, repeats: int = 5):
     return runs[-1], statistics.median(r.plan_ms for r in runs)
 
 
+def execute(name: str, H: int, B: int, mode, reps: int = 30) -> dict:
+    """Run one batch of B calls of the cell through its program (forward + backward) and
+    measure: best-of-`reps` microseconds, and the copies the executor really made."""
+    dy.renew_cg()
+    fn, specs = CELLS[name](dy.ParameterCollection(), H)
+    blk = dy.block(fn, name=name, plan=mode)
+    blk(*[3 if a == "index" else dy.zeros(a) for a in specs])
+    plan = next(iter(blk._plans.values()))
+    rng = np.random.default_rng(0)
+    dt = dy.config.config.np_dtype
+    xs = [rng.normal(size=(B,) + (a if isinstance(a, tuple) else (a,))).astype(dt) for a in specs if a != "index"]
+    xs += [p.values[None] for p in plan.leaf_params]
+    data = [tuple(int(rng.integers(0, 100)) for a in specs if a == "index") for _ in range(B)]
+    xp, need = np, (True,) * len(xs)
+
+    def step():
+        y, ctx = plan.forward(xp, (), data, *xs)
+        plan.backward(xp, (), data, xs, y, np.ones_like(y), need, ctx=ctx)
+    step()
+    best = min(timeit.repeat(step, number=5, repeat=reps)) / 5
+    c = plan.program.counts if plan.program is not None else None
+    return {"us": 1e6 * best, "kernels": plan.op.inner_kernels,
+            "copies": f"{c.forward_copies}+{c.backward_copies}" if c else "0",
+            "bytes": f"{c.forward_bytes}+{c.backward_bytes}" if c else "0"}
+
+
 def table(H: int = 64, B: int = 8) -> list:
     rows = []
     for name in CELLS:
         lay, ms = layout_of(name, H, B)
-        rows.append((name, lay.naive_kernels, lay.kernels, lay.naive_bytes, lay.bytes, ms, len(lay.conflicts)))
+        run = {m: execute(name, H, B, m) for m in (None, "naive", "planned")}
+        rows.append((name, lay, ms, run))
     return rows
 
 
-def _ratio(a: int, b: int) -> str:
+def _ratio(a: float, b: float) -> str:
     return "inf" if b == 0 and a else "1.00" if b == 0 else f"{a / b:.2f}"
 
 
@@ -124,16 +81,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--describe", choices=list(CELLS), help="print the planned layout of one cell")
+    ap.add_argument("--describe", choices=list(CELLS), help="print the planned layout and program of one cell")
     a = ap.parse_args()
     if a.describe:
         print(layout_of(a.describe, a.hidden, a.batch, repeats=1)[0].describe())
+        dy.renew_cg()
+        fn, specs = CELLS[a.describe](dy.ParameterCollection(), a.hidden)
+        blk = dy.block(fn, plan="planned")
+        blk(*[3 if s == "index" else dy.zeros(s) for s in specs])
+        print(next(iter(blk._plans.values())).program.describe())
         return
-    print(f"batch {a.batch}, hidden {a.hidden}, float32; naive -> planned (ratio naive/planned)")
-    print(f"{'cell':18} {'mem kernels/call':>22} {'bytes copied/call':>28} {'plan ms':>8} {'dropped':>7}")
-    for name, nk, k, nb, b, ms, c in table(a.hidden, a.batch):
-        print(f"{name:18} {nk:>6} -> {k:<4} ({_ratio(nk, k):>5}) {nb:>9} -> {b:<8} ({_ratio(nb, b):>5}) "
-              f"{ms:8.1f} {c:7}")
+    be = dy.config.config.backend
+    print(f"batch {a.batch}, hidden {a.hidden}, {dy.config.config.dtype}, backend {be}; "
+          f"naive -> planned (ratio naive/planned)")
+    print("layout model: memory kernels and bytes the layout predicts for the forward")
+    print("executed: one forward+backward of the batch through dynagraph.program (copies counted "
+          "by the executor; None = one kernel per step, no batching inside the block)")
+    print(f"{'cell':21} {'model kernels':>17} {'model bytes':>24} {'plan ms':>7} | "
+          f"{'kernels None/naive/planned':>26} {'exec copies fwd+bwd':>16} {'exec bytes fwd+bwd':>30} "
+          f"{'us None':>8} {'us naive':>8} {'us planned':>10} {'naive/planned':>13}")
+    for name, lay, ms, run in table(a.hidden, a.batch):
+        n, p, o = run["naive"], run["planned"], run[None]
+        print(f"{name:21} {lay.naive_kernels:>4} -> {lay.kernels:<3}({_ratio(lay.naive_kernels, lay.kernels):>5}) "
+              f"{lay.naive_bytes:>8} -> {lay.bytes:<6}({_ratio(lay.naive_bytes, lay.bytes):>5}) {ms:7.1f} | "
+              f"{o['kernels']:>8}/{n['kernels']:>3}/{p['kernels']:<3}          "
+              f"{n['copies']:>6} -> {p['copies']:<6} {n['bytes']:>13} -> {p['bytes']:<13} "
+              f"{o['us']:8.0f} {n['us']:8.0f} {p['us']:10.0f} {_ratio(n['us'], p['us']):>13}")
 
 
 if __name__ == "__main__":

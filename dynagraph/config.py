@@ -15,6 +15,10 @@ AUTOBATCH_SCHEDULERS = {0: "none", 1: "agenda", 2: "depth"}
 _DYNET_IGNORED = {"mem", "requested_gpus", "profiling", "weight_decay", "shared_parameters", "device"}
 
 
+def _plan_env(v: str | None) -> str | None:
+    return None if v in (None, "", "none", "None") else v
+
+
 @dataclass
 class Config:
     seed: int = 0
@@ -22,6 +26,8 @@ class Config:
     backend: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_BACKEND", "cpu"))
     scheduler: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULER", "agenda"))
     debug: int = 0
+    # How dy.block runs its steps over a batch of calls: "planned", "naive" or None.
+    block_plan: str | None = field(default_factory=lambda: _plan_env(os.environ.get("DYNAGRAPH_BLOCK_PLAN", "planned")))
     threads: int | None = None  # BLAS threads; None leaves numpy's default alone
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
@@ -35,7 +41,7 @@ config = Config()
 
 def set(random_seed: int | None = None, dtype: str | None = None, backend: str | None = None,
         scheduler: str | None = None, autobatch: int | None = None, debug: int | None = None,
-        threads: int | None = None, **dynet_keys) -> None:
+        threads: int | None = None, block_plan: str | None = "", **dynet_keys) -> None:
     """Change global settings. Affects graphs and parameters created afterwards."""
     unknown = [k for k in dynet_keys if k not in _DYNET_IGNORED]
     if unknown:
@@ -58,6 +64,10 @@ def set(random_seed: int | None = None, dtype: str | None = None, backend: str |
         config.debug = int(debug)
     if threads is not None:
         set_threads(threads)
+    if block_plan != "":
+        if _plan_env(block_plan) not in (None, "naive", "planned"):
+            raise ValueError(f"block_plan must be 'planned', 'naive' or None, got {block_plan!r}")
+        config.block_plan = _plan_env(block_plan)
 
 
 _limiter = None
@@ -80,7 +90,8 @@ def reset_random_seed(seed: int) -> None:
 
 def get() -> dict:
     return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
-            "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads}
+            "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads,
+            "block_plan": config.block_plan}
 
 
 if os.environ.get("DYNAGRAPH_THREADS"):

@@ -27,9 +27,12 @@ from typing import Callable
 import numpy as np
 
 from .backends import get_backend
+from .config import config
 from .errors import DynagraphError, DynagraphIndexError, user_line
 from .graph import ComputationGraph, Expression, IndexSlot, current, record, record1
-from .ops.base import CHEAP, GEMM, OpDef, Sliced, SparseRows, reduce_to, size_of
+from .memory.layout import plan_layout
+from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
+from .program import MODES, Grads as _Grads, Program, UnitGrads
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
 
@@ -54,7 +57,8 @@ BLOCK_OUTPUT = OpDef("block_output", lambda a, s: a[1], _output_forward, _output
 class Plan:
     """One traced block for one argument signature: the steps, run over a whole batch."""
 
-    def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int]):
+    def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int],
+                 mode: str | None = None):
         self.name = name
         self.inputs = inputs
         self.in_shapes = [trace.shape[i] for i in inputs]  # lets dynagraph.memory plan a layout
@@ -85,8 +89,20 @@ class Plan:
         self.out_sizes = [size_of(s) for s in self.out_shapes]
         self.total = sum(self.out_sizes)
         self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
-        self.op = OpDef(f"block:{name}", lambda a, *s: (self.total,), self.forward, self.backward,
-                        uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, len(self.steps)))
+        self.set_mode(mode)
+
+    def set_mode(self, mode: str | None) -> None:
+        """How the steps run over a batch (see dynagraph.program): None = one kernel per
+        step; "naive" = same-signature steps batched, operands copied together;
+        "planned" = batched in the PQ-tree layout's order, operands read in place."""
+        if mode not in MODES:
+            raise DynagraphError(f"block {self.name}: plan must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.layout = plan_layout(self) if mode == "planned" else None
+        self.program = Program(self, mode, self.layout) if mode is not None else None
+        kernels = len(self.program.units) if self.program is not None else len(self.steps)
+        self.op = OpDef(f"block:{self.name}", lambda a, *s: (self.total,), self.forward, self.backward,
+                        uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, kernels))
 
     # ------------------------------------------------------------------ running
     def _data(self, spec, data: list):
@@ -134,17 +150,23 @@ class Plan:
 
     def forward(self, xp, attrs, data, *xs):
         B = len(data)
-        vals, saved = self.run_steps(get_backend(), xs, lambda spec: self._data(spec, data))
+        data_of = lambda spec: self._data(spec, data)  # noqa: E731
+        if self.program is not None:
+            vals, saved = self.program.run(get_backend(), xs, data_of, B)
+        else:
+            vals, saved = self.run_steps(get_backend(), xs, data_of)
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
         return xp.concatenate(outs, axis=1), saved
 
     def backward(self, xp, attrs, data, xs, y, g, need, ctx=None):
         B = len(data)
-        acc = _Grads(xp)
+        acc = _Grads(xp) if self.program is None else UnitGrads(xp, self.program, B, g.dtype)
         start = 0
         for o, n, shape in zip(self.outputs, self.out_sizes, self.out_shapes):
             acc.add(o, g[:, start:start + n].reshape((B,) + shape))
             start += n
+        if self.program is not None:
+            return tuple(self.program.grad(get_backend(), acc, ctx, need))
         return tuple(self.grad_steps(get_backend(), acc, ctx, need))
 
     def _needs(self, need: tuple) -> dict:
@@ -171,60 +193,6 @@ def _leaf_update(trace: ComputationGraph, i: int) -> bool:
     return trace.sig_part[i][2]
 
 
-class _Grads:
-    """Gradients of a plan's nodes. Buffers it allocated are updated in place; arrays
-    handed over by an op (which may alias its output gradient) are copied on write."""
-
-    def __init__(self, xp):
-        self.xp = xp
-        self.g: dict = {}
-        self.owned: set = set()
-        self.sparse: dict = {}
-
-    def add(self, i: int, gx, shape: tuple | None = None) -> None:
-        if isinstance(gx, SparseRows):
-            self.sparse.setdefault(i, []).append(gx)
-            return
-        if isinstance(gx, Sliced):
-            buf = self._own(i, gx.shape if shape is None or shape[0] != 1 else shape, gx.vals.dtype)
-            buf[(slice(None),) + gx.index] += gx.vals if buf.shape[0] == gx.vals.shape[0] \
-                else gx.vals.sum(axis=0, keepdims=True)
-            return
-        if shape is not None and shape[0] == 1 and gx.shape[0] != 1:
-            gx = reduce_to(gx, shape)  # a shared argument: sum over the batch
-        old = self.g.get(i)
-        if old is None:
-            self.g[i] = gx
-        elif i in self.owned and old.shape == np.broadcast_shapes(old.shape, gx.shape):
-            old += gx
-        else:
-            self.g[i] = old + gx
-            self.owned.add(i)
-
-    def _own(self, i: int, shape: tuple, dtype):
-        old = self.g.get(i)
-        if old is None:
-            buf = self.xp.zeros(shape, dtype=dtype)
-        elif i in self.owned:
-            return old
-        else:
-            buf = old.copy()
-        self.g[i] = buf
-        self.owned.add(i)
-        return buf
-
-    def pop(self, i: int):
-        self.owned.discard(i)
-        return self.g.pop(i, None)
-
-    def result(self, i: int):
-        if i in self.sparse:
-            parts = self.sparse[i]
-            return SparseRows(np.concatenate([p.idx for p in parts]),
-                              self.xp.concatenate([p.vals for p in parts]))
-        return self.g.get(i)
-
-
 def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
     seen = set()
     stack = list(outputs)
@@ -239,9 +207,14 @@ def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
 class Block:
     """A function traced once per argument signature and called as one coarse node."""
 
-    def __init__(self, fn: Callable, name: str | None = None):
+    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default"):
+        if plan == "default":
+            plan = config.block_plan
+        if plan not in MODES:
+            raise DynagraphError(f"dy.block: plan must be one of {MODES}, got {plan!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "block")
+        self.mode = plan
         self._plans: dict = {}
 
     def plan_for(self, args: tuple) -> Plan:
@@ -268,7 +241,7 @@ class Block:
         outs = [result] if single else list(result) if isinstance(result, (tuple, list)) else [result]
         if not outs or any(type(o) is not Expression or o.cg is not trace for o in outs):
             raise DynagraphError(f"block {self.name} must return expressions computed from its arguments")
-        plan = Plan(self.name, trace, inputs, [o.i for o in outs])
+        plan = Plan(self.name, trace, inputs, [o.i for o in outs], self.mode)
         plan.single = single
         return plan
 
@@ -293,9 +266,11 @@ class Block:
         return outs[0] if plan.single else tuple(outs)
 
 
-def block(fn: Callable | None = None, *, name: str | None = None):
-    """Decorator: `@dy.block` or `@dy.block(name="cell")`."""
+def block(fn: Callable | None = None, *, name: str | None = None, plan: str | None = "default"):
+    """Decorator: `@dy.block` or `@dy.block(name="cell", plan="naive")`. `plan` chooses how
+    the block's steps run over a batch of calls: "planned", "naive" or None (one kernel per
+    step); the default is `dy.config.set(block_plan=...)` (initially "planned")."""
     if fn is None:
-        return lambda f: Block(f, name)
-    return Block(fn, name)
+        return lambda f: Block(f, name, plan)
+    return Block(fn, name, plan)
 

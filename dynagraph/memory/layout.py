@@ -25,7 +25,8 @@ Parameters take part like any variable: LSTM gate weights placed side by side
 are one stacked matrix, so one GEMM reads them without a copy. Conflicts never
 raise: the weaker constraint is dropped and its operand list stays a gather.
 
-Not yet integrated with the executor: `Plan.forward` still runs one op per step.
+`dynagraph.program` runs a plan with this layout: the kernel order of each batch
+comes from the memory order, and operand lists found consecutive are read in place.
 """
 from __future__ import annotations
 
@@ -264,6 +265,8 @@ def _propagate(m: _Model, tree: PQTree, active: dict, conflicts: list) -> None:
         changed = False
         for k in sorted(active):
             for p in sorted(active[k]):
+                if p not in active[k]:  # dropped by a conflict found earlier in this pass
+                    continue
                 for idx in _induced(tree, active[k][p]):
                     for q in sorted(active[k]):
                         if q == p or q not in active[k]:
