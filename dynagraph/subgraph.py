@@ -89,6 +89,7 @@ class Plan:
         self.out_sizes = [size_of(s) for s in self.out_shapes]
         self.total = sum(self.out_sizes)
         self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
+        self._leaf_cache = None
         self.set_mode(mode)
 
     def set_mode(self, mode: str | None) -> None:
@@ -176,6 +177,16 @@ class Plan:
             needs[i] = i not in self.blocks_grad and any(needs.get(j, False) for j in args)
         return needs
 
+    def leaf_ids(self, cg: ComputationGraph) -> tuple:
+        """The graph's node ids of this plan's parameters, cached per graph (graphs are
+        never reused: their serial numbers are unique)."""
+        cached = self._leaf_cache
+        if cached is not None and cached[0] == cg.version:
+            return cached[1]
+        ids = tuple(cg.leaf(p, upd) for p, upd in zip(self.leaf_params, self.leaf_update))
+        self._leaf_cache = (cg.version, ids)
+        return ids
+
     def check(self, values: tuple) -> None:
         for op, a, k, shapes in self.checks:
             try:
@@ -217,13 +228,6 @@ class Block:
         self.mode = plan
         self._plans: dict = {}
 
-    def plan_for(self, args: tuple) -> Plan:
-        key = tuple(a.cg.shape[a.i] if type(a) is Expression else "index" for a in args)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = self._trace(key)
-        return plan
-
     def _trace(self, key: tuple) -> Plan:
         trace = ComputationGraph(scheduler="none")
         trace.tracing = True
@@ -246,24 +250,43 @@ class Block:
         return plan
 
     def __call__(self, *args):
-        for a in args:
-            if not (type(a) is Expression or (isinstance(a, (int, np.integer)) and not isinstance(a, bool))):
+        cg, ids, key, values = None, [], [], []
+        for a in args:  # one pass: argument ids, the trace key and the int indices
+            if type(a) is Expression:
+                if cg is None:
+                    cg = a.cg
+                ids.append(a.i)
+                key.append(a.cg.shape[a.i])
+            elif isinstance(a, (int, np.integer)) and not isinstance(a, bool):
+                values.append(int(a))
+                key.append("index")
+            else:
                 raise TypeError(f"block {self.name}: arguments must be expressions or int indices, "
                                 f"got {type(a).__name__}\n  at {user_line()}")
-        plan = self.plan_for(args)
-        values = tuple(int(a) for a in args if type(a) is not Expression)
-        plan.check(values)
-        exprs = [a for a in args if type(a) is Expression]
-        cg = exprs[0].cg if exprs else current()
+        key = tuple(key)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._trace(key)
+        values = tuple(values)
+        if plan.checks:
+            plan.check(values)
+        if cg is None:
+            cg = current()
         if plan.random:
             values = values + (cg._rand_base + len(cg.op),)
-        leaves = [Expression(cg, cg.leaf(p, upd)) for p, upd in zip(plan.leaf_params, plan.leaf_update)]
-        node = record(plan.op, exprs + leaves, (), values)
+        if any(a.cg is not cg for a in args if type(a) is Expression) or cg.retired:
+            node = record(plan.op, [a for a in args if type(a) is Expression] + self._leaves(plan, cg), (), values)
+        else:
+            node = Expression(cg, cg.add(plan.op, tuple(ids) + plan.leaf_ids(cg), (), values))
         outs, start = [], 0
         for shape, n in zip(plan.out_shapes, plan.out_sizes):
-            outs.append(record1(BLOCK_OUTPUT, node, (start, shape)))
+            outs.append(Expression(cg, cg.add(BLOCK_OUTPUT, (node.i,), (start, shape))))
             start += n
         return outs[0] if plan.single else tuple(outs)
+
+    @staticmethod
+    def _leaves(plan, cg) -> list:
+        return [Expression(cg, cg.leaf(p, upd)) for p, upd in zip(plan.leaf_params, plan.leaf_update)]
 
 
 def block(fn: Callable | None = None, *, name: str | None = None, plan: str | None = "default"):
