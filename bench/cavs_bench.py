@@ -13,7 +13,9 @@ best round (the machine is shared and noisy: ratios of best rounds are what to q
 Systems: dynagraph:agenda and dynagraph:depth (op level, two schedulers),
 dynagraph:block (leaf and node cells as dy.block), dynagraph:cavs (dy.cavs vertex
 functions; dynagraph:cavs-plain turns fusion and the measured optimisations off),
-dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is).
+dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), and numpy
+(bench/numpy_batched.py: hand-batched, all nodes of one tree height in one GEMM, the
+practical upper bound for batching; "vs numpy" is each system's ratio to it).
 --threads 0 means the library default (no BLAS thread cap).
 
 Reported per system: samples/s (best round), ratio to DyNet's best autobatch mode,
@@ -42,7 +44,7 @@ from bench import params, workloads  # noqa: E402
 from bench.dy_models import DyModel  # noqa: E402
 from bench.worker import PREFIX, emit  # noqa: E402
 
-SYSTEMS = ["dynagraph:agenda", "dynagraph:depth", "dynagraph:block", "dynagraph:cavs", "dynet:1", "dynet:2"]
+SYSTEMS = ["dynagraph:agenda", "dynagraph:depth", "dynagraph:block", "dynagraph:cavs", "dynet:1", "dynet:2", "numpy"]
 
 
 # =========================================================================== models
@@ -129,6 +131,8 @@ def setup(system: str, threads: int) -> dict:
         dynet_config.set(autobatch=int(_VARIANT[0]), random_seed=1, mem="1024,1024,512,512")
         import dynet
         versions["dynet"] = getattr(dynet, "__version__", "2.x")
+    elif system == "numpy":
+        pass  # the hand-batched baseline: numpy and BLAS only
     else:
         import dynagraph
         if threads > 0:
@@ -144,6 +148,9 @@ def make_model(system: str, variant: str, arrays: dict, lr: float):
     if system == "dynet":
         import dynet
         return DyModel(dynet, "treelstm", arrays, lr)
+    if system == "numpy":
+        from bench.numpy_batched import NumpyModel
+        return NumpyModel("treelstm", arrays, lr)
     import dynagraph
     if variant == "block":
         return BlockModel(dynagraph, "treelstm", arrays, lr)
@@ -325,13 +332,16 @@ def add_ratios(results: list[dict]) -> None:
     for r in results:
         if r["system"].startswith("dynet") and r.get("samples_per_sec"):
             dynet[r["H"]] = max(dynet.get(r["H"], 0.0), r["samples_per_sec"])
+    hand = {r["H"]: r["samples_per_sec"] for r in results if r["system"] == "numpy" and r.get("samples_per_sec")}
     for r in results:
-        d = dynet.get(r["H"])
+        d, n = dynet.get(r["H"]), hand.get(r["H"])
         r["vs_dynet_best"] = r["samples_per_sec"] / d if d and r.get("samples_per_sec") else None
+        r["vs_numpy"] = r["samples_per_sec"] / n if n and r.get("samples_per_sec") else None
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'H':>4} {'thr':>3}  {'system':<18}{'samples/s':>10}{'vs DyNet':>9}{'kern/step':>10}   split (% of step)",
+    lines = [f"{'H':>4} {'thr':>3}  {'system':<18}{'samples/s':>10}{'vs DyNet':>9}{'vs numpy':>9}{'kern/step':>10}"
+             f"   split (% of step)",
              "-" * 100]
     for r in sorted(results, key=lambda r: (r["H"], r["threads"], SYSTEMS.index(r["system"])
                                             if r["system"] in SYSTEMS else 99)):
@@ -339,10 +349,11 @@ def table(results: list[dict]) -> str:
             lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<18}error: {r['error'][:80]}")
             continue
         ratio = f"{r['vs_dynet_best']:.2f}x" if r.get("vs_dynet_best") else "-"
+        hand = f"{r['vs_numpy']:.2f}x" if r.get("vs_numpy") else "-"
         kern = f"{r['kernels_per_step']:.0f}" if r.get("kernels_per_step") else ""
         split = " ".join(f"{k} {100 * v:.0f}" for k, v in (r.get("split") or {}).items())
         lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<18}{r['samples_per_sec']:>10.1f}{ratio:>9}"
-                     f"{kern:>10}   {split}")
+                     f"{hand:>9}{kern:>10}   {split}")
     return "\n".join(lines)
 
 
