@@ -127,10 +127,14 @@ class Program:
         return base
 
     def _pays(self, u: Unit) -> bool:
-        """Copying an operand list costs about what an elementwise kernel over it costs, so a
-        group is kept only if no copied operand is larger than the member's output (this
-        rejects stacking per-call matrices for matrix-vector products, as in MV-RNN)."""
+        """Copying an operand list costs about what an elementwise kernel over it costs. In
+        planned mode a group whose operands the layout could not make consecutive (block
+        inputs, say) runs as separate kernels instead of gathering; in naive mode a group is
+        kept unless a copied operand is larger than the member's output (stacking per-call
+        matrices for matrix-vector products, as in MV-RNN, costs more than it saves)."""
         steps = self.plan.steps
+        if self.mode == "planned" and any(spec[0] == "stack" for spec in u.args):
+            return False  # the layout could not make it contiguous: separate kernels, no copy
         out = size_of(steps[u.steps[0]][5])
         for spec, var in zip(u.args, steps[u.steps[0]][2]):
             copied = spec[0] == "stack" or (spec[0] == "same" and self.batched[var] and

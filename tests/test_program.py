@@ -229,4 +229,4 @@ def test_colocated_weights_train_like_separate_ones():
 
 def test_program_counts_copies_per_call():
     counts = {m: _forward_copies("TreeLSTM internal", m) for m in ("naive", "planned")}
-    assert counts["naive"] == 3 and counts["planned"] == 1
+    assert counts["naive"] == 3 and counts["planned"] == 0
