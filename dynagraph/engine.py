@@ -5,10 +5,14 @@ Installed into graph.py at import so the graph layer never imports upward.
 from __future__ import annotations
 
 import time
+from itertools import compress
 
 from . import autodiff, executor, graph, schedulers
 from .backends import get_backend
 from .config import config
+
+
+_ZERO = 0  # _ZERO.__gt__(b) is `0 > b`: the node has no value block yet
 
 
 class Engine:
@@ -16,8 +20,8 @@ class Engine:
         t0 = time.perf_counter()
         stats = cg.stats
         stats.t_record += t0 - cg._t_last
-        blk = cg.blk
-        pending = [i for i in range(cg.done, upto + 1) if blk[i] < 0]
+        # Nodes without a value block: compress() walks both sequences in C.
+        pending = list(compress(range(cg.done, upto + 1), map(_ZERO.__gt__, cg.blk[cg.done:upto + 1])))
         sched = schedulers.get(cg.scheduler)
         batches = sched.schedule(cg, pending)
         if config.debug or not getattr(sched, "trusted", False):

@@ -7,7 +7,6 @@ other argument is brought together by one gather call.
 from __future__ import annotations
 
 import time
-from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple, Sequence
 
@@ -83,10 +82,10 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     t2 = time.perf_counter()
     bid = len(cg.blocks)
     cg.blocks.append(y)
-    for _ in map(cg.blk.__setitem__, nodes, repeat(bid, B)):  # C-level loops over the batch
-        pass
-    for _ in map(cg.row.__setitem__, nodes, range(B)):
-        pass
+    blk, row = cg.blk, cg.row
+    for r, n in enumerate(nodes):  # a plain loop: list stores are specialised bytecodes, map() is not
+        blk[n] = bid
+        row[n] = r
     cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, cols, ctx))
     stats.kernel_calls += op.inner_kernels
     stats.batches += 1

@@ -14,6 +14,7 @@ from .ops import OPS, as_shape
 from .parameters import LookupParameters
 
 _O = OPS
+_PICK_RANGE = OPS["pick_range"]
 
 __all__ = [
     "parameter", "const_parameter", "lookup", "const_lookup",
@@ -57,9 +58,9 @@ def const_parameter(*ps):
 
 
 def lookup(p: LookupParameters, index: int, update: bool = True) -> Expression:
-    if not isinstance(p, LookupParameters):
+    if type(p) is not LookupParameters and not isinstance(p, LookupParameters):
         raise TypeError(f"lookup needs LookupParameters, got {type(p).__name__}")
-    return lookup_in(current(), p, _int(index, "lookup"), update)
+    return lookup_in(current(), p, index if type(index) is int else _int(index, "lookup"), update)
 
 
 def const_lookup(p: LookupParameters, index: int) -> Expression:
@@ -67,6 +68,8 @@ def const_lookup(p: LookupParameters, index: int) -> Expression:
 
 
 def _int(i, what: str) -> int:
+    if type(i) is int:
+        return i
     if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
         return int(i)
     if type(i) is IndexSlot:  # a runtime index inside a static subgraph
@@ -132,6 +135,10 @@ def _u(name):
     op = _O[name]
 
     def f(x) -> Expression:
+        if type(x) is Expression:  # record1's fast path, inlined: one call less per node
+            cg = x.cg
+            if not cg.retired:
+                return Expression(cg, cg.add(op, (x.i,)))
         return record1(op, x)
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise {name}."
@@ -160,6 +167,10 @@ def _b(name):
     op = _O[name]
 
     def f(x, y) -> Expression:
+        if type(x) is Expression and type(y) is Expression:  # record2's fast path, inlined
+            cg = x.cg
+            if y.cg is cg and not cg.retired:
+                return Expression(cg, cg.add(op, (x.i, y.i)))
         return record2(op, x, y)
     f.__name__ = f.__qualname__ = name
     return f
@@ -218,7 +229,9 @@ def pick(x, index: int = 0, dim: int = 0) -> Expression:
 
 
 def pick_range(x, s: int, e: int, d: int = 0) -> Expression:
-    return record1(_O["pick_range"], x, (int(s), int(e), int(d)))
+    if type(s) is not int or type(e) is not int or type(d) is not int:  # int() costs a call per node
+        s, e, d = int(s), int(e), int(d)
+    return record1(_PICK_RANGE, x, (s, e, d))
 
 
 pickrange = pick_range

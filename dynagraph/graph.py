@@ -72,49 +72,72 @@ class ComputationGraph:
 
     # ------------------------------------------------------------------ recording
     def add(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
-        """Record one node. The hot path of every model: keep it allocation-light."""
-        shp, dep, ng, part = self.shape, self.depth, self.needs_grad, self.sig_part
-        try:
-            if len(ids) == 1:
-                i = ids[0]
-                shape = op.shape(attrs, shp[i])
-                if op.check is not None and type(data) is not IndexSlot:
-                    op.check(attrs, data, shp[i])
-                depth, needs, parts = dep[i], ng[i], part[i]
-            else:
-                shapes, plist, depth, needs = [], [], 0, False
-                for i in ids:  # one plain loop: comprehensions cost a frame each
-                    shapes.append(shp[i])
-                    plist.append(part[i])
-                    if dep[i] > depth:
-                        depth = dep[i]
-                    if ng[i]:
-                        needs = True
-                parts = tuple(plist)
-                shape = op.shape(attrs, *shapes)
-                if op.check is not None and type(data) is not IndexSlot:
-                    op.check(attrs, data, *shapes)
-        except (IndexError, ValueError) as e:
-            kind = DynagraphIndexError if isinstance(e, IndexError) else DynagraphError
-            raise op_error(kind, op.name, [shp[i] for i in ids], str(e)) from None
+        """Record one node. The hot path of every model: keep it allocation-light.
+
+        A node's shape is a function of its signature key (op, attrs, argument
+        parts), so the key is looked up first and the op's shape rule runs only
+        for a key this graph has not seen; per-node checks (indices) always run.
+        """
+        part, dep, ng = self.sig_part, self.depth, self.needs_grad
+        if len(ids) == 1:
+            i = ids[0]
+            key = (op, attrs, part[i])
+            depth, needs = dep[i], ng[i]
+        elif len(ids) == 2:  # binary ops: no loop
+            i, j = ids
+            key = (op, attrs, (part[i], part[j]))
+            depth = dep[i] if dep[i] > dep[j] else dep[j]
+            needs = ng[i] or ng[j]
+        else:
+            plist, depth, needs = [], 0, False
+            for i in ids:  # one plain loop: comprehensions cost a frame each
+                plist.append(part[i])
+                if dep[i] > depth:
+                    depth = dep[i]
+                if ng[i]:
+                    needs = True
+            key = (op, attrs, tuple(plist))
+        known = self._sig_id.get(key)
+        if known is None:
+            known = self._new_signature(op, ids, attrs, key)
+        check = op.check
+        if check is not None and type(data) is not IndexSlot:
+            try:  # free in Python 3.11 unless it raises
+                if len(ids) == 1:
+                    check(attrs, data, self.shape[ids[0]])
+                else:
+                    check(attrs, data, *[self.shape[i] for i in ids])
+            except (IndexError, ValueError) as e:
+                raise self._op_error(op, ids, e) from None
+        sid, shape, attrs = known  # the interned attrs: equal, and one fewer object kept per node
         nid = len(self.op)
         self.op.append(op)
         self.args.append(ids)
         self.attrs.append(attrs)
         self.data.append(self._rand_base + nid if data is _RANDOM_KEY else data)
-        shp.append(shape)
+        self.shape.append(shape)
         dep.append(depth + 1)
-        key = (op, attrs, parts)
-        sid = self._sig_id.get(key)
-        if sid is None:  # interned: one tuple per distinct signature keeps GC pressure low
-            sid = self._sig_id[key] = len(self.signatures)
-            self.signatures.append(key)
         self.sig.append(sid)
         part.append(shape)
         ng.append(needs and not op.blocks_grad)
         if self.immediate_compute:
             self.forward_to(nid)
         return nid
+
+    def _new_signature(self, op: OpDef, ids: tuple, attrs: tuple, key: tuple) -> tuple:
+        """(signature id, output shape, attrs) for a key not seen yet: runs the op's shape
+        rule. Interned, one tuple per distinct signature, which keeps GC pressure low."""
+        try:
+            shape = op.shape(attrs, *[self.shape[i] for i in ids])
+        except (IndexError, ValueError) as e:
+            raise self._op_error(op, ids, e) from None
+        known = self._sig_id[key] = (len(self.signatures), shape, attrs)
+        self.signatures.append(key)
+        return known
+
+    def _op_error(self, op: OpDef, ids: tuple, e: Exception) -> DynagraphError:
+        kind = DynagraphIndexError if isinstance(e, IndexError) else DynagraphError
+        return op_error(kind, op.name, [self.shape[i] for i in ids], str(e))
 
     def _sync_values(self) -> None:
         """Value slots are allocated lazily, at evaluation, not per recorded node."""
@@ -162,6 +185,16 @@ class ComputationGraph:
         self._leaves[key] = nid
         return nid
 
+    def rebind(self, params) -> None:
+        """Point this graph's nodes of `params` at their current storage (after a planned
+        dy.block stacked their values into one array)."""
+        self._sync_values()
+        for p in params:
+            for key in (p, (p, False)):
+                nid = self._leaves.get(key)
+                if nid is not None:
+                    self.blocks[self.blk[nid]] = p.values[None]
+
     # ----------------------------------------------------------------- evaluation
     def forward_to(self, nid: int) -> None:
         """Evaluate every pending node with id <= nid (DyNet's incremental_forward)."""
@@ -186,7 +219,9 @@ class ComputationGraph:
         """Forget computed values so the next evaluation recomputes (after parameter changes)."""
         self._sync_values()
         leaves = [i for i, op in enumerate(self.op) if op.leaf]
-        self.blocks = [self.blocks[self.blk[i]] for i in leaves]
+        # parameters re-read their storage: a planned dy.block may have moved it (stacked weights)
+        self.blocks = [self.attrs[i][1].values[None] if self.op[i] is PARAMETER or self.op[i] is LOOKUP_TABLE
+                       else self.blocks[self.blk[i]] for i in leaves]
         self._block_param = {k: self.attrs[i][1] for k, i in enumerate(leaves)}
         self.blk = [-1] * len(self.op)
         for k, i in enumerate(leaves):
@@ -446,6 +481,14 @@ def record(op: OpDef, args: Sequence = (), attrs: tuple = (), data: Any = None) 
             break
     if cg is None:
         cg = current()
+    if not cg.retired:  # the common case: live expressions of this graph, no checks to report
+        ids = []
+        for a in args:
+            if type(a) is not Expression or a.cg is not cg:
+                break
+            ids.append(a.i)
+        else:
+            return Expression(cg, cg.add(op, tuple(ids), attrs, data))
     try:
         if cg.retired:
             raise StaleExpressionError(f"stale expression: it belongs to graph version {cg.version}, "
@@ -470,7 +513,10 @@ def lookup_in(cg: ComputationGraph, p, index, update: bool = True) -> Expression
     """E[i] without the general record() path: lookups are a model's most frequent leaf."""
     if cg.retired:
         raise StaleExpressionError(f"lookup: the graph was retired by renew_cg()\n  at {user_line()}")
-    return Expression(cg, cg.add(_LOOKUP, (cg.leaf(p, update),), (), _index(index)))
+    leaf = cg._leaves.get(p if update else (p, False))
+    if leaf is None:
+        leaf = cg.leaf(p, update)
+    return Expression(cg, cg.add(_LOOKUP, (leaf,), (), index if type(index) is int else _index(index)))
 
 
 class IndexSlot:

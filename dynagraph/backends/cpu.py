@@ -115,12 +115,15 @@ def _rows_operand(vals, n: int, width: int, dt: np.dtype) -> tuple:
 
 def _local(blks: Sequence[int], n_blocks: int) -> tuple:
     """(distinct block ids in order of first use, per-row position in that list)."""
-    pos: dict = {}
-    local = [pos.setdefault(b, len(pos)) for b in blks]
-    ids = list(pos)
+    ids = list(dict.fromkeys(blks))  # C-level passes: this runs on every multi-block gather/scatter
+    if len(ids) == 1:
+        local = np.zeros(len(blks), dtype=np.int64)
+    else:
+        pos = {b: k for k, b in enumerate(ids)}
+        local = np.array(list(map(pos.__getitem__, blks)), dtype=np.int64)
     if ids and (min(ids) < 0 or max(ids) >= n_blocks):
         raise IndexError(f"block id out of range [0, {n_blocks}): {min(ids) if min(ids) < 0 else max(ids)}")
-    return ids, np.array(local, dtype=np.int64)
+    return ids, local
 
 
 def _check_rows(rows: Sequence[int], limits: list, local: np.ndarray, what: str) -> np.ndarray:

@@ -46,7 +46,8 @@ class AgendaBatching:
     """DyNet's agenda: run the ready signature with the lowest mean depth; cheap ops first on ties.
 
     The frontier bookkeeping is vectorised (CSR user lists, per-batch numpy
-    updates), so the Python cost is per batch, not per node.
+    updates), so the Python cost is per batch, not per node; the loop keeps the
+    numpy calls per batch few because a graph has hundreds of batches.
     """
     name = "agenda"
     trusted = True  # validated by the test suite, not on every evaluation
@@ -55,39 +56,54 @@ class AgendaBatching:
         if not nodes:
             return []
         g = pending_graph(cg, nodes)
+        n = g.n
         uniq, inv = np.unique(g.sig[g.loc], return_inverse=True)
-        sig_of = np.full(g.n, -1, dtype=np.int64)
+        sig_of = np.full(n, -1, dtype=np.int64)
         sig_of[g.loc] = inv
-        avg = np.bincount(inv, weights=g.depth[g.loc]) / np.bincount(inv)
+        avg = (np.bincount(inv, weights=g.depth[g.loc]) / np.bincount(inv)).tolist()
         first = np.zeros(len(uniq), dtype=np.int64)
         first[inv[::-1]] = g.loc[::-1]  # a representative node per signature
-        ops = [cg.op[g.lo + int(f)] for f in first]
-        buckets: list = [[] for _ in uniq]
+        ops = [cg.op[g.lo + f] for f in first.tolist()]
+        cost = [op.cost for op in ops]
+        # One sort key per node, signature-major: sorting a ready set groups it by
+        # signature with each group in recording order.
+        key_of = sig_of * n + np.arange(n, dtype=np.int64)
+        buckets: list = [[] for _ in ops]
         heap: list = []
         indeg = g.indeg.copy()
         batches: list[list[int]] = []
 
         def push(ready):
-            if len(ready) == 0:
+            if ready is None or len(ready) == 0:
                 return
-            ready = np.sort(ready)
-            sigs = sig_of[ready]
-            order = np.argsort(sigs, kind="stable")
-            ready, sigs = ready[order], sigs[order]
-            cuts = np.flatnonzero(np.diff(sigs)) + 1
-            for part in np.split(ready, cuts):
-                s = int(sig_of[part[0]])
+            keys = key_of[ready]
+            if len(keys) > 1:
+                keys.sort()
+                keep = keys[1:] != keys[:-1]  # a user of two batch nodes is released once
+                if not keep.all():
+                    keys = keys[np.concatenate(([True], keep))]
+            sigs = keys // n
+            local = keys - sigs * n
+            s0, s1 = int(sigs[0]), int(sigs[-1])
+            if s0 == s1:
+                parts = ((s0, local),)
+            else:
+                bounds = [0] + (np.flatnonzero(sigs[1:] != sigs[:-1]) + 1).tolist() + [len(keys)]
+                parts = zip(sigs[bounds[:-1]].tolist(), (local[a:b] for a, b in zip(bounds, bounds[1:])))
+            for s, part in parts:
                 if not buckets[s]:
-                    heapq.heappush(heap, (avg[s], ops[s].cost, int(part[0]), s))
+                    heapq.heappush(heap, (avg[s], cost[s], int(part[0]), s))
                 buckets[s].append(part)
 
         push(g.loc[indeg[g.loc] == 0])
         while heap:
             s = heapq.heappop(heap)[3]
-            batch = np.sort(np.concatenate(buckets[s]))  # recording order keeps later users contiguous
+            parts = buckets[s]
             buckets[s] = []
+            # recording order keeps later users contiguous
+            batch = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
             ids = (batch + g.lo).tolist()
-            batches.extend([[n] for n in ids] if not ops[s].batchable else [ids])
+            batches.extend([[i] for i in ids] if not ops[s].batchable else [ids])
             push(g.release(batch, indeg))
         return batches
 
@@ -110,21 +126,26 @@ class PendingGraph:
         src, dst = args[keep], owner[keep]
         self.indeg = np.bincount(dst, minlength=n)
         self.users = dst[np.argsort(src, kind="stable")]
+        self.degree = np.bincount(src, minlength=n)  # users per node
         self.starts = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=self.starts[1:])
-        self.sig = np.asarray(cg.sig[lo:lo + n], dtype=np.int64)
-        self.depth = np.asarray(cg.depth[lo:lo + n], dtype=np.float64)
+        np.cumsum(self.degree, out=self.starts[1:])
+        self.sig = np.fromiter(cg.sig[lo:lo + n], dtype=np.int64, count=n)
+        self.depth = np.fromiter(cg.depth[lo:lo + n], dtype=np.float64, count=n)
 
-    def release(self, batch: np.ndarray, indeg: np.ndarray) -> np.ndarray:
-        """Decrement the in-degree of the batch's users; return those that became ready."""
-        begin, end = self.starts[batch], self.starts[batch + 1]
-        counts = end - begin
+    def release(self, batch: np.ndarray, indeg: np.ndarray):
+        """Decrement the in-degree of the batch's users; return those that became ready
+        (a user of several batch nodes may appear more than once), or None."""
+        begin, counts = self.starts[batch], self.degree[batch]
         total = int(counts.sum())
         if total == 0:
-            return batch[:0]
-        offsets = np.repeat(begin - np.cumsum(counts) + counts, counts) + np.arange(total)
-        users, k = np.unique(self.users[offsets], return_counts=True)
-        indeg[users] -= k
+            return None
+        if total == len(batch) and counts.max() == 1:  # one user each: no ranges to expand
+            offsets = begin
+        else:
+            ends = np.cumsum(counts)
+            offsets = np.repeat(begin - ends + counts, counts) + np.arange(total)
+        users = self.users[offsets]
+        np.subtract.at(indeg, users, 1)
         return users[indeg[users] == 0]
 
 
