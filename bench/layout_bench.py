@@ -12,7 +12,8 @@ runs one batch of calls through `dynagraph.program` forward and backward and
 counts the copies it really made, with best-of latencies: None (one kernel per
 step), "naive" (steps batched inside the block, every operand list copied) and
 "planned" (batched in the layout's order, consecutive operands read in place,
-sliced GEMM outputs written piece-major).
+sliced GEMM outputs written piece-major); "fused" adds fused elementwise chains to
+"planned" (dy.block's default).
 """
 from __future__ import annotations
 
@@ -38,12 +39,12 @@ def layout_of(name: str, H: int, B: int, repeats: int = 5):
     return runs[-1], statistics.median(r.plan_ms for r in runs)
 
 
-def execute(name: str, H: int, B: int, mode, reps: int = 30) -> dict:
+def execute(name: str, H: int, B: int, mode, reps: int = 30, fuse: bool = False) -> dict:
     """Run one batch of B calls of the cell through its program (forward + backward) and
     measure: best-of-`reps` microseconds, and the copies the executor really made."""
     dy.renew_cg()
     fn, specs = CELLS[name](dy.ParameterCollection(), H)
-    blk = dy.block(fn, name=name, plan=mode)
+    blk = dy.block(fn, name=name, plan=mode, fuse=fuse)
     blk(*[3 if a == "index" else dy.zeros(a) for a in specs])
     plan = next(iter(blk._plans.values()))
     rng = np.random.default_rng(0)
@@ -69,6 +70,7 @@ def table(H: int = 64, B: int = 8) -> list:
     for name in CELLS:
         lay, ms = layout_of(name, H, B)
         run = {m: execute(name, H, B, m) for m in (None, "naive", "planned")}
+        run["fused"] = execute(name, H, B, "planned", fuse=True)
         rows.append((name, lay, ms, run))
     return rows
 
@@ -99,14 +101,15 @@ def main() -> None:
           "by the executor; None = one kernel per step, no batching inside the block)")
     print(f"{'cell':21} {'model kernels':>17} {'model bytes':>24} {'plan ms':>7} | "
           f"{'kernels None/naive/planned':>26} {'exec copies fwd+bwd':>16} {'exec bytes fwd+bwd':>30} "
-          f"{'us None':>8} {'us naive':>8} {'us planned':>10} {'naive/planned':>13}")
+          f"{'us None':>8} {'us naive':>8} {'us planned':>10} {'naive/planned':>13} {'us fused':>8} {'None/fused':>10}")
     for name, lay, ms, run in table(a.hidden, a.batch):
-        n, p, o = run["naive"], run["planned"], run[None]
+        n, p, o, f = run["naive"], run["planned"], run[None], run["fused"]
         print(f"{name:21} {lay.naive_kernels:>4} -> {lay.kernels:<3}({_ratio(lay.naive_kernels, lay.kernels):>5}) "
               f"{lay.naive_bytes:>8} -> {lay.bytes:<6}({_ratio(lay.naive_bytes, lay.bytes):>5}) {ms:7.1f} | "
               f"{o['kernels']:>8}/{n['kernels']:>3}/{p['kernels']:<3}          "
               f"{n['copies']:>6} -> {p['copies']:<6} {n['bytes']:>13} -> {p['bytes']:<13} "
-              f"{o['us']:8.0f} {n['us']:8.0f} {p['us']:10.0f} {_ratio(n['us'], p['us']):>13}")
+              f"{o['us']:8.0f} {n['us']:8.0f} {p['us']:10.0f} {_ratio(n['us'], p['us']):>13} "
+              f"{f['us']:8.0f} {_ratio(o['us'], f['us']):>10}")
 
 
 if __name__ == "__main__":

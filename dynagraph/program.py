@@ -35,7 +35,7 @@ import numpy as np
 from .ops.base import Sliced, SparseRows, reduce_to, size_of
 
 MODES = (None, "naive", "planned")
-STEP, GROUP, PIECES = 0, 1, 2
+STEP, GROUP, PIECES, FUSED = 0, 1, 2, 3
 _LINEAR = ("matmul", "affine")
 _NEVER_GROUP = {"pick_range", "block_output", "placeholder"}
 
@@ -47,6 +47,8 @@ class Unit:
     args: list = field(default_factory=list)   # per position: an argument spec (see _arg)
     pieces: int = 1              # PIECES: number of equal slices of the output
     piece_of: dict = field(default_factory=dict)   # PIECES: pick_range step -> slice index
+    inputs: list = field(default_factory=list)     # FUSED: the chain's outside arguments
+    chain: object = None                           # FUSED: a fusion.FusedChain
 
 
 @dataclass
@@ -63,36 +65,44 @@ class Counts:
 class Program:
     """The units of one plan for one mode; `run` and `grad` mirror Plan.run_steps/grad_steps."""
 
-    def __init__(self, plan, mode: str | None = "planned", layout=None):
+    def __init__(self, plan, mode: str | None = "planned", layout=None, fuse: bool = False):
         if mode not in MODES:
             raise ValueError(f"plan mode must be one of {MODES}, got {mode!r}")
-        self.plan, self.mode = plan, mode
+        self.plan, self.mode, self.fuse = plan, mode, fuse
         self.layout = layout
         self.counts = Counts()
         self.rehomed: list = []   # parameters now stored as slices of a stacked array
         steps = plan.steps
-        self.index = {s[0]: n for n, s in enumerate(steps)}   # var id -> step index
         self.batched = _batched(plan)
         self.depth = _depths(plan)
+        self.shapes = _shapes(plan)
         pieces = _piece_sources(plan, self.batched) if mode == "planned" else {}
-        skip = {steps[n][0] for u in pieces.values() for n in u.piece_of}
+        skip = {steps[n][0] for u in pieces.values() for n in u.piece_of} | set(pieces)
+        regions = _regions(plan, self.batched, self.shapes, skip) if fuse else []
+        fused = {steps[n][0] for r in regions for n in r}
         slot = {v: n for n, v in enumerate(layout.order)} if layout is not None else {}
-        groups = _groups(plan, self.batched, self.depth, skip | set(pieces), mode is not None)
+        groups = _groups(plan, self.batched, self.depth, skip | fused, mode is not None)
         for members in groups:
             members.sort(key=lambda n: (slot.get(steps[n][0], 1 << 30), n))
-        self.shapes = _shapes(plan)
         while True:  # a group that would copy more than it computes runs as single steps
-            self._build(list(pieces.values()), groups)
+            if not self._build(list(pieces.values()), groups, regions):
+                regions = []  # fused regions and groups formed a cycle: drop the fusion
+                groups = _groups(plan, self.batched, self.depth, skip, mode is not None)
+                continue
             bad = [u for u in self.units if u.kind == GROUP and not self._pays(u)]
             if not bad:
                 break
             drop = {u.steps[0] for u in bad}
             groups = [g for g in groups if g[0] not in drop] + [[n] for u in bad for n in u.steps]
 
-    def _build(self, pieces: list, groups: list) -> None:
+    def _build(self, pieces: list, groups: list, regions: list) -> bool:
+        """Units in a dependency order (False if the units' dependencies form a cycle)."""
         steps = self.plan.steps
         units = pieces + [Unit(STEP if len(g) == 1 else GROUP, g) for g in groups]
-        units.sort(key=lambda u: (self.depth[steps[u.steps[0]][0]], u.steps[0]))
+        units += [_fused_unit(self.plan, r) for r in regions]
+        units = _ordered(self.plan, units, self.depth)
+        if units is None:
+            return False
         self.units = units
         self.home = {}          # var -> (unit number, member position)
         for k, u in enumerate(units):
@@ -105,6 +115,7 @@ class Program:
         for u in units:
             if u.kind == GROUP:
                 u.args = [self._arg_spec(u, p) for p in range(len(steps[u.steps[0]][2]))]
+        return True
 
     def _colocate(self, vs: list):
         """Store the group's weights as slices of one stacked array, so that the batched
@@ -184,6 +195,12 @@ class Program:
                 saved.append((ins, y, d))
             elif u.kind == GROUP:
                 saved.append(self._run_group(u, be, vals, outs, k, data_of, B))
+            elif u.kind == FUSED:
+                ins = [vals[j] for j in u.inputs]
+                ys = u.chain.forward(be, ins)
+                for n, y in zip(u.steps, ys):
+                    vals[self.plan.steps[n][0]] = y
+                saved.append((ins, ys))
             else:
                 saved.append(self._run_pieces(u, xp, vals, outs, k, B))
         saved.append(lead)
@@ -262,6 +279,8 @@ class Program:
                 self._grad_step(u, be, acc, saved[k], needs, kernels)
             elif u.kind == GROUP:
                 self._grad_group(u, k, be, acc, saved[k], needs, kernels)
+            elif u.kind == FUSED:
+                self._grad_fused(u, be, acc, saved[k], needs)
             else:
                 self._grad_pieces(u, k, be, acc, saved[k], needs)
         grads = [acc.result(i) for i in plan.inputs + plan.leaves]
@@ -320,6 +339,17 @@ class Program:
                     self.counts.backward_copies += 1
                     self.counts.backward_bytes += gx.nbytes
 
+    def _grad_fused(self, u, be, acc, saved, needs) -> None:
+        steps = self.plan.steps
+        gouts = [acc.pop(steps[n][0]) for n in u.steps]
+        want = [needs.get(j, False) for j in u.inputs]
+        if not any(want) or all(g is None for g in gouts):
+            return
+        ins, ys = saved
+        for j, x, gx, w in zip(u.inputs, ins, u.chain.backward(be, ins, ys, gouts, want), want):
+            if gx is not None and w:
+                acc.add(j, gx, x.shape)
+
     def _grad_pieces(self, u, k, be, acc, saved, needs) -> None:
         """The piece-major product's gradients straight from the (P, B, h) gradient:
         batched GEMMs per slice, so no transposing copy back to (B, n)."""
@@ -354,6 +384,9 @@ class Program:
                 lines.append(f"  #{k} {op} {names}")
             elif u.kind == PIECES:
                 lines.append(f"  #{k} {op} {names} written as {u.pieces} slices (piece-major)")
+            elif u.kind == FUSED:
+                ops = " ".join(steps[n][1].name for n in u.steps)
+                lines.append(f"  #{k} fused [{ops}] {names}")
             else:
                 how = []
                 for p, s in enumerate(u.args):
@@ -477,6 +510,104 @@ def _consecutive_views(arrays: list) -> bool:
             return False
         at += a.nbytes
     return True
+
+
+def _regions(plan, batched: dict, shapes: dict, skip: set) -> list:
+    """Chains of elementwise steps to fuse, in step order. A region stays open until a
+    step outside it reads one of its values: the fused kernel runs where its last
+    member was, so nothing may need its values earlier."""
+    from .fusion import MAX_REGS, fusable
+    region_of: dict = {}     # var -> region (a list of step indices)
+    regs: dict = {}          # region id -> values it may hold (a chain has at most MAX_REGS)
+    open_: set = set()       # ids of regions still open
+    regions = []
+    for n, (i, op, args, a, spec, shape) in enumerate(plan.steps):
+        if i in skip:  # a piece-major GEMM or its slices: a reader outside every region
+            open_.difference_update(id(region_of[j]) for j in args if j in region_of)
+            continue
+        ok = batched[i] and not op.uses_data and fusable(op, a, [shapes[j] for j in args], shape)
+        mine = {id(region_of[j]): region_of[j] for j in args if j in region_of and id(region_of[j]) in open_}
+        if not ok:
+            open_.difference_update(mine)
+            continue
+        if mine and sum(regs[k] for k in mine) + 1 + len(args) > MAX_REGS:
+            open_.difference_update(mine)  # full: close it, start a new chain
+            mine = {}
+        if mine:
+            rs = list(mine.values())
+            r = rs[0]
+            regs[id(r)] = sum(regs[k] for k in mine) + 1 + len(args)
+            for other in rs[1:]:  # both still open: nothing outside has read either yet
+                r.extend(other)
+                open_.discard(id(other))
+                for m in other:
+                    region_of[plan.steps[m][0]] = r
+            r.append(n)
+            r.sort()
+        else:
+            r = [n]
+            regions.append(r)
+            open_.add(id(r))
+            regs[id(r)] = 1 + len(args)
+        region_of[i] = r
+    seen, out = set(), []
+    for r in regions:
+        if id(r) not in seen and len(r) > 1 and all(region_of[plan.steps[m][0]] is r for m in r):
+            seen.add(id(r))
+            out.append(r)
+    return out
+
+
+def _fused_unit(plan, members: list) -> Unit:
+    from .fusion import FusedChain
+    pos = {plan.steps[n][0]: m for m, n in enumerate(members)}
+    inputs: list = []
+    chain = []
+    for n in members:
+        i, op, args, a, spec, shape = plan.steps[n]
+        refs = []
+        for j in args:
+            if j in pos:
+                refs.append(("step", pos[j]))
+            else:
+                if j not in inputs:
+                    inputs.append(j)
+                refs.append(("in", inputs.index(j)))
+        chain.append((op, a, refs))
+    k = len(inputs)
+    steps = [(op, a, [r if kind == "in" else k + r for kind, r in refs]) for op, a, refs in chain]
+    return Unit(FUSED, list(members), inputs=inputs, chain=FusedChain(steps, k))
+
+
+def _ordered(plan, units: list, depth: dict) -> list | None:
+    """Units in a dependency order, shallowest first (None on a cycle)."""
+    import heapq
+    owner = {}
+    for k, u in enumerate(units):
+        for n in u.steps + list(u.piece_of):
+            owner[plan.steps[n][0]] = k
+    deps = [set() for _ in units]
+    users = [[] for _ in units]
+    for k, u in enumerate(units):
+        for n in u.steps + list(u.piece_of):
+            for j in plan.steps[n][2]:
+                d = owner.get(j)
+                if d is not None and d != k and d not in deps[k]:
+                    deps[k].add(d)
+                    users[d].append(k)
+    key = [(min(depth[plan.steps[n][0]] for n in u.steps), min(u.steps)) for u in units]
+    heap = [(key[k], k) for k in range(len(units)) if not deps[k]]
+    heapq.heapify(heap)
+    left = [len(d) for d in deps]
+    out = []
+    while heap:
+        _, k = heapq.heappop(heap)
+        out.append(units[k])
+        for v in users[k]:
+            left[v] -= 1
+            if not left[v]:
+                heapq.heappush(heap, (key[v], v))
+    return out if len(out) == len(units) else None
 
 
 # ------------------------------------------------------------ grouped products

@@ -58,7 +58,7 @@ class Plan:
     """One traced block for one argument signature: the steps, run over a whole batch."""
 
     def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int],
-                 mode: str | None = None):
+                 mode: str | None = None, fuse: bool = False):
         self.name = name
         self.inputs = inputs
         self.in_shapes = [trace.shape[i] for i in inputs]  # lets dynagraph.memory plan a layout
@@ -90,17 +90,19 @@ class Plan:
         self.total = sum(self.out_sizes)
         self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
         self._leaf_cache = None
-        self.set_mode(mode)
+        self._needs_memo: dict = {}
+        self.set_mode(mode, fuse)
 
-    def set_mode(self, mode: str | None) -> None:
+    def set_mode(self, mode: str | None, fuse: bool = False) -> None:
         """How the steps run over a batch (see dynagraph.program): None = one kernel per
         step; "naive" = same-signature steps batched, operands copied together;
-        "planned" = batched in the PQ-tree layout's order, operands read in place."""
+        "planned" = batched in the PQ-tree layout's order, operands read in place.
+        fuse: with "planned", chains of elementwise steps run as one fused kernel."""
         if mode not in MODES:
             raise DynagraphError(f"block {self.name}: plan must be one of {MODES}, got {mode!r}")
         self.mode = mode
         self.layout = plan_layout(self) if mode == "planned" else None
-        self.program = Program(self, mode, self.layout) if mode is not None else None
+        self.program = Program(self, mode, self.layout, fuse and mode == "planned") if mode is not None else None
         kernels = len(self.program.units) if self.program is not None else len(self.steps)
         self.op = OpDef(f"block:{self.name}", lambda a, *s: (self.total,), self.forward, self.backward,
                         uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, kernels))
@@ -157,24 +159,31 @@ class Plan:
         else:
             vals, saved = self.run_steps(get_backend(), xs, data_of)
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
-        return xp.concatenate(outs, axis=1), saved
+        # an output computed from parameters alone has one shared row: backward sums into it
+        return xp.concatenate(outs, axis=1), (saved, [vals[o].shape[0] for o in self.outputs])
 
     def backward(self, xp, attrs, data, xs, y, g, need, ctx=None):
         B = len(data)
         acc = _Grads(xp) if self.program is None else UnitGrads(xp, self.program, B, g.dtype)
         start = 0
-        for o, n, shape in zip(self.outputs, self.out_sizes, self.out_shapes):
-            acc.add(o, g[:, start:start + n].reshape((B,) + shape))
+        ctx, leads = ctx
+        for o, n, shape, lead in zip(self.outputs, self.out_sizes, self.out_shapes, leads):
+            acc.add(o, g[:, start:start + n].reshape((B,) + shape), (lead,) + shape)
             start += n
         if self.program is not None:
             return tuple(self.program.grad(get_backend(), acc, ctx, need))
         return tuple(self.grad_steps(get_backend(), acc, ctx, need))
 
     def _needs(self, need: tuple) -> dict:
-        """Which trace nodes need a gradient, given which coarse arguments do."""
-        needs = {i: bool(n) for i, n in zip(self.inputs + self.leaves, need)}
-        for i, op, args, a, spec, shape in self.steps:
-            needs[i] = i not in self.blocks_grad and any(needs.get(j, False) for j in args)
+        """Which trace nodes need a gradient, given which coarse arguments do (memoised:
+        a model asks the same few questions every step). Callers must not modify it."""
+        key = tuple(bool(n) for n in need)
+        needs = self._needs_memo.get(key)
+        if needs is None:
+            needs = {i: n for i, n in zip(self.inputs + self.leaves, key)}
+            for i, op, args, a, spec, shape in self.steps:
+                needs[i] = i not in self.blocks_grad and any(needs.get(j, False) for j in args)
+            self._needs_memo[key] = needs
         return needs
 
     def leaf_ids(self, cg: ComputationGraph) -> tuple:
@@ -218,14 +227,14 @@ def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
 class Block:
     """A function traced once per argument signature and called as one coarse node."""
 
-    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default"):
+    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default", fuse: bool = True):
         if plan == "default":
             plan = config.block_plan
         if plan not in MODES:
             raise DynagraphError(f"dy.block: plan must be one of {MODES}, got {plan!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "block")
-        self.mode = plan
+        self.mode, self.fuse = plan, fuse
         self._plans: dict = {}
 
     def _trace(self, key: tuple) -> Plan:
@@ -245,7 +254,7 @@ class Block:
         outs = [result] if single else list(result) if isinstance(result, (tuple, list)) else [result]
         if not outs or any(type(o) is not Expression or o.cg is not trace for o in outs):
             raise DynagraphError(f"block {self.name} must return expressions computed from its arguments")
-        plan = Plan(self.name, trace, inputs, [o.i for o in outs], self.mode)
+        plan = Plan(self.name, trace, inputs, [o.i for o in outs], self.mode, self.fuse)
         plan.single = single
         return plan
 
@@ -267,6 +276,8 @@ class Block:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._trace(key)
+            if plan.program is not None and plan.program.rehomed:
+                (cg or current()).rebind(plan.program.rehomed)
         values = tuple(values)
         if plan.checks:
             plan.check(values)
@@ -289,11 +300,13 @@ class Block:
         return [Expression(cg, cg.leaf(p, upd)) for p, upd in zip(plan.leaf_params, plan.leaf_update)]
 
 
-def block(fn: Callable | None = None, *, name: str | None = None, plan: str | None = "default"):
+def block(fn: Callable | None = None, *, name: str | None = None, plan: str | None = "default",
+          fuse: bool = True):
     """Decorator: `@dy.block` or `@dy.block(name="cell", plan="naive")`. `plan` chooses how
     the block's steps run over a batch of calls: "planned", "naive" or None (one kernel per
-    step); the default is `dy.config.set(block_plan=...)` (initially "planned")."""
+    step); the default is `dy.config.set(block_plan=...)` (initially "planned"). With
+    "planned", `fuse` runs chains of elementwise steps as one fused kernel."""
     if fn is None:
-        return lambda f: Block(f, name, plan)
-    return Block(fn, name, plan)
+        return lambda f: Block(f, name, plan, fuse)
+    return Block(fn, name, plan, fuse)
 

@@ -175,4 +175,54 @@ void dg_adam_f32(float *w, const float *g, float *m, float *v, const int64_t *ro
 void dg_adam_f64(double *w, const double *g, double *m, double *v, const int64_t *rows, int64_t nrows,
                  int64_t width, double beta1, double beta2, double eps, double lr_t, double gscale);
 
+/* ---------------------------------------------------------------- fused.c
+ * A straight-line elementwise program (a chain of elementwise ops of a static
+ * subgraph) run over B rows of n elements in one call, forward and backward.
+ * Registers: 0..nin-1 are the inputs, nin + m is the value of instruction m.
+ * code: per instruction, in order: opcode (enum dg_fused_op), nargs, then nargs
+ *       register ids, each below the instruction's own register.
+ * consts[m]: instruction m's scalar (elu alpha, addc/mulc/... constant, 1/k for average).
+ * ins[k]: input k's row 0; istride[k] its row stride in elements (0: shared by the
+ *       batch; rows may be strided slices of a wider array).
+ * A register is shared when it is an input of stride 0 or every argument of its
+ * instruction is shared: shared instructions run once (row 0) and their rows are
+ * copied, and their gradients are summed over the batch before flowing back.
+ * Forward writes out (nsteps, B, n): instruction m's values at out + m*B*n.
+ * Backward reads outs[m] (row stride ostride[m]) and optional output gradients
+ * gout[m] (NULL: none; gstride[m] 0: one row, which applies to every row of an
+ * unshared instruction and once to a shared one); live[r] says which registers
+ * carry a gradient (inputs: exactly those with gin[k] != NULL). gin[k] receives
+ * (B, n), or (n) summed over the batch when input k is shared. work holds
+ * (nin + nsteps + 1) * DG_FUSED_TILE + nsteps * n elements.
+ */
+enum dg_fused_op {
+    DG_FZ_NEG = 0, DG_FZ_TANH = 1, DG_FZ_LOGISTIC = 2, DG_FZ_RECTIFY = 3, DG_FZ_ELU = 4,
+    DG_FZ_SELU = 5, DG_FZ_EXP = 6, DG_FZ_LOG = 7, DG_FZ_SQUARE = 8, DG_FZ_CUBE = 9,
+    DG_FZ_SQRT = 10, DG_FZ_ABS = 11, DG_FZ_SOFTSIGN = 12, DG_FZ_ADDC = 13, DG_FZ_MULC = 14,
+    DG_FZ_RSUBC = 15, DG_FZ_RDIVC = 16, DG_FZ_POWC = 17, DG_FZ_NOBACKPROP = 18,
+    DG_FZ_FLIP_GRADIENT = 19, DG_FZ_ADD = 20, DG_FZ_SUB = 21, DG_FZ_CMULT = 22, DG_FZ_CDIV = 23,
+    DG_FZ_POW = 24, DG_FZ_BMAX = 25, DG_FZ_BMIN = 26, DG_FZ_ESUM = 27, DG_FZ_AVERAGE = 28,
+    DG_FZ_EMAX = 29, DG_FZ_LOGSUMEXP = 30, DG_FZ_NOPS = 31
+};
+
+/* nin + nsteps <= DG_FUSED_MAX_REGS: the kernels keep per-register tables on the stack */
+enum dg_fused_limits { DG_FUSED_TILE = 256, DG_FUSED_MAX_REGS = 512 };
+
+void dg_fused_fwd_f32(const int64_t *code, const double *consts, int64_t nsteps,
+                      const float *const *ins, const int64_t *istride, int64_t nin,
+                      float *out, int64_t B, int64_t n);
+void dg_fused_fwd_f64(const int64_t *code, const double *consts, int64_t nsteps,
+                      const double *const *ins, const int64_t *istride, int64_t nin,
+                      double *out, int64_t B, int64_t n);
+void dg_fused_bwd_f32(const int64_t *code, const double *consts, int64_t nsteps,
+                      const float *const *ins, const int64_t *istride, int64_t nin,
+                      const float *const *outs, const int64_t *ostride,
+                      const float *const *gout, const int64_t *gstride,
+                      float *const *gin, const unsigned char *live, float *work, int64_t B, int64_t n);
+void dg_fused_bwd_f64(const int64_t *code, const double *consts, int64_t nsteps,
+                      const double *const *ins, const int64_t *istride, int64_t nin,
+                      const double *const *outs, const int64_t *ostride,
+                      const double *const *gout, const int64_t *gstride,
+                      double *const *gin, const unsigned char *live, double *work, int64_t B, int64_t n);
+
 #endif

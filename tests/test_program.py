@@ -14,6 +14,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.cells import CELLS  # noqa: E402
 
 MODES = [None, "naive", "planned"]
+# (plan, fuse): every way a block can run its steps
+CONFIGS = [(None, False), ("naive", False), ("planned", False), ("planned", True)]
 H = 3
 
 
@@ -35,10 +37,10 @@ def _arg(pc, spec, k: int, s: int):
     return dy.tanh(dy.inputTensor(rng.normal(size=shape)) + p)
 
 
-def _cell_model(name: str, mode, blocked: bool):
+def _cell_model(name: str, config, blocked: bool):
     def build(pc):
         fn, specs = CELLS[name](pc, H)
-        f = dy.block(fn, plan=mode) if blocked else fn
+        f = dy.block(fn, plan=config[0], fuse=config[1]) if blocked else fn
         outs = []
         for s in range(4):
             args = [_arg(pc, spec, k, s) for k, spec in enumerate(specs)]
@@ -52,18 +54,18 @@ def _cell_model(name: str, mode, blocked: bool):
     return build
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("name", list(CELLS))
 @pytest.mark.parametrize("scheduler", ["depth", "agenda"])
-def test_cells_match_op_level(backend, name, mode, scheduler):
-    ref = run_graph("none", _cell_model(name, mode, False))
-    got = run_graph(scheduler, _cell_model(name, mode, True))
+def test_cells_match_op_level(backend, name, config, scheduler):
+    ref = run_graph("none", _cell_model(name, config, False))
+    got = run_graph(scheduler, _cell_model(name, config, True))
     assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
 
 
-def _plan(name: str, mode):
+def _plan(name: str, mode, fuse: bool = False):
     fn, specs = CELLS[name](dy.ParameterCollection(), H)
-    blk = dy.block(fn, plan=mode)
+    blk = dy.block(fn, plan=mode, fuse=fuse)
     blk(*[3 if a == "index" else dy.zeros(a) for a in specs])
     return next(iter(blk._plans.values()))
 
@@ -71,7 +73,7 @@ def _plan(name: str, mode):
 def _forward_copies(name: str, mode) -> int:
     """Memory kernels of one forward of a batch of 5 calls."""
     fn, specs = CELLS[name](dy.ParameterCollection(), H)
-    blk = dy.block(fn, plan=mode)
+    blk = dy.block(fn, plan=mode, fuse=False)
     outs = [blk(*[3 if a == "index" else dy.tanh(dy.inputTensor(np.full(a, 0.1 * s)))
                   for a in specs]) for s in range(5)]
     first = outs[0][0] if isinstance(outs[0], tuple) else outs[0]
@@ -91,6 +93,23 @@ def test_planned_copies_less_than_naive():
     for name in ["LSTMCell", "TreeLSTM internal", "LSTMCell (4 weights)"]:
         naive, planned = _forward_copies(name, "naive"), _forward_copies(name, "planned")
         assert planned < naive, (name, naive, planned)
+
+
+def test_fused_lstm_cell_is_two_kernels():
+    plan = _plan("LSTMCell", "planned", fuse=True)
+    kinds = [u.kind for u in plan.program.units]
+    assert len(kinds) == 2 and "fused [logistic logistic logistic tanh" in plan.program.describe()
+
+
+def test_fusion_keeps_a_valid_order_around_gemms():
+    """tanh(W * (x + y)) * (x + y): the product reads the sum, so the sum's region closes
+    before the product and the second chain reads both."""
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((H, H))
+    blk = dy.block(lambda x, y: dy.cmult(dy.tanh(W * (x + y)), x + y), plan="planned", fuse=True)
+    out = blk(dy.inputVector([0.1, 0.2, 0.3]), dy.inputVector([1.0, -1.0, 0.5]))
+    s = np.array([1.1, -0.8, 0.8])
+    np.testing.assert_allclose(out.npvalue(), np.tanh(W.as_array() @ s) * s, rtol=1e-5)
 
 
 def test_split_weights_become_one_batched_product():
@@ -182,10 +201,10 @@ def _random_body(pc, spec):
     return body, n_in
 
 
-def _random_model(spec, mode, blocked: bool):
+def _random_model(spec, config, blocked: bool):
     def build(pc):
         body, n_in = _random_body(pc, spec)
-        f = dy.block(body, plan=mode) if blocked else body
+        f = dy.block(body, plan=config[0], fuse=config[1]) if blocked else body
         outs = []
         for s in range(3):
             xs = [_arg(pc, N, k, s) for k in range(n_in)]
@@ -197,9 +216,9 @@ def _random_model(spec, mode, blocked: bool):
 @settings(max_examples=40, deadline=None)
 @given(spec=block_spec)
 def test_random_blocks_match_op_level(spec):
-    ref = run_graph("none", _random_model(spec, None, False))
-    for mode in MODES:
-        got = run_graph("agenda", _random_model(spec, mode, True))
+    ref = run_graph("none", _random_model(spec, (None, False), False))
+    for config in CONFIGS:
+        got = run_graph("agenda", _random_model(spec, config, True))
         assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
 
 
@@ -230,3 +249,39 @@ def test_colocated_weights_train_like_separate_ones():
 def test_program_counts_copies_per_call():
     counts = {m: _forward_copies("TreeLSTM internal", m) for m in ("naive", "planned")}
     assert counts["naive"] == 3 and counts["planned"] == 0
+
+
+def test_graph_that_used_a_weight_before_tracing_sees_its_new_storage():
+    """Tracing a planned block moves its per-gate weights into one stacked array; the
+    graph that already held a node for one of them must read the moved storage."""
+    pc = dy.ParameterCollection()
+    fn, specs = CELLS["LSTMCell (4 weights)"](pc, H)
+    W = pc.parameters_list()[0]
+    cg = dy.renew_cg()
+    y = dy.sum_elems(dy.parameter(W) * dy.inputVector([1.0, 2.0, 3.0]))
+    h, c = dy.block(fn, plan="planned")(*[dy.inputVector([0.1, 0.2, 0.3])] * 3)
+    assert W.values.base is not None  # now a slice of the stacked weights
+    h.value()
+    W.set_value(np.ones((H, H)))
+    cg.invalidate()
+    assert y.value() == pytest.approx(18.0)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_output_computed_from_parameters_alone(config):
+    """An output that depends only on parameters has one shared row per batch; its
+    gradient from B calls must be summed, also where the block uses it again."""
+    def build(blocked):
+        def f(pc):
+            W = pc.add_parameters((2, H), init=np.arange(6.0).reshape(2, H) / 10)
+
+            def cell(x):
+                t = dy.tanh(dy.parameter(W))
+                return t, dy.cmult(t, x)
+            g = dy.block(cell, plan=config[0], fuse=config[1]) if blocked else cell
+            outs = []
+            for s in range(3):
+                outs.extend(g(dy.inputTensor(np.full((2, H), 0.5 + s))))
+            return outs
+        return f
+    assert_same_run(run_graph("none", build(False)), run_graph("agenda", build(True)), rtol=1e-10, atol=1e-12)
