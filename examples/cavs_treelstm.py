@@ -71,6 +71,19 @@ class CavsTreeLSTM:
         self.b = pc.add_parameters((5 * H,), init=dy.ConstInitializer(0.0), name="b")
         self.W_out = pc.add_parameters((n_labels, H), name="W_out")
         self.b_out = pc.add_parameters((n_labels,), init=dy.ConstInitializer(0.0), name="b_out")
+        self._declare()
+
+    @classmethod
+    def sharing(cls, model) -> "CavsTreeLSTM":
+        """The vertex-function form of an op-level examples/treelstm.TreeLSTM, on its parameters."""
+        self = cls.__new__(cls)
+        self.h = model.h
+        for name in ("E", "W_iou", "b_iou", "U_l", "U_r", "b", "W_out", "b_out"):
+            setattr(self, name, getattr(model, name))
+        self._declare()
+        return self
+
+    def _declare(self) -> None:
         self.functions = {"leaf": dy.cavs.vertex_function(self.leaf_cell, arity=0, name="leaf"),
                           "node": dy.cavs.vertex_function(self.node_cell, arity=2, name="node")}
 

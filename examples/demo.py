@@ -10,6 +10,8 @@
      depth   batch nodes with equal depth and signature (TensorFlow Fold)
      agenda  DyNet's agenda-based autobatching
      agenda+block  the same, with each tree node recorded as one dy.block call
+     cavs    the same cells as Cavs vertex functions (dy.cavs), run over the
+             whole minibatch at once
    and prints time, trees/s, kernel launches vs nodes, and the losses, which
    are the same for every scheduler: batching changes speed, not results.
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run from anywh
 
 import dynagraph as dy  # noqa: E402
 from dynagraph.schedulers import lower_bound  # noqa: E402
+from cavs_treelstm import CavsTreeLSTM, FlatTree  # noqa: E402
 from treelstm import accuracy, build, load_trees, minibatches, train_epoch  # noqa: E402
 
 
@@ -42,9 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--emb-dim", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--schedulers", default="none,depth,agenda,agenda+block",
+    ap.add_argument("--schedulers", default="none,depth,agenda,agenda+block,cavs",
                     help=f"comma-separated, from: {', '.join(dy.schedulers.available())}; "
-                         f"append '+block' to record tree nodes as static subgraphs (dy.block)")
+                         f"append '+block' to record tree nodes as static subgraphs (dy.block); "
+                         f"'cavs' runs the cells as Cavs vertex functions (dy.cavs)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap.parse_args(argv)
@@ -87,13 +91,29 @@ def run_scheduler(name: str, pc, model, vocab, trees, args, saved) -> dict:
         trainer = dy.SimpleSGDTrainer(pc, learning_rate=args.lr)
         stats = dy.stats.Stats()
         t0 = time.perf_counter()
-        losses = train_epoch(model, trainer, trees, vocab, args.batch_size, scheduler, progress=not args.quiet,
-                             stats=stats)
+        if scheduler == "cavs":
+            losses = cavs_epoch(CavsTreeLSTM.sharing(model), trainer, trees, vocab, args.batch_size, stats)
+        else:
+            losses = train_epoch(model, trainer, trees, vocab, args.batch_size, scheduler,
+                                 progress=not args.quiet, stats=stats)
         seconds = min(seconds, time.perf_counter() - t0)
     model.set_blocked(False)
     return {"scheduler": name, "seconds": seconds, "trees_per_s": len(trees) / seconds, "nodes": stats.nodes,
             "batches": stats.batches, "kernels": stats.kernel_calls, "losses": np.array(losses),
             "weights": snapshot(pc)}
+
+
+def cavs_epoch(model: CavsTreeLSTM, trainer, trees: list, vocab, batch_size: int, stats) -> list[float]:
+    """One epoch with the vertex functions; turning trees into children lists is timed too."""
+    losses = []
+    for batch in minibatches(trees, batch_size):
+        cg = dy.renew_cg()
+        loss = dy.esum(model.losses([FlatTree(t, vocab) for t in batch])) * (1.0 / len(batch))
+        losses.append(loss.value())
+        loss.backward()
+        trainer.update()
+        stats.merge(cg.stats)
+    return losses
 
 
 def print_table(rows: list[dict], n_trees: int, bound: int, repeat: int) -> None:
@@ -109,7 +129,8 @@ def print_table(rows: list[dict], n_trees: int, bound: int, repeat: int) -> None
               f"{base['seconds'] / r['seconds']:>9.1f}x{r['nodes']:>10}{r['batches']:>10}"
               f"{r['nodes'] / max(r['batches'], 1):>14.1f}{r['losses'].mean():>11.6f}"
               f"{r['loss_diff']:>13.1e}{r['weight_diff']:>10.1e}")
-    print(f"\nlaunches = forward batches (cg.stats.batches; a dy.block batch runs its traced ops as one);"
+    print(f"\nlaunches = forward batches (cg.stats.batches; a dy.block batch runs its traced ops as one;"
+          f" with cavs the vertex functions of the whole minibatch are one node and one launch);"
           f" no op-level schedule can use fewer than {bound}.")
     print(f"max |dloss| and max |dW|: largest difference from '{base['scheduler']}' in any minibatch loss "
           f"and in the weights after the epoch.")

@@ -78,11 +78,11 @@ def test_demo_schedulers_agree_and_batch(ex, capsys):
     r = ex["demo"].main(["--quiet", "--train", "24", "--dev", "8", "--epochs", "1", "--bench", "24",
                          "--batch-size", "12", "--hidden", "8", "--emb-dim", "8", "--repeat", "1"])
     rows = {row["scheduler"]: row for row in r["rows"]}
-    assert list(rows) == ["none", "depth", "agenda", "agenda+block"]
+    assert list(rows) == ["none", "depth", "agenda", "agenda+block", "cavs"]
     nodes = rows["none"]["nodes"]
     assert rows["none"]["batches"] == nodes > 0
-    for s in ("depth", "agenda", "agenda+block"):
-        if s == "agenda+block":  # one coarse node per tree node: far fewer nodes and launches
+    for s in ("depth", "agenda", "agenda+block", "cavs"):
+        if s in ("agenda+block", "cavs"):  # a node per call, or one for all vertices: far fewer
             assert rows[s]["nodes"] < nodes / 3 and rows[s]["batches"] < rows["agenda"]["batches"]
         else:
             assert rows[s]["nodes"] == nodes
