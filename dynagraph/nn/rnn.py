@@ -40,14 +40,14 @@ from typing import Callable, Sequence
 from ..errors import DynagraphError, user_line
 from ..expressions import (
     affine_transform, cmult, concatenate, dropout, inputVector, logistic, mean_elems, pick_range,
-    random_bernoulli, reshape, sqrt, square, tanh, zeros,
+    random_bernoulli, random_normal, reshape, sqrt, square, tanh, zeros,
 )
 from ..graph import Expression
 from ..parameters import ConstInitializer, ParameterCollection
 from ..subgraph import block
 
 __all__ = ["RNNState", "SimpleRNNBuilder", "GRUBuilder", "VanillaLSTMBuilder", "LSTMBuilder",
-           "CoupledLSTMBuilder", "BiRNNBuilder"]
+           "CompactVanillaLSTMBuilder", "CoupledLSTMBuilder", "BiRNNBuilder"]
 
 
 def _err(who: str, msg: str) -> DynagraphError:
@@ -465,6 +465,35 @@ class VanillaLSTMBuilder(_LSTMBase):
 LSTMBuilder = VanillaLSTMBuilder  # as in DyNet's Python API
 
 
+class CompactVanillaLSTMBuilder(VanillaLSTMBuilder):
+    """DyNet's CompactVanillaLSTMBuilder: the same cell and layout as VanillaLSTMBuilder
+    (forget bias 1, no layer norm; DyNet fuses it into one node, here the batching and
+    dy.block do that), plus Gaussian weight noise (`set_weightnoise`)."""
+    _subname = "compact-vanilla-lstm-builder"
+
+    def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection):
+        super().__init__(layers, input_dim, hidden_dim, model)
+        self.spec = self.spec[:3]
+        self.weightnoise_std = 0.0
+
+    def set_weightnoise(self, std: float) -> None:
+        """Add N(0, std^2) noise to W_x, W_h and b at every step (training regulariser)."""
+        if not float(std) >= 0.0:
+            raise _err(self.whoami(), f"weight noise must have a standard deviation >= 0, got {std}")
+        self.weightnoise_std = float(std)
+
+    def _use_blocks(self, seq: _Sequence) -> bool:
+        return self.weightnoise_std == 0.0 and super()._use_blocks(seq)
+
+    def _gates(self, seq, i, x, hp):
+        if self.weightnoise_std == 0.0:
+            return super()._gates(seq, i, x, hp)
+        W_x, W_h, b = (v + random_normal(v.dim()[0], 0.0, self.weightnoise_std) for v in seq.vars[i])
+        if hp is None:
+            return affine_transform([b, W_x, x])
+        return affine_transform([b, W_x, x, W_h, hp])
+
+
 class CoupledLSTMBuilder(_LSTMBase):
     """LSTM with peepholes and coupled gates (f = 1 - i), DyNet's old default.
 
@@ -594,5 +623,5 @@ class BiRNNBuilder:
 
 # Name (whoami) -> class, for dy.load to rebuild builders from their spec.
 BUILDER_TYPES: dict = {c.__name__: c for c in (SimpleRNNBuilder, GRUBuilder, VanillaLSTMBuilder,
-                                               CoupledLSTMBuilder, BiRNNBuilder)}
+                                               CompactVanillaLSTMBuilder, CoupledLSTMBuilder, BiRNNBuilder)}
 BUILDER_TYPES["LSTMBuilder"] = VanillaLSTMBuilder

@@ -276,7 +276,8 @@ def test_load_errors(tmp_path):
         dy.load(base, dy.ParameterCollection())
 
 
-@pytest.mark.parametrize("name", ["VanillaLSTMBuilder", "LSTMBuilder", "CoupledLSTMBuilder", "GRUBuilder",
+@pytest.mark.parametrize("name", ["VanillaLSTMBuilder", "LSTMBuilder", "CompactVanillaLSTMBuilder",
+                                  "CoupledLSTMBuilder", "GRUBuilder",
                                   "SimpleRNNBuilder"])
 def test_builder_round_trip(tmp_path, name):
     builder_cls = getattr(dy, name, None)

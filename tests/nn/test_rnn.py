@@ -433,3 +433,23 @@ def test_column_vector_input_is_accepted():
     a = b.initial_state().add_input(dy.inputVector(x)).output().npvalue()
     c = b.initial_state().add_input(dy.inputTensor(x.reshape(3, 1))).output().npvalue()
     np.testing.assert_array_equal(a, c)
+
+
+def test_compact_vanilla_lstm_equals_vanilla_and_adds_weight_noise():
+    """DyNet's CompactVanillaLSTMBuilder is the vanilla cell (forget bias 1) in its own
+    sub-collection; set_weightnoise perturbs the weights at every step, reproducibly."""
+    pc = dy.ParameterCollection()
+    v, c = dy.VanillaLSTMBuilder(2, IN, HID, pc), dy.CompactVanillaLSTMBuilder(2, IN, HID, pc)
+    assert c.param_collection().name().endswith("compact-vanilla-lstm-builder/")
+    for p, q in zip(v.param_collection().parameters_list(), c.param_collection().parameters_list()):
+        q.set_value(p.as_array())
+    xs = [dy.inputVector([0.1 * t, -0.2, 0.3 + t][:IN] + [0.0] * (IN - 3)) for t in range(3)]
+    outs_v = [e.npvalue() for e in v.initial_state().transduce(xs)]
+    outs_c = [e.npvalue() for e in c.initial_state().transduce(xs)]
+    for a, b in zip(outs_v, outs_c):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    c.set_weightnoise(0.5)
+    noisy = [e.npvalue() for e in c.initial_state().transduce(xs)]
+    assert not np.allclose(noisy[-1], outs_c[-1])
+    with pytest.raises(dy.DynagraphError, match="weight noise"):
+        c.set_weightnoise(-1.0)

@@ -20,6 +20,7 @@ CASES = [
     ("VanillaLSTMBuilder", (False, 0.0)),
     ("VanillaLSTMBuilder", (True, 1.0)),
     ("LSTMBuilder", ()),
+    ("CompactVanillaLSTMBuilder", ()),
     ("CoupledLSTMBuilder", ()),
 ]
 IDS = [f"{n}{a}" for n, a in CASES]
