@@ -1,6 +1,8 @@
 """The DyNet-named expression functions (dy.tanh, dy.concatenate, ...).
 
 Each function only validates its Python-level arguments and records one node.
+DyNet's minibatch dimension (a BatchedExpression argument) takes the slow path of
+record/record1/record2 below, which records the op once per sample (dynagraph.batched).
 """
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ from typing import Sequence
 import numpy as np
 
 from .errors import DynagraphError, user_line
-from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in, record, record1, record2
+from . import graph as _graph
+from .batched import BatchedExpression, batch_size_of, batched, map_record, sample, samples_of
+from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
 from .ops import OPS, as_shape
+from . import parameters as _params_module
 from .parameters import LookupParameters
 
 _O = OPS
@@ -28,7 +33,59 @@ __all__ = [
     "sum_elems", "mean_elems", "sum_dim", "mean_dim", "max_dim", "min_dim",
     "softmax", "log_softmax", "pickneglogsoftmax", "hinge", "binary_log_loss",
     "squared_distance", "squared_norm", "l2_norm", "dropout", "noise",
+    # DyNet's minibatch dimension
+    "lookup_batch", "const_lookup_batch", "pick_batch", "pick_batch_elem", "pick_batch_elems",
+    "pickneglogsoftmax_batch", "hinge_batch", "sum_batches", "mean_batches", "std_batches", "moment_batches",
+    "concatenate_to_batch",
 ]
+
+
+# ------------------------------------------------------------------ recording
+# graph.record1/record2 with the same inlined fast path (so the common case costs what it
+# did), and a slow path that maps an op over the samples of BatchedExpression arguments.
+_B = BatchedExpression
+
+
+def record1(op, x, attrs: tuple = (), data=None):
+    if type(x) is Expression:
+        cg = x.cg
+        if not cg.retired:
+            return Expression(cg, cg.add(op, (x.i,), attrs, data))
+    return record(op, (x,), attrs, data)
+
+
+def record2(op, x, y, attrs: tuple = ()):
+    if type(x) is Expression and type(y) is Expression:
+        cg = x.cg
+        if y.cg is cg and not cg.retired:
+            return Expression(cg, cg.add(op, (x.i, y.i), attrs))
+    return record(op, (x, y), attrs)
+
+
+def record(op, args: Sequence = (), attrs: tuple = (), data=None):
+    """graph.record, or one record per sample when an argument is batched."""
+    for a in args:
+        if type(a) is _B:
+            return map_record(op, args, attrs, data)
+    return _graph.record(op, args, attrs, data)
+
+
+def _record_list(op, xs, what: str, attrs: tuple = ()):
+    """record() for the list functions (esum, concatenate, affine_transform): graph.record's
+    fast loop inlined, one call fewer than _list + record on every model's hot path."""
+    if type(xs) is not list:
+        xs = list(xs)
+    if xs and type(xs[0]) is Expression:
+        cg = xs[0].cg
+        if not cg.retired:
+            ids = []
+            for a in xs:
+                if type(a) is not Expression or a.cg is not cg:
+                    break
+                ids.append(a.i)
+            else:
+                return Expression(cg, cg.add(op, tuple(ids), attrs))
+    return record(op, _list(xs, what), attrs)
 
 
 def _dim(d, what: str) -> tuple:
@@ -79,9 +136,9 @@ def _int(i, what: str) -> int:
 
 # ---------------------------------------------------------------------- inputs
 def inputTensor(arr, batched: bool = False, device: str = "") -> Expression:
+    """batched=True: the last axis is DyNet's minibatch dimension, one input per sample."""
     if batched:
-        raise DynagraphError("inputTensor(batched=True): DyNet's minibatch dimension is not supported; "
-                             "write per-sample code and let dynagraph batch it")
+        return _batched_input(np.asarray(arr, dtype=np.float64))
     a = np.array(arr, dtype=np.float64)
     if a.ndim == 0:
         a = a.reshape(1)
@@ -90,6 +147,12 @@ def inputTensor(arr, batched: bool = False, device: str = "") -> Expression:
         raise DynagraphError(f"inputTensor(shape {a.shape}): input contains NaN or inf (first at index {where})"
                              f"\n  at {user_line()}")
     return record(_O["input"], (), (a.shape,), a)
+
+
+def _batched_input(a: np.ndarray):
+    if a.ndim == 0:
+        a = a.reshape(1)
+    return batched([inputTensor(a[..., b]) for b in range(a.shape[-1])])
 
 
 def inputVector(v: Sequence[float], device: str = "") -> Expression:
@@ -107,27 +170,46 @@ def inputMatrix(v: Sequence[float], d: tuple) -> Expression:
 
 
 def zeros(dim, batch_size: int = 1) -> Expression:
-    return record(_O["constant"], (), (_dim(dim, "zeros"), 0.0))
+    return _constant(dim, 0.0, batch_size, "zeros")
 
 
 def ones(dim, batch_size: int = 1) -> Expression:
-    return record(_O["constant"], (), (_dim(dim, "ones"), 1.0))
+    return _constant(dim, 1.0, batch_size, "ones")
 
 
 def constant(dim, val: float, batch_size: int = 1) -> Expression:
-    return record(_O["constant"], (), (_dim(dim, "constant"), float(val)))
+    return _constant(dim, val, batch_size, "constant")
+
+
+def _constant(dim, val: float, batch_size: int, what: str):
+    e = record(_O["constant"], (), (_dim(dim, what), float(val)))
+    return e if batch_size == 1 else batched([e] * _batch_arg(batch_size, what))  # equal samples: one node
+
+
+def _batch_arg(n, what: str) -> int:
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise DynagraphError(f"{what}: batch_size must be a positive int, got {n!r}\n  at {user_line()}")
+    return int(n)
+
+
+def _per_sample(n: int, what: str, make):
+    """DyNet's batch_size argument of the random inputs: an independent draw per sample."""
+    return make() if n == 1 else batched([make() for _ in range(_batch_arg(n, what))])
 
 
 def random_normal(dim, mean: float = 0.0, stddev: float = 1.0, batch_size: int = 1) -> Expression:
-    return record(_O["random_normal"], (), (_dim(dim, "random_normal"), float(mean), float(stddev)), RANDOM_KEY)
+    attrs = (_dim(dim, "random_normal"), float(mean), float(stddev))
+    return _per_sample(batch_size, "random_normal", lambda: record(_O["random_normal"], (), attrs, RANDOM_KEY))
 
 
 def random_uniform(dim, left: float, right: float, batch_size: int = 1) -> Expression:
-    return record(_O["random_uniform"], (), (_dim(dim, "random_uniform"), float(left), float(right)), RANDOM_KEY)
+    attrs = (_dim(dim, "random_uniform"), float(left), float(right))
+    return _per_sample(batch_size, "random_uniform", lambda: record(_O["random_uniform"], (), attrs, RANDOM_KEY))
 
 
 def random_bernoulli(dim, p: float, scale: float = 1.0, batch_size: int = 1) -> Expression:
-    return record(_O["random_bernoulli"], (), (_dim(dim, "random_bernoulli"), float(p), float(scale)), RANDOM_KEY)
+    attrs = (_dim(dim, "random_bernoulli"), float(p), float(scale))
+    return _per_sample(batch_size, "random_bernoulli", lambda: record(_O["random_bernoulli"], (), attrs, RANDOM_KEY))
 
 
 # --------------------------------------------------------------------- unary
@@ -182,42 +264,61 @@ cmult, cdiv, bmax, bmin, dot_product, squared_distance, binary_log_loss, colwise
 
 
 def cadd(x, y) -> Expression:
-    return record(_O["add"], (x, y))
+    return record2(_O["add"], x, y)
 
 
 # ------------------------------------------------------------------- n-ary
 def esum(xs: Sequence[Expression]) -> Expression:
-    return record(_O["esum"], _list(xs, "esum"))
+    return _record_list(_O["esum"], xs, "esum")
 
 
 def average(xs: Sequence[Expression]) -> Expression:
-    return record(_O["average"], _list(xs, "average"))
+    return _record_list(_O["average"], xs, "average")
 
 
 def emax(xs: Sequence[Expression]) -> Expression:
-    return record(_O["emax"], _list(xs, "emax"))
+    return _record_list(_O["emax"], xs, "emax")
 
 
 def logsumexp(xs: Sequence[Expression]) -> Expression:
-    return record(_O["logsumexp"], _list(xs, "logsumexp"))
+    return _record_list(_O["logsumexp"], xs, "logsumexp")
 
 
 def concatenate(xs: Sequence[Expression], d: int = 0) -> Expression:
-    return record(_O["concatenate"], _list(xs, "concatenate"), (int(d),))
+    return _record_list(_O["concatenate"], xs, "concatenate", (d if type(d) is int else int(d),))
 
 
 def concatenate_cols(xs: Sequence[Expression]) -> Expression:
-    return record(_O["concatenate"], _list(xs, "concatenate_cols"), (1,))
+    return _record_list(_O["concatenate"], xs, "concatenate_cols", (1,))
 
 
 def affine_transform(xs: Sequence) -> Expression:
     """b + W1*x1 + W2*x2 + ... in one node (one GEMM per weight when batched)."""
-    return record(_O["affine"], _list(xs, "affine_transform"))
+    return _record_list(_O["affine"], xs, "affine_transform")
 
 
 # ------------------------------------------------------------ shape & selection
 def reshape(x, d, batch_size: int = 1) -> Expression:
-    return record1(_O["reshape"], x, (_dim(d, "reshape"),))
+    """DyNet: d and batch_size give the new shape; batch_size=1 with a per-sample d keeps x's batch."""
+    d = _dim(d, "reshape")
+    if type(x) is _B or batch_size != 1:
+        return _reshape_batch(x, d, _batch_arg(batch_size, "reshape"))
+    return record1(_O["reshape"], x, (d,))
+
+
+def _reshape_batch(x, d: tuple, n_out: int):
+    xs = samples_of(x)
+    n, m = int(np.prod(xs[0].shape)), int(np.prod(d))
+    if n_out == 1 and m == n or n_out == len(xs) and m == n:  # the batch is kept
+        return batched([record1(_O["reshape"], e, (d,)) for e in xs])
+    if n * len(xs) != m * n_out:
+        raise DynagraphError(f"reshape: {xs[0].shape} with batch size {len(xs)} has {n * len(xs)} values, "
+                             f"{d} with batch size {n_out} needs {m * n_out}\n  at {user_line()}")
+    # Moving values between samples: DyNet's column-major layout has the batch last, so the
+    # whole tensor flattened is the samples flattened one after another.
+    flat = [e if e.shape == (n,) else record1(_O["reshape"], e, ((n,),)) for e in xs]
+    whole = flat[0] if len(flat) == 1 else concatenate(flat)
+    return batched([record1(_O["reshape"], pick_range(whole, k * m, (k + 1) * m), (d,)) for k in range(n_out)])
 
 
 def transpose(x, dims: Sequence[int] = (1, 0)) -> Expression:
@@ -250,18 +351,19 @@ def _dims(d) -> tuple:
 
 
 def sum_dim(x, d: Sequence[int] = (0,), b: bool = False, n: int = 0) -> Expression:
-    _no_batch(b, "sum_dim")
-    return record1(_O["sum_dim"], x, (_dims(d),))
+    """b=True also sums over the minibatch dimension."""
+    d = _dims(d)
+    if b:
+        return sum_batches(x if not d else sum_dim(x, d))
+    return record1(_O["sum_dim"], x, (d,))
 
 
 def mean_dim(x, d: Sequence[int] = (0,), b: bool = False, n: int = 0) -> Expression:
-    _no_batch(b, "mean_dim")
-    return record1(_O["mean_dim"], x, (_dims(d),))
-
-
-def _no_batch(b, what):
+    """b=True also averages over the minibatch dimension."""
+    d = _dims(d)
     if b:
-        raise DynagraphError(f"{what}(b=True): the minibatch dimension is not supported\n  at {user_line()}")
+        return mean_batches(x if not d else mean_dim(x, d))
+    return record1(_O["mean_dim"], x, (d,))
 
 
 def max_dim(x, d: int = 0) -> Expression:
@@ -301,3 +403,96 @@ def dropout(x, p: float) -> Expression:
 def noise(x, stddev: float) -> Expression:
     return record1(_O["noise"], x, (float(stddev),), RANDOM_KEY)
 
+
+
+# ---------------------------------------------------------- minibatch dimension
+# DyNet's hand-batching API. A batched expression is one expression per sample
+# (dynagraph.batched); these functions only regroup samples.
+def lookup_batch(p: LookupParameters, indices: Sequence[int], update: bool = True):
+    """Rows `indices` of p, one sample each."""
+    return batched([lookup(p, i, update) for i in _indices(indices, "lookup_batch")])
+
+
+def const_lookup_batch(p: LookupParameters, indices: Sequence[int]):
+    return lookup_batch(p, indices, update=False)
+
+
+def pick_batch(x, indices: Sequence[int], dim: int = 0):
+    """Element indices[b] of sample b (an ordinary x is every sample)."""
+    return _per_index(x, indices, "pick_batch", lambda e, i: pick(e, i, dim))
+
+
+def pickneglogsoftmax_batch(x, labels: Sequence[int]):
+    return _per_index(x, labels, "pickneglogsoftmax_batch", pickneglogsoftmax)
+
+
+def hinge_batch(x, indices: Sequence[int], m: float = 1.0):
+    return _per_index(x, indices, "hinge_batch", lambda e, i: hinge(e, i, m))
+
+
+def _per_index(x, indices, what: str, f):
+    """f(sample b, index b); DyNet broadcasts an ordinary x over the indices."""
+    ids, n = _indices(indices, what), batch_size_of(what, [x])
+    if n > 1 and len(ids) != n:
+        raise DynagraphError(f"{what}: {len(ids)} indices for an expression of batch size {n}"
+                             f"\n  at {user_line()}")
+    return batched([f(sample(x, b), i) for b, i in enumerate(ids)])
+
+
+def _indices(indices, what: str) -> list:
+    ids = [_int(i, what) for i in (indices.tolist() if isinstance(indices, np.ndarray) else indices)]
+    if not ids:
+        raise DynagraphError(f"{what}: needs at least one index\n  at {user_line()}")
+    return ids
+
+
+def pick_batch_elem(x, v: int):
+    """Sample v of x, an ordinary expression."""
+    return _samples_at(x, [v], "pick_batch_elem")
+
+
+def pick_batch_elems(x, vs: Sequence[int]):
+    return _samples_at(x, _indices(vs, "pick_batch_elems"), "pick_batch_elems")
+
+
+def _samples_at(x, vs: list, what: str):
+    xs = samples_of(x)
+    for v in vs:
+        if not 0 <= _int(v, what) < len(xs):
+            raise DynagraphError(f"{what}: element {v} of a batch of size {len(xs)}\n  at {user_line()}")
+    return batched([xs[v] for v in vs])
+
+
+def concatenate_to_batch(xs: Sequence):
+    """One batch made of the samples of every expression in xs, in order."""
+    out = [e for x in _list(xs, "concatenate_to_batch") for e in samples_of(x)]
+    shapes = {e.shape for e in out}
+    if len(shapes) > 1:
+        raise DynagraphError(f"concatenate_to_batch: samples of different shapes {sorted(shapes)}"
+                             f"\n  at {user_line()}")
+    return batched(out)
+
+
+def sum_batches(x) -> Expression:
+    """The sum over the minibatch dimension: an ordinary expression."""
+    return x if type(x) is not _B else esum(x.samples)
+
+
+def mean_batches(x) -> Expression:
+    return x if type(x) is not _B else average(x.samples)
+
+
+def moment_batches(x, r: int) -> Expression:
+    """(1/B) sum_b x_b^r, elementwise."""
+    return average([e ** r for e in samples_of(x)])
+
+
+def std_batches(x) -> Expression:
+    """The elementwise standard deviation over the minibatch dimension (1/B, as DyNet)."""
+    xs = samples_of(x)
+    mu = average(xs)
+    return sqrt(average([square(e - mu) for e in xs]))
+
+
+# parameters.py cannot import this module (a cycle): E.batch(ids) reaches lookup_batch here.
+_params_module.batch_hook = lookup_batch

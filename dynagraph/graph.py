@@ -344,10 +344,16 @@ class Expression:
         return f"expression {self.i}/{self.cg.version} {self.cg.op[self.i].name} {self.cg.shape[self.i]}"
 
     # --- operators (DyNet: `*` between expressions is a matrix product)
+    # A BatchedExpression (DyNet's minibatch dimension) on the right: return NotImplemented so
+    # its reflected operator maps over the samples. Checked only after the fast paths fail.
     def __add__(self, o):
         if type(o) is Expression:  # the common case first: it is on every model's hot path
             return record2(_ADD, self, o)
-        return _binary_or_const(self, o, "add", "addc", 1.0)
+        if _is_number(o):
+            return record1(_ADDC, self, (float(o),))
+        if getattr(o, "_dy_batched", False):
+            return NotImplemented
+        return record2(_ADD, self, o)
 
     def __radd__(self, o):
         return _binary_or_const(o, self, "add", "addc", 1.0)
@@ -357,6 +363,8 @@ class Expression:
             return record2(_SUB, self, o)
         if _is_number(o):
             return record1(_ADDC, self, (-float(o),))
+        if getattr(o, "_dy_batched", False):
+            return NotImplemented
         return record2(_SUB, self, o)
 
     def __rsub__(self, o):
@@ -369,6 +377,8 @@ class Expression:
             return record2(_MATMUL, self, o)
         if _is_number(o):
             return record1(_MULC, self, (float(o),))
+        if getattr(o, "_dy_batched", False):
+            return NotImplemented
         return record2(_MATMUL, self, o)
 
     def __rmul__(self, o):
@@ -377,8 +387,12 @@ class Expression:
         return record2(_MATMUL, o, self)
 
     def __truediv__(self, o):
+        if type(o) is Expression:
+            return record2(_CDIV, self, o)
         if _is_number(o):
             return record1(_MULC, self, (1.0 / float(o),))  # DyNet: x * (1/y)
+        if getattr(o, "_dy_batched", False):
+            return NotImplemented
         return record2(_CDIV, self, o)
 
     def __rtruediv__(self, o):
@@ -393,8 +407,12 @@ class Expression:
         return self
 
     def __pow__(self, o):
+        if type(o) is Expression:
+            return record2(_POW, self, o)
         if _is_number(o):
             return record1(_POWC, self, (float(o),))
+        if getattr(o, "_dy_batched", False):
+            return NotImplemented
         return record2(_POW, self, o)
 
     def __getitem__(self, i):

@@ -17,6 +17,8 @@ from .ops.base import as_shape
 
 # Installed by graph.py: turns a parameter into an expression of the current graph.
 expression_hook: Callable | None = None
+# Installed by expressions.py: E.batch(ids) as DyNet's lookup_batch.
+batch_hook: Callable | None = None
 _creation = itertools.count()  # DyNet lists parameters in creation order, across sub-collections
 
 
@@ -240,8 +242,8 @@ class LookupParameters(_Stored):
         return expression_hook(self, True, lookup=i)
 
     def batch(self, indices):
-        raise NotImplementedError("batched lookups (DyNet minibatch dimension) are not supported; "
-                                  "write per-sample code and let dynagraph batch it")
+        """DyNet's `E.batch(ids)`: one lookup per id, as a minibatch expression."""
+        return batch_hook(self, indices)
 
 
 class _Namer:

@@ -42,6 +42,7 @@ from ..expressions import (
     affine_transform, cmult, concatenate, dropout, inputVector, logistic, mean_elems, pick_range,
     random_bernoulli, random_normal, reshape, sqrt, square, tanh, zeros,
 )
+from ..batched import BatchedExpression
 from ..graph import Expression
 from ..parameters import ConstInitializer, ParameterCollection
 from ..subgraph import block
@@ -223,7 +224,7 @@ class _RNNBuilder:
         return self.initial_state(None if vecs is None else [inputVector(v) for v in vecs], update)
 
     def _check_vec(self, x, dim: int, where: str):
-        if not isinstance(x, Expression):
+        if not isinstance(x, (Expression, BatchedExpression)):  # a minibatch: one step per sample
             raise TypeError(f"{self.whoami()}.{where}: expected an Expression, got {type(x).__name__}")
         shape = x.shape
         if shape == (dim,):
