@@ -69,6 +69,8 @@ class ComputationGraph:
         self.stats = Stats()
         self._t_last = time.perf_counter()
         self.tracing = False            # a static subgraph's trace: recorded, never evaluated
+        self._checkpoints: list[int] = []
+        self.reverts = 0                # bumped by revert(): node ids may be reused after it
 
     # ------------------------------------------------------------------ recording
     def add(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
@@ -184,6 +186,28 @@ class ComputationGraph:
         self.blocks.append(p.values[None])
         self._leaves[key] = nid
         return nid
+
+    def checkpoint(self) -> None:
+        """DyNet's cg_checkpoint(): remember the graph's size for a later revert()."""
+        self._checkpoints.append(len(self.op))
+
+    def revert(self) -> None:
+        """DyNet's cg_revert(): drop every node recorded since the last checkpoint (a
+        beam search scores hypotheses, then forgets them). Their expressions must not be
+        used again; values of the kept nodes stay computed."""
+        if not self._checkpoints:
+            raise DynagraphError(f"cg_revert() without a matching cg_checkpoint()\n  at {user_line()}")
+        n = self._checkpoints.pop()
+        self._sync_values()
+        for column in (self.op, self.args, self.attrs, self.data, self.shape, self.depth, self.sig,
+                       self.sig_part, self.needs_grad, self.blk, self.row):
+            del column[n:]
+        self._leaves = {k: v for k, v in self._leaves.items() if v < n}
+        self.reverts += 1
+        self.grad_blocks = None
+        if any(max(b.nodes) >= n for b in self.executed):
+            self.invalidate()  # a batch mixed kept and dropped nodes: recompute when asked
+        self.done = min(self.done, n)
 
     def rebind(self, params) -> None:
         """Point this graph's nodes of `params` at their current storage (after a planned
@@ -587,6 +611,14 @@ def renew_cg(immediate_compute: bool = False, check_validity: bool = False, auto
 
 def cg() -> ComputationGraph:
     return current()
+
+
+def cg_checkpoint() -> None:
+    current().checkpoint()
+
+
+def cg_revert() -> None:
+    current().revert()
 
 
 def cg_version() -> int:

@@ -187,13 +187,13 @@ class Plan:
         return needs
 
     def leaf_ids(self, cg: ComputationGraph) -> tuple:
-        """The graph's node ids of this plan's parameters, cached per graph (graphs are
-        never reused: their serial numbers are unique)."""
+        """The graph's node ids of this plan's parameters, cached per graph (serial numbers
+        are unique; a cg_revert() may drop the nodes, so it counts too)."""
         cached = self._leaf_cache
-        if cached is not None and cached[0] == cg.version:
+        if cached is not None and cached[0] == (cg.version, cg.reverts):
             return cached[1]
         ids = tuple(cg.leaf(p, upd) for p, upd in zip(self.leaf_params, self.leaf_update))
-        self._leaf_cache = (cg.version, ids)
+        self._leaf_cache = ((cg.version, cg.reverts), ids)
         return ids
 
     def check(self, values: tuple) -> None:

@@ -676,3 +676,50 @@ def test_operator_gradients(name, build, dloss, pc):
     p = pc.add_parameters(4, init=v)
     dy.sum_elems(build(dy.parameter(p))).backward()
     np.testing.assert_allclose(p.grad_as_array(), dloss(v), rtol=1e-5)
+
+
+def test_cg_checkpoint_and_revert_drop_later_nodes():
+    """DyNet's beam-search idiom: score hypotheses after a checkpoint, then forget them."""
+    dy.renew_cg()
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((2, 2), init=np.array([[1.0, 2.0], [3.0, 4.0]]))
+    x = dy.inputVector([1.0, -1.0])
+    kept = dy.tanh(W * x)                       # recorded, not yet evaluated
+    n = len(dy.cg())
+    dy.cg_checkpoint()
+    hyp = dy.sum_elems(dy.tanh(W * x) * 2.0)    # the same signatures: batched with `kept`
+    assert hyp.value() == pytest.approx(2 * np.tanh([-1.0, -1.0]).sum())
+    dy.cg_revert()
+    assert len(dy.cg()) == n
+    np.testing.assert_allclose(kept.npvalue(), np.tanh([-1.0, -1.0]), rtol=1e-6)
+    loss = dy.sum_elems(kept)                   # recording goes on after the revert
+    loss.backward()
+    np.testing.assert_allclose(W.grad_as_array(), np.outer(1 - np.tanh([-1.0, -1.0]) ** 2, [1.0, -1.0]),
+                               rtol=1e-5)
+
+
+def test_cg_checkpoints_nest_and_revert_needs_one():
+    dy.renew_cg()
+    a = dy.inputVector([1.0])
+    dy.cg_checkpoint()
+    b = a + 1.0
+    dy.cg_checkpoint()
+    _ = b * 3.0
+    dy.cg_revert()
+    assert len(dy.cg()) == b.i + 1 and b.value() == pytest.approx(2.0)
+    dy.cg_revert()
+    assert len(dy.cg()) == a.i + 1
+    with pytest.raises(dy.DynagraphError, match="cg_checkpoint"):
+        dy.cg_revert()
+
+
+def test_block_calls_after_a_revert_record_their_parameters_again():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((2, 2), init=np.eye(2))
+    f = dy.block(lambda x: dy.tanh(W * x))
+    dy.renew_cg()
+    x = dy.inputVector([0.5, -0.5])
+    dy.cg_checkpoint()
+    f(x).value()                                # records W's node after the checkpoint
+    dy.cg_revert()
+    np.testing.assert_allclose(f(x).npvalue(), np.tanh([0.5, -0.5]), rtol=1e-6)
