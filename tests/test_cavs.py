@@ -185,6 +185,80 @@ def test_random_dags_match_unbatched(float64, seed):
     np.testing.assert_allclose(got, want, **TOL)
 
 
+class NaryTreeLSTM:
+    """Leaf (pulls a word) and node (arity-N TreeLSTM cell over gathered h and c): the pattern
+    the "cpu" backend runs as one task kernel. push: h as is, or a projection of it."""
+
+    def __init__(self, pc, rng, N: int = 3, H: int = 3, D: int = 2, V: int = 9, project: bool = False,
+                 const_u: bool = False):
+        self.N, self.H, self.project, self.const_u = N, H, project, const_u
+        self.E = pc.add_lookup_parameters((V, D), init=rng.normal(size=(V, D)))
+        self.W = pc.add_parameters((3 * H, D), init=rng.normal(size=(3 * H, D)))
+        self.bw = pc.add_parameters((3 * H,), init=rng.normal(size=3 * H))
+        self.U = [pc.add_parameters(((N + 3) * H, H), init=rng.normal(size=((N + 3) * H, H))) for _ in range(N)]
+        self.b = pc.add_parameters(((N + 3) * H,), init=rng.normal(size=(N + 3) * H))
+        self.R = pc.add_parameters((2, H), init=rng.normal(size=(2, H)))
+        self.fns = {"leaf": cavs.vertex_function(self.leaf, arity=0), "node": cavs.vertex_function(self.node, arity=N)}
+
+    def _gates(self, g, n: int, cs: list):
+        H = self.H
+        sl = [dy.pick_range(g, k * H, (k + 1) * H) for k in range(n + 3)]
+        c = dy.cmult(dy.logistic(sl[0]), dy.tanh(sl[n + 2]))
+        for k in range(n):
+            c = c + dy.cmult(dy.logistic(sl[k + 1]), cs[k])
+        return dy.cmult(dy.logistic(sl[n + 1]), dy.tanh(c)), c
+
+    def _out(self, v, h, c) -> None:
+        v.scatter(h, c)
+        v.push(self.R * h if self.project else h)
+
+    def leaf(self, v) -> None:
+        self._out(v, *self._gates(dy.affine_transform([self.bw, self.W, v.pull()]), 0, []))
+
+    def node(self, v) -> None:
+        kids = [v.gather(k) for k in range(self.N)]
+        us = [dy.const_parameter(u) if self.const_u else u for u in self.U]
+        g = dy.affine_transform([self.b] + [x for u, (h, _) in zip(us, kids) for x in (u, h)])
+        self._out(v, *self._gates(g, self.N, [c for _, c in kids]))
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="compiled kernels not built")
+@pytest.mark.parametrize("seed, project, const_u", [(0, False, False), (1, True, False), (2, False, True)])
+def test_cell_task_kernel_matches_op_steps(float64, monkeypatch, seed, project, const_u):
+    """The TreeLSTM task kernel (one take, one GEMM, the compiled cell; leaf parts hoisted the
+    same way) against the fused op steps and op-level code, on DAGs: shared children, a child
+    repeated in one list and missing children (zeros) all occur; gradients of a constant U skipped."""
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    rng = np.random.default_rng(seed)
+    pc = dy.ParameterCollection()
+    m = NaryTreeLSTM(pc, rng, project=project, const_u=const_u)
+    graphs = [_random_dag(rng, int(n), m.N) for n in rng.integers(1, 10, 6)]
+    graphs = [{"children": g, "types": ["node" if ch else "leaf" for ch in g]} for g in graphs]
+    words = [[int(w) for w in rng.integers(0, 9, len(g["children"]))] for g in graphs]
+
+    def loss(**kw):
+        out = cavs.run(m.fns, graphs, pull=(m.E, words), **kw)
+        pushed = [out.pushed(s) for s in range(len(graphs))]
+        if not project:
+            pushed = [[m.R * p for p in ps] for ps in pushed]
+        return _dag_loss(pushed)
+
+    results = []
+    for tasks, fuse in ((True, None), (False, None), (False, False)):
+        monkeypatch.setattr(cavs, "CELL_TASKS", tasks)
+        results.append(_grads(pc, lambda: loss(fuse=fuse)))
+    monkeypatch.setattr(cavs, "CELL_TASKS", True)
+    dy.renew_cg()
+    r = cavs.run(m.fns, graphs, pull=(m.E, words))._run
+    # a leaf pushing R h hoists R h too: that part is no longer the pattern, and runs op by op
+    assert r.cell[0] is None and r.cell[1] is not None and (r.hoist_cell[0] is not None) == (not project)
+    assert r.comps[1].push_direct == (not project)
+    _assert_same(results[2], results[0])
+    _assert_same(results[2], results[1])
+    if const_u:
+        assert all(not np.any(u.grad) for u in m.U)
+
+
 def test_schedule_batches_by_height_across_graphs():
     # two chains of 3 and one lone vertex: heights 0,1,2 / 0,1,2 / 0 -> 3 tasks
     s = cavs._Schedule([[[], [0], [1]], [[], [0], [1]], [[]]], {"f": 0}, [1])
