@@ -58,7 +58,35 @@ class Counts:
     forward_bytes: int = 0
     backward_copies: int = 0
     backward_bytes: int = 0
-    kernels: int = 0
+
+
+# ====================================================================== one step
+def step_forward(be, kernels: dict, step: tuple, vals: dict, data_of: Callable) -> tuple:
+    """Run one traced step over the batch, store its value; returns what backward needs."""
+    i, op, args, a, spec, shape = step
+    d = data_of(spec) if op.uses_data else None
+    ins = [vals[j] for j in args]
+    y = kernels.get(op.name, op.forward)(be.xp, a, d, *ins)
+    vals[i] = y = y.reshape((y.shape[0],) + shape)
+    return ins, y, d
+
+
+def step_backward(be, kernels: dict, step: tuple, saved: tuple, acc: "Grads", needs: dict,
+                  divert: Callable | None = None, n: int = -1) -> None:
+    """The gradient of one step's inputs from its output gradient in `acc`.
+    `divert(n, args, ins, g, want)` may clear entries of `want` to take them elsewhere."""
+    i, op, args, a, spec, shape = step
+    gi = acc.pop(i)
+    if gi is None or op.backward is None or not needs.get(i, False):
+        return
+    ins, y, d = saved
+    want = [needs.get(j, False) for j in args]
+    if divert is not None:
+        divert(n, args, ins, gi, want)
+    gxs = kernels.get(op.name, op.backward)(be.xp, a, d, ins, y, gi, tuple(want))
+    for j, x, gx, w in zip(args, ins, gxs, want):
+        if gx is not None and w:
+            acc.add(j, gx, x.shape)
 
 
 # ======================================================================= compiling
@@ -69,7 +97,6 @@ class Program:
         if mode not in MODES:
             raise ValueError(f"plan mode must be one of {MODES}, got {mode!r}")
         self.plan, self.mode, self.fuse = plan, mode, fuse
-        self.layout = layout
         self.counts = Counts()
         self.rehomed: list = []   # parameters now stored as slices of a stacked array
         steps = plan.steps
@@ -183,16 +210,10 @@ class Program:
         saved = []
         c = self.counts
         c.forward_copies = c.forward_bytes = 0
-        c.kernels = len(self.units)
         kernels = be.forward_kernels
         for k, u in enumerate(self.units):
             if u.kind == STEP:
-                i, op, args, a, spec, shape = plan.steps[u.steps[0]]
-                d = data_of(spec) if op.uses_data else None
-                ins = [vals[j] for j in args]
-                y = kernels.get(op.name, op.forward)(xp, a, d, *ins)
-                vals[i] = y = y.reshape((y.shape[0],) + shape)
-                saved.append((ins, y, d))
+                saved.append(step_forward(be, kernels, plan.steps[u.steps[0]], vals, data_of))
             elif u.kind == GROUP:
                 saved.append(self._run_group(u, be, vals, outs, k, data_of, B))
             elif u.kind == FUSED:
@@ -276,7 +297,7 @@ class Program:
         for k in range(len(self.units) - 1, -1, -1):
             u = self.units[k]
             if u.kind == STEP:
-                self._grad_step(u, be, acc, saved[k], needs, kernels)
+                step_backward(be, kernels, plan.steps[u.steps[0]], saved[k], acc, needs)
             elif u.kind == GROUP:
                 self._grad_group(u, k, be, acc, saved[k], needs, kernels)
             elif u.kind == FUSED:
@@ -289,18 +310,6 @@ class Program:
             if n == 1 and g is not None and not isinstance(g, (Sliced, SparseRows)) and g.shape[0] != 1:
                 grads[k] = g.sum(axis=0, keepdims=True)
         return grads
-
-    def _grad_step(self, u, be, acc, saved, needs, kernels) -> None:
-        i, op, args, a, spec, shape = self.plan.steps[u.steps[0]]
-        gi = acc.pop(i)
-        if gi is None or op.backward is None or not needs.get(i, False):
-            return
-        ins, y, d = saved
-        want = tuple(needs.get(j, False) for j in args)
-        gxs = kernels.get(op.name, op.backward)(be.xp, a, d, ins, y, gi, want)
-        for j, x, gx, w in zip(args, ins, gxs, want):
-            if gx is not None and w:
-                acc.add(j, gx, x.shape)
 
     def _grad_group(self, u, k, be, acc, saved, needs, kernels) -> None:
         steps = self.plan.steps
@@ -616,7 +625,7 @@ def _products(name: str, ins: list):
     return [(ins[k], ins[k + 1]) for k in range(first, len(ins) - 1, 2)]
 
 
-def _as_group(x, spec, K: int, B: int):
+def _as_group(x, spec, K: int):
     """(K or 1, rows, ...) view of a group argument."""
     if spec[0] == "same":
         return x[None]
@@ -629,7 +638,7 @@ def _linear_forward(xp, name: str, ins: list, specs: list, K: int, B: int):
     y = None
     for k in range(first, len(ins) - 1, 2):
         w = ins[k]                                        # (K, n, X) stacked or (1, n, X) shared
-        x = _as_group(ins[k + 1], specs[k + 1], K, B)     # (K, B, X) or (1, B, X)
+        x = _as_group(ins[k + 1], specs[k + 1], K)     # (K, B, X) or (1, B, X)
         p = xp.matmul(x, w.transpose(0, 2, 1))
         y = p if y is None else y + p
     if name == "affine":
@@ -647,7 +656,7 @@ def _linear_backward(xp, name: str, ins: list, specs: list, g, want: tuple, K: i
         out[0] = gb if specs[0][0] == "weights" else gb.sum(axis=0, keepdims=True)
     for k in range(first, len(ins) - 1, 2):
         w = ins[k]
-        x = _as_group(ins[k + 1], specs[k + 1], K, B)
+        x = _as_group(ins[k + 1], specs[k + 1], K)
         if want[k]:
             gw = xp.matmul(g3.transpose(0, 2, 1), x if x.shape[0] == K else xp.broadcast_to(x, (K,) + x.shape[1:]))
             out[k] = gw if specs[k][0] == "weights" else gw.sum(axis=0, keepdims=True)

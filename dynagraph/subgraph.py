@@ -29,10 +29,10 @@ import numpy as np
 from .backends import get_backend
 from .config import config
 from .errors import DynagraphError, DynagraphIndexError, user_line
-from .graph import ComputationGraph, Expression, IndexSlot, current, record, record1
+from .graph import ComputationGraph, Expression, IndexSlot, current, record
 from .memory.layout import plan_layout
 from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
-from .program import MODES, Grads as _Grads, Program, UnitGrads
+from .program import MODES, Grads as _Grads, Program, UnitGrads, step_backward, step_forward
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
 
@@ -120,35 +120,15 @@ class Plan:
         """Every step once over the batch; xs are the inputs then the leaves.
         Returns the values by trace id and what backward needs per step."""
         vals = dict(zip(self.inputs + self.leaves, xs))
-        saved = []
         kernels = be.forward_kernels  # the backend's measured-faster overrides
-        for i, op, args, a, spec, shape in self.steps:
-            d = data_of(spec) if op.uses_data else None
-            ins = [vals[j] for j in args]
-            y = kernels.get(op.name, op.forward)(be.xp, a, d, *ins)
-            y = vals[i] = y.reshape((y.shape[0],) + shape)
-            saved.append((ins, y, d))
-        return vals, saved
+        return vals, [step_forward(be, kernels, step, vals, data_of) for step in self.steps]
 
     def grad_steps(self, be, acc: "_Grads", saved: list, need: tuple, divert: Callable | None = None) -> list:
         """Replay the steps in reverse from the output gradients in `acc`; returns the
-        gradients of the inputs then the leaves. `divert(n, args, ins, g, want)` may
-        clear entries of `want` to take those gradients elsewhere."""
-        needs = self._needs(need)
-        kernels = be.backward_kernels
+        gradients of the inputs then the leaves (see program.step_backward for `divert`)."""
+        needs, kernels = self._needs(need), be.backward_kernels
         for n in range(len(self.steps) - 1, -1, -1):
-            i, op, args, a, spec, shape = self.steps[n]
-            gi = acc.pop(i)
-            if gi is None or op.backward is None or not needs.get(i, False):
-                continue
-            ins, yv, d = saved[n]
-            want = [needs.get(j, False) for j in args]
-            if divert is not None:
-                divert(n, args, ins, gi, want)
-            gxs = kernels.get(op.name, op.backward)(be.xp, a, d, ins, yv, gi, tuple(want))
-            for j, x, gx, w in zip(args, ins, gxs, want):
-                if gx is not None and w:
-                    acc.add(j, gx, x.shape)
+            step_backward(be, kernels, self.steps[n], saved[n], acc, needs, divert, n)
         return [acc.result(i) for i in self.inputs + self.leaves]
 
     def forward(self, xp, attrs, data, *xs):
