@@ -856,12 +856,13 @@ class _CellRec:
         return r
 
     def weights(self, xp, lv: list):
-        """(bias row, W = [W_1 .. W_n] side by side, W^T contiguous), once per pass: the
-        forward's x W^T and the backward's g W both run as plain (NN) GEMMs, measured
-        ~15% faster than a transposed operand over a TreeLSTM's task sizes."""
+        """(bias row, W = [W_1 .. W_n] side by side, W^T as a view), once per pass. A
+        transposed operand costs BLAS nothing measurable (bench/cavs_bench.py; /tmp GEMM
+        sweep, NN vs NT within 5% at H=256 and 512), while a contiguous copy of W^T cost
+        17 ms per pass at H=512: numpy's transposing copy is cache-hostile."""
         ws = [lv[k][0] for k in self.w]
         W = ws[0] if len(ws) == 1 else xp.concatenate(ws, axis=1)
-        return lv[self.b].reshape(1, self.G), W, xp.ascontiguousarray(W.T)
+        return lv[self.b].reshape(1, self.G), W, W.T
 
 
 _PICK_RANGE, _CMULT, _ADD, _ESUM, _TANH, _LOGISTIC, _AFFINE, _MATMUL = (
@@ -1123,14 +1124,16 @@ class _Run:
     def _leafvals(self, part, leafv: tuple) -> list:
         return [leafv[k] for k in self.leaf_pos[id(part)]]
 
-    def _add_leaf_grads(self, acc: list, part, grads: list) -> None:
+    def _add_leaf_grads(self, acc: list, part, grads: list, fresh: bool = False) -> None:
+        """acc[k] += the part's gradient of leaf k. fresh: the caller's arrays (or views of
+        them) are new and referenced nowhere else, so the first one is kept, not copied."""
         for k, g in zip(self.leaf_pos[id(part)], grads[len(part.inputs):]):
             if g is None:
                 continue
             if isinstance(g, SparseRows):
                 acc[k] = (acc[k] or []) + [g]
             elif acc[k] is None:
-                acc[k] = g.copy()
+                acc[k] = g if fresh else g.copy()
             else:
                 acc[k] += g
 
@@ -1421,7 +1424,7 @@ class _Run:
                 if need[npull + pos[k]]:
                     g = dW[None, :, m * cl.D:(m + 1) * cl.D]
                     grads[nin + k] = g if grads[nin + k] is None else grads[nin + k] + g
-        self._add_leaf_grads(acc, rec, grads)
+        self._add_leaf_grads(acc, rec, grads, fresh=True)  # db, dW: this call's own arrays
         return nk
 
     @staticmethod
