@@ -13,7 +13,8 @@ best round (the machine is shared and noisy: ratios of best rounds are what to q
 Systems: dynagraph:agenda and dynagraph:depth (op level, two schedulers),
 dynagraph:block (leaf and node cells as dy.block), dynagraph:cavs (dy.cavs vertex
 functions; dynagraph:cavs-plain turns fusion and the measured optimisations off),
-dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), and numpy
+dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), torch
+(PyTorch eager, one sample at a time, bench/torch_models.py; opt-in), and numpy
 (bench/numpy_batched.py: hand-batched, all nodes of one tree height in one GEMM, the
 practical upper bound for batching; "vs numpy" is each system's ratio to it).
 --threads 0 means the library default (no BLAS thread cap).
@@ -42,7 +43,7 @@ if ROOT not in sys.path:
 
 from bench import params, workloads  # noqa: E402
 from bench.dy_models import DyModel  # noqa: E402
-from bench.worker import PREFIX, emit  # noqa: E402
+from bench.worker import DYNET_MEM, PREFIX, emit, wait_idle  # noqa: E402
 
 SYSTEMS = ["dynagraph:agenda", "dynagraph:depth", "dynagraph:block", "dynagraph:cavs", "dynet:1", "dynet:2", "numpy"]
 
@@ -128,11 +129,16 @@ def setup(system: str, threads: int) -> dict:
         threadpoolctl.threadpool_limits(threads)
     if system == "dynet":
         import dynet_config
-        dynet_config.set(autobatch=int(_VARIANT[0]), random_seed=1, mem="1024,1024,512,512")
+        dynet_config.set(autobatch=int(_VARIANT[0]), random_seed=1, mem=DYNET_MEM)
         import dynet
         versions["dynet"] = getattr(dynet, "__version__", "2.x")
     elif system == "numpy":
         pass  # the hand-batched baseline: numpy and BLAS only
+    elif system == "torch":
+        import torch
+        if threads > 0:
+            torch.set_num_threads(threads)
+        versions["torch"] = torch.__version__
     else:
         import dynagraph
         if threads > 0:
@@ -151,6 +157,9 @@ def make_model(system: str, variant: str, arrays: dict, lr: float):
     if system == "numpy":
         from bench.numpy_batched import NumpyModel
         return NumpyModel("treelstm", arrays, lr)
+    if system == "torch":
+        from bench.torch_models import TorchModel
+        return TorchModel("treelstm", arrays, lr)
     import dynagraph
     if variant == "block":
         return BlockModel(dynagraph, "treelstm", arrays, lr)
@@ -297,13 +306,16 @@ class Worker:
 
 def run_threads(args, threads: int, with_dynet: bool) -> list[dict]:
     import importlib.util
-    specs = [s for s in args.systems if not s.startswith("dynet")
-             or (with_dynet and importlib.util.find_spec("dynet"))]
+    specs = [s for s in args.systems if not s.startswith(("dynet", "torch"))
+             or (with_dynet and importlib.util.find_spec(s.partition(":")[0]))]
     workers = [Worker(s, threads if not s.startswith("dynet") else 1) for s in specs]
     for w in workers:
         w.start()
         if w.error:
             print(f"note: {w.spec} unavailable: {w.error}", file=sys.stderr)
+    waited = wait_idle([w.proc.pid for w in workers if w.proc is not None])
+    if not args.quiet and waited > 1:
+        print(f"note: waited {waited:.0f} s for the workers' start-up threads to go idle", file=sys.stderr)
     best: dict = {}
     try:
         for rnd in range(args.rounds):

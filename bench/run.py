@@ -25,7 +25,7 @@ if ROOT not in sys.path:  # `python bench/run.py` puts bench/, not the repo, on 
     sys.path.insert(0, ROOT)
 
 from bench import report, workloads  # noqa: E402
-from bench.worker import PREFIX  # noqa: E402
+from bench.worker import PREFIX, wait_idle  # noqa: E402
 
 QUICK = dict(H=[64], modes=["train", "infer"], batches=2, warmup=1)
 FULL = dict(H=[64, 256, 512], modes=["train", "infer"], batches=3, warmup=1)
@@ -169,7 +169,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--schedulers", type=csv, default=None, help="dynagraph schedulers (default: all registered)")
     ap.add_argument("--autobatch", type=ints, default=[0, 1, 2], help="DyNet autobatch modes (default 0,1,2)")
     ap.add_argument("--dynet-mem", default="", help="DyNet pools in MB, forward,backward,parameters,scratch "
-                    "(default 1024,1024,512,512; autobatching DyNet cannot grow them)")
+                    "(default 256,256,128,128, enough for every workload at H=512; autobatching DyNet cannot grow them)")
     ap.add_argument("--H", type=ints, default=None, help="hidden sizes, e.g. 64,256 (quick: 64)")
     ap.add_argument("--modes", type=csv, default=None, help="train,infer (default: both)")
     ap.add_argument("--batch-size", type=int, default=64, help="samples per minibatch / renew_cg (default 64)")
@@ -219,6 +219,9 @@ def main(argv=None) -> dict:
     for w in workers:
         w.start()
     live = [w for w in workers if w.wait_ready()]
+    waited = wait_idle([w.proc.pid for w in live])
+    if not args.quiet and waited > 1:
+        print(f"note: waited {waited:.0f} s for the workers' start-up threads to go idle", file=sys.stderr)
     for w in workers:
         if w.error:
             print(f"note: {w.label} unavailable: {w.error}", file=sys.stderr)
