@@ -43,7 +43,7 @@ if ROOT not in sys.path:
 
 from bench import params, workloads  # noqa: E402
 from bench.dy_models import DyModel  # noqa: E402
-from bench.worker import DYNET_MEM, PREFIX, emit, wait_idle  # noqa: E402
+from bench.worker import DYNET_MEM, PREFIX, emit  # noqa: E402
 
 SYSTEMS = ["dynagraph:agenda", "dynagraph:depth", "dynagraph:block", "dynagraph:cavs", "dynet:1", "dynet:2", "numpy"]
 
@@ -304,18 +304,15 @@ class Worker:
         self.proc = None
 
 
-def run_threads(args, threads: int, with_dynet: bool) -> list[dict]:
+def run_threads(args, threads: int, with_baselines: bool) -> list[dict]:
     import importlib.util
     specs = [s for s in args.systems if not s.startswith(("dynet", "torch"))
-             or (with_dynet and importlib.util.find_spec(s.partition(":")[0]))]
+             or (with_baselines and importlib.util.find_spec(s.partition(":")[0]))]
     workers = [Worker(s, threads if not s.startswith("dynet") else 1) for s in specs]
     for w in workers:
         w.start()
         if w.error:
             print(f"note: {w.spec} unavailable: {w.error}", file=sys.stderr)
-    waited = wait_idle([w.proc.pid for w in workers if w.proc is not None])
-    if not args.quiet and waited > 1:
-        print(f"note: waited {waited:.0f} s for the workers' start-up threads to go idle", file=sys.stderr)
     best: dict = {}
     try:
         for rnd in range(args.rounds):
@@ -393,7 +390,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     results = []
     for k, threads in enumerate(args.threads):  # DyNet is single-threaded: measured in the first pass
-        results += run_threads(args, threads, with_dynet=k == 0)
+        results += run_threads(args, threads, with_baselines=k == 0)
     for t in args.threads:
         add_ratios([r for r in results if r["threads"] == t or r["system"].startswith("dynet")])
     doc = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -25,7 +25,7 @@ if ROOT not in sys.path:  # `python bench/run.py` puts bench/, not the repo, on 
     sys.path.insert(0, ROOT)
 
 from bench import report, workloads  # noqa: E402
-from bench.worker import PREFIX, wait_idle  # noqa: E402
+from bench.worker import PREFIX  # noqa: E402
 
 QUICK = dict(H=[64], modes=["train", "infer"], batches=2, warmup=1)
 FULL = dict(H=[64, 256, 512], modes=["train", "infer"], batches=3, warmup=1)
@@ -219,9 +219,6 @@ def main(argv=None) -> dict:
     for w in workers:
         w.start()
     live = [w for w in workers if w.wait_ready()]
-    waited = wait_idle([w.proc.pid for w in live])
-    if not args.quiet and waited > 1:
-        print(f"note: waited {waited:.0f} s for the workers' start-up threads to go idle", file=sys.stderr)
     for w in workers:
         if w.error:
             print(f"note: {w.label} unavailable: {w.error}", file=sys.stderr)

@@ -32,36 +32,6 @@ def emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """utime + stime of every thread of a process (Linux /proc), None elsewhere."""
-    import os
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def wait_idle(pids: list, timeout: float = 60.0, window: float = 0.5, busy: float = 0.05) -> float:
-    """Block until the worker processes stop using CPU; returns the seconds waited.
-
-    A worker announces "ready" once its imports return, but `import dynet` keeps a
-    background thread busy for ~6 s initialising its memory pools. Timing another
-    system meanwhile halved its measured throughput on a 2-core machine, so the
-    drivers call this before the first timed config."""
-    t0 = time.perf_counter()
-    last = [_cpu_seconds(p) for p in pids]
-    while time.perf_counter() - t0 < timeout:
-        time.sleep(window)
-        now = [_cpu_seconds(p) for p in pids]
-        used = sum(b - a for a, b in zip(last, now) if a is not None and b is not None)
-        if used < busy * window:
-            break
-        last = now
-    return time.perf_counter() - t0
-
-
 # ------------------------------------------------------------------ systems
 def setup(system: str, variant: str, threads: int, dynet_mem: str = "") -> dict:
     """Import and configure the system; returns library versions for the record."""
