@@ -47,7 +47,7 @@ def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
         g = _grad_block(cg, xp, gb, b)
         be.add_rows(g, rows, gx.reshape((len(rows),) + g.shape[1:]))
     else:
-        be.scatter_rows(lambda bb: _grad_block(cg, xp, gb, bb), b, rows, gx)
+        be.scatter_indexed(lambda bb: _grad_block(cg, xp, gb, bb), b, gx)  # b: the gather's row index
     stats.scatters += 1
     stats.scatter_bytes += gx.nbytes
 

@@ -24,7 +24,8 @@ class ExecutedBatch(NamedTuple):
     ctx: object = None  # what a saves_ctx op (a static subgraph) keeps for its backward
 
 
-# How argument k of a batch was assembled; autodiff reuses it to scatter gradients back.
+# How argument k of a batch was assembled; autodiff reuses it to scatter gradients back:
+# (LEAF, block, None), (SLICE, block, first row), (TAKE, block, rows), (MANY, row index, None).
 LEAF, SLICE, TAKE, MANY = 0, 1, 2, 3
 
 
@@ -49,7 +50,8 @@ def gather(cg, be, ids: Sequence[int], stats) -> tuple:
             return cg.blocks[b][r0:r0 + B], (SLICE, b, r0)
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
-        out, plan = be.gather_rows(cg.blocks, blks, rows), (MANY, blks, rows)
+        index = be.row_index(cg.blocks, blks, rows)  # checked once: backward scatters with it
+        out, plan = be.gather_indexed(cg.blocks, index), (MANY, index, None)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
     return out, plan

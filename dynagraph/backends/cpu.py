@@ -15,7 +15,7 @@ backends/__init__.py then warns once and uses the numpy backend.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -113,53 +113,87 @@ def _rows_operand(vals, n: int, width: int, dt: np.dtype) -> tuple:
     return v, width
 
 
-def _local(blks: Sequence[int], n_blocks: int) -> tuple:
-    """(distinct block ids in order of first use, per-row position in that list)."""
-    ids = list(dict.fromkeys(blks))  # C-level passes: this runs on every multi-block gather/scatter
-    if len(ids) == 1:
-        local = np.zeros(len(blks), dtype=np.int64)
-    else:
-        pos = {b: k for k, b in enumerate(ids)}
-        local = np.array(list(map(pos.__getitem__, blks)), dtype=np.int64)
-    if ids and (min(ids) < 0 or max(ids) >= n_blocks):
-        raise IndexError(f"block id out of range [0, {n_blocks}): {min(ids) if min(ids) < 0 else max(ids)}")
-    return ids, local
+class RowIndex(NamedTuple):
+    """A validated list of (block, row) pairs. The executor builds one per gathered
+    argument and the backward scatter of that argument reuses it: the rows are checked
+    once, and only each block's shape is re-checked (per block, not per row)."""
+    ids: list          # distinct block ids
+    local: np.ndarray  # per row, the position of its block in ids
+    rows: np.ndarray   # int64, each within its own block
+    shapes: tuple      # the shape of each block in ids when the rows were checked
 
 
-def _check_rows(rows: Sequence[int], limits: list, local: np.ndarray, what: str) -> np.ndarray:
-    """rows[j] checked against the row count of its own block, limits[local[j]]."""
-    r = _index(rows, max(limits), what)
-    if r.shape[0] != local.shape[0]:
-        raise ValueError(f"{what}: {r.shape[0]} rows for {local.shape[0]} block ids")
-    hi = (max(rows) if type(rows) is list else int(r.max())) if r.shape[0] else -1
-    if hi >= min(limits):  # only then can a row exceed the size of its own block
-        lim = np.array(limits, dtype=np.int64)[local]
-        bad = np.flatnonzero(r >= lim)
-        if bad.size:
-            j = int(bad[0])
-            raise IndexError(f"{what}: row {int(r[j])} out of range for a block of {int(lim[j])} rows")
-    return r
+def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
+    """A flat sequence of integers as int64 (no silent truncation of floats or huge uints).
+    ints: xs is known to hold Python ints (the executor's own bookkeeping), converted by
+    fromiter at half asarray's cost; the values are range-checked all the same."""
+    if ints and type(xs) is tuple:
+        return np.fromiter(xs, np.int64, len(xs))
+    r = np.asarray(xs)
+    if r.dtype == np.int64 and r.ndim == 1:  # the executor's case: Python ints
+        return r
+    if r.dtype.kind not in "iu" or r.ndim != 1:
+        raise TypeError(f"{what} must be a flat sequence of integers, got {r.dtype} with shape {r.shape}")
+    if r.dtype.kind == "u" and r.size and int(r.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"{what}: index {int(r.max())} out of range")
+    return np.ascontiguousarray(r, dtype=np.int64)
+
+
+def row_index(shape_of: Callable[[int], tuple], n_blocks: int, blks: Sequence[int], rows: Sequence[int],
+              what: str = "rows", ints: bool = False) -> RowIndex:
+    """Check every (blks[j], rows[j]) against the block's shape, vectorised: block ids in
+    [0, n_blocks), rows in [0, rows of that block), all blocks with one row shape."""
+    n = len(blks)
+    if n == 0 or len(rows) != n:
+        raise ValueError(f"{what}: {n} block ids for {len(rows)} rows (need the same number, at least one)")
+    b, r = _ints(blks, f"{what} block ids", ints), _ints(rows, what, ints)
+    lo, hi = int(b.min()), int(b.max())
+    if lo < 0 or hi >= n_blocks:
+        raise IndexError(f"{what}: block id {lo if lo < 0 else hi} out of range [0, {n_blocks})")
+    if lo == hi:
+        ids, local = [lo], np.zeros(n, dtype=np.int64)
+    else:  # distinct ids and each row's position among them, by a lookup table over [lo, hi]
+        seen = np.zeros(hi - lo + 1, dtype=bool)
+        seen[b - lo] = True
+        present = np.flatnonzero(seen)
+        lut = np.empty(hi - lo + 1, dtype=np.int64)
+        lut[present] = np.arange(len(present))
+        local, ids = lut[b - lo], (present + lo).tolist()
+    shapes = tuple(tuple(shape_of(i)) for i in ids)
+    tail = shapes[0][1:]
+    for i, s in zip(ids, shapes):
+        if s[1:] != tail:
+            raise ValueError(f"{what}: block {i} has rows of shape {s[1:]}, expected {tail}")
+    limit = np.array([s[0] for s in shapes], dtype=np.int64)[local] if len(ids) > 1 else shapes[0][0]
+    if int(r.min()) < 0 or not (r < limit).all():
+        j = int(np.flatnonzero((r < 0) | (r >= limit))[0])
+        lim = int(limit[j]) if len(ids) > 1 else limit
+        raise IndexError(f"{what}: row {int(r[j])} out of range for block {ids[int(local[j])]} of {lim} rows")
+    return RowIndex(ids, local, r, shapes)
+
+
+def _used(blocks: list, ix: RowIndex, what: str) -> None:
+    """The index still fits these blocks: each has the shape it was checked against."""
+    for b, u, s in zip(ix.ids, blocks, ix.shapes):
+        if u.shape != s:
+            raise ValueError(f"{what}: block {b} has shape {u.shape}, the row index was checked for {s}")
 
 
 # ----------------------------------------------------------------- row movers
 def gather_rows(blocks: Sequence[np.ndarray], blks: Sequence[int], rows: Sequence[int]) -> np.ndarray:
     """Row j of the result is blocks[blks[j]][rows[j]], all source blocks in one call."""
-    n = len(blks)
-    if n == 0:
-        raise ValueError("gather_rows needs at least one row (the row shape comes from its block)")
-    ids, local = _local(blks, len(blocks))
-    first = blocks[ids[0]]
-    dt, tail = _real(first.dtype, "gather_rows"), first.shape[1:]
-    used = []
-    for b in ids:
-        u = blocks[b]
-        if u.shape[1:] != tail:
-            raise ValueError(f"gather_rows: block {b} has rows of shape {u.shape[1:]}, expected {tail}")
-        used.append(_in(u, dt))
-    r = _check_rows(rows, [u.shape[0] for u in used], local, "gather_rows")
+    return gather_indexed(blocks, row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows"))
+
+
+def gather_indexed(blocks: Sequence[np.ndarray], ix: RowIndex) -> np.ndarray:
+    dt = _real(blocks[ix.ids[0]].dtype, "gather_rows")
+    used = [_in(blocks[b], dt) for b in ix.ids]
+    _used(used, ix, "gather_rows")
+    tail = ix.shapes[0][1:]
+    n = len(ix.rows)
     out = np.empty((n,) + tail, dt)
     bufs = [_p(u) for u in used]  # kept alive until the call returns
-    _fn("dg_gather_rows", dt)(_p(out), ffi.new(_PTRS[dt], bufs), _pi(local), _pi(r), n, _width(tail))
+    _fn("dg_gather_rows", dt)(_p(out), ffi.new(_PTRS[dt], bufs), _pi(ix.local), _pi(ix.rows), n, _width(tail))
     return out
 
 
@@ -167,28 +201,27 @@ def scatter_add_rows(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray]
                      rows: Sequence[int], vals) -> None:
     """targets(blks[j])[rows[j]] += vals[j]; repeated (block, row) pairs add up.
     `targets` is a list of blocks or a function from block id to block (created lazily)."""
-    n = len(blks)
-    if n == 0:
+    if len(blks) == 0:
         return
-    if callable(targets):
-        ids, local = _local(blks, 1 << 62)
-        used = [targets(b) for b in ids]
-    else:
-        ids, local = _local(blks, len(targets))
-        used = [targets[b] for b in ids]
+    get = targets if callable(targets) else targets.__getitem__
+    bound = 1 << 62 if callable(targets) else len(targets)
+    scatter_indexed(targets, row_index(lambda i: get(i).shape, bound, blks, rows, "scatter_add_rows"), vals)
+
+
+def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray], ix: RowIndex, vals) -> None:
+    """scatter_add_rows over a checked index (the one its forward gather used)."""
+    get = targets if callable(targets) else targets.__getitem__
+    used = [get(b) for b in ix.ids]
     dt = _real(used[0].dtype, "scatter_add_rows")
-    tail = used[0].shape[1:]
-    for b, u in zip(ids, used):
+    for b, u in zip(ix.ids, used):
         _out(u, dt, f"scatter target block {b}")
-        if u.shape[1:] != tail:
-            raise ValueError(f"scatter_add_rows: block {b} has rows of shape {u.shape[1:]}, expected {tail}")
-    r = _check_rows(rows, [u.shape[0] for u in used], local, "scatter_add_rows")
-    width = _width(tail)
+    _used(used, ix, "scatter_add_rows")
+    n, width = len(ix.rows), _width(ix.shapes[0][1:])
     v, vstride = _rows_operand(vals, n, width, dt)
     if any(np.may_share_memory(v, u) for u in used):
         v = v.copy()
     bufs = [_p(u) for u in used]
-    _fn("dg_scatter_add_rows", dt)(ffi.new(_PTRS[dt], bufs), _pi(local), _pi(r), _p(v), vstride, n, width)
+    _fn("dg_scatter_add_rows", dt)(ffi.new(_PTRS[dt], bufs), _pi(ix.local), _pi(ix.rows), _p(v), vstride, n, width)
 
 
 def take_rows(table: np.ndarray, rows) -> np.ndarray:
@@ -801,15 +834,37 @@ class CpuBackend(NumpyBackend):
 
     # ------------------------------------------------------------ row movement
     # take_rows (one source block) stays numpy: a single fancy index beats the call.
-    def gather_rows(self, blocks: list, blks: list, rows: list):
-        if type(blocks[blks[0]]) is not np.ndarray:
-            return super().gather_rows(blocks, blks, rows)
-        return gather_rows(blocks, blks, rows)
+    def row_index(self, blocks: list, blks: list, rows: list):
+        if blocks is None or type(blocks[blks[0]]) is not np.ndarray:
+            return super().row_index(blocks, blks, rows)
+        return row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows", ints=True)
+
+    def gather_indexed(self, blocks: list, index):
+        if type(index) is not RowIndex:
+            return super().gather_indexed(blocks, index)
+        return gather_indexed(blocks, index)
+
+    def scatter_indexed(self, grad_block, index, vals) -> None:
+        if type(index) is not RowIndex or type(vals) is not np.ndarray:
+            return NumpyBackend.scatter_indexed(self, grad_block, self._as_groups(index), vals)
+        scatter_indexed(grad_block, index, vals)
 
     def scatter_rows(self, grad_block, blks: list, rows: list, vals) -> None:
         if type(vals) is not np.ndarray:
             return super().scatter_rows(grad_block, blks, rows, vals)
         scatter_add_rows(grad_block, blks, rows, vals)
+
+    @staticmethod
+    def _as_groups(index):
+        """A RowIndex as the numpy backend's block -> (positions, rows, distinct) groups."""
+        if type(index) is not RowIndex:
+            return index
+        out = {}
+        for k, b in enumerate(index.ids):
+            dst = np.flatnonzero(index.local == k)
+            src = index.rows[dst]
+            out[b] = (dst, src, len(np.unique(src)) == len(src))
+        return out
 
     def add_rows(self, g, rows: list, vals) -> None:
         if type(g) is not np.ndarray or (len(rows) < ADD_ROWS_MIN and len(set(rows)) == len(rows)):

@@ -24,13 +24,32 @@ class NumpyBackend:
 
     def gather_rows(self, blocks: list, blks: list, rows: list):
         """Row j of the result is blocks[blks[j]][rows[j]]: one copy per source block."""
+        return self.gather_indexed(blocks, self.row_index(blocks, blks, rows))
+
+    def row_index(self, blocks: list, blks: list, rows: list):
+        """(blks, rows) prepared once for gather_indexed and the backward's scatter_indexed:
+        here block -> (positions in the batch, rows in that block), as index arrays."""
         xp = self.xp
-        groups = _group(blks, rows)
-        first = blocks[blks[0]]
-        out = xp.empty((len(rows),) + first.shape[1:], dtype=first.dtype)
-        for bb, (dst, src) in groups.items():
-            out[xp.asarray(dst)] = blocks[bb][xp.asarray(src)]
+        return {bb: (xp.asarray(dst), xp.asarray(src), len(set(src)) == len(src))
+                for bb, (dst, src) in _group(blks, rows).items()}
+
+    def gather_indexed(self, blocks: list, index):
+        xp = self.xp
+        first = blocks[next(iter(index))]
+        out = xp.empty((sum(len(d) for d, _, _ in index.values()),) + first.shape[1:], dtype=first.dtype)
+        for bb, (dst, src, _) in index.items():
+            out[dst] = blocks[bb][src]
         return out
+
+    def scatter_indexed(self, grad_block, index, vals) -> None:
+        """grad_block(b)[rows[j]] += vals[j] over the index of the forward gather."""
+        for bb, (dst, src, distinct) in index.items():
+            g = grad_block(bb)
+            v = vals[dst].reshape((len(src),) + g.shape[1:])
+            if distinct:
+                g[src] += v
+            else:
+                self.xp.add.at(g, src, v)
 
     def add_rows(self, g, rows: list, vals) -> None:
         """g[rows] += vals; the slow unbuffered add.at only when a row repeats."""
@@ -42,10 +61,7 @@ class NumpyBackend:
 
     def scatter_rows(self, grad_block, blks: list, rows: list, vals) -> None:
         """grad_block(b)[rows[j]] += vals[j] for rows spread over several blocks."""
-        xp = self.xp
-        for bb, (src, dst) in _group(blks, rows).items():
-            g = grad_block(bb)
-            self.add_rows(g, dst, vals[xp.asarray(src)].reshape((len(src),) + g.shape[1:]))
+        self.scatter_indexed(grad_block, self.row_index(None, blks, rows), vals)
 
     def embedding_backward(self, p, idx, vals) -> None:
         """A lookup table's sparse gradient: p.grad[idx] += vals (repeats add up)."""

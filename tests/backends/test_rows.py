@@ -172,3 +172,41 @@ def test_values_aliasing_the_target_are_copied_first():
     np.add.at(expect, np.array([1, 0]), g[0:2].copy())
     cpu.add_rows(g, [1, 0], g[0:2])
     np.testing.assert_array_equal(g, expect)
+
+
+# ------------------------------------------------------------------ row indices
+@pytest.mark.parametrize("be", [REF, cpu.CpuBackend()], ids=["numpy", "cpu"])
+@pytest.mark.parametrize("B", [1, 7, 300])
+def test_row_index_gather_then_scatter_round_trip(be, B):
+    """The executor's pattern: one checked index for the forward gather and the backward scatter."""
+    rng = np.random.default_rng(B)
+    blocks = [rng.standard_normal((n, 3)) for n in (4, 9, 2, 6)]
+    blks = tuple(int(b) for b in rng.integers(0, 4, B))
+    rows = tuple(int(rng.integers(0, len(blocks[b]))) for b in blks)  # repeats at B = 300
+    ix = be.row_index(blocks, blks, rows)
+    np.testing.assert_array_equal(be.gather_indexed(blocks, ix), np.stack([blocks[b][r] for b, r in zip(blks, rows)]))
+    grads = [np.zeros_like(b) for b in blocks]
+    vals = rng.standard_normal((B, 3))
+    be.scatter_indexed(grads.__getitem__, ix, vals)
+    expect = [np.zeros_like(b) for b in blocks]
+    for j, (b, r) in enumerate(zip(blks, rows)):
+        expect[b][r] += vals[j]
+    for g, e in zip(grads, expect):
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_row_index_is_checked_once_and_guards_its_blocks():
+    blocks = [np.zeros((3, 2)), np.zeros((5, 2))]
+    with pytest.raises(IndexError, match="block 0 of 3 rows"):
+        cpu.row_index(lambda i: blocks[i].shape, 2, (1, 0), (4, 3))
+    with pytest.raises(IndexError):
+        cpu.row_index(lambda i: blocks[i].shape, 2, (0, 2), (0, 0))
+    with pytest.raises(TypeError):
+        cpu.row_index(lambda i: blocks[i].shape, 2, [0, 1], [0.5, 1])
+    with pytest.raises(ValueError):
+        cpu.row_index(lambda i: blocks[i].shape, 2, (0, 1), (0,))
+    ix = cpu.row_index(lambda i: blocks[i].shape, 2, (1, 0), (4, 2))
+    with pytest.raises(ValueError, match="checked for"):  # a smaller block than the index was checked for
+        cpu.scatter_indexed([np.zeros((3, 2)), np.zeros((4, 2))], ix, np.ones((2, 2)))
+    with pytest.raises(ValueError, match="checked for"):
+        cpu.gather_indexed([np.zeros((3, 2)), np.zeros((5, 3))], ix)
