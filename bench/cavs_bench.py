@@ -17,6 +17,8 @@ dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), torch
 (PyTorch eager, one sample at a time, bench/torch_models.py; opt-in), and numpy
 (bench/numpy_batched.py: hand-batched, all nodes of one tree height in one GEMM, the
 practical upper bound for batching; "vs numpy" is each system's ratio to it).
+A dynagraph system takes a backend after "@" (dynagraph:agenda@numpy: the numpy
+reference backend instead of the compiled cpu one, in a process of its own).
 --threads 0 means the library default (no BLAS thread cap).
 
 Reported per system: samples/s (best round), ratio to DyNet's best autobatch mode,
@@ -144,6 +146,7 @@ def setup(system: str, threads: int) -> dict:
         if threads > 0:
             dynagraph.config.set(threads=threads)
         versions["dynagraph"] = dynagraph.__version__
+        versions["backend"] = dynagraph.get_backend().name  # the one actually running
     return versions
 
 
@@ -263,7 +266,8 @@ def worker_main(argv) -> None:
 class Worker:
     def __init__(self, spec: str, threads: int):
         self.spec, self.threads = spec, threads
-        self.system, _, self.variant = spec.partition(":")
+        self.system, _, variant = spec.partition(":")
+        self.variant, _, self.backend = variant.partition("@")  # dynagraph:cavs@numpy
         self.proc, self.versions, self.error = None, {}, None
 
     def start(self) -> None:
@@ -273,6 +277,8 @@ class Worker:
             env["DYNAGRAPH_THREADS"] = str(self.threads)
         else:
             env.pop("DYNAGRAPH_THREADS", None)
+        if self.backend:
+            env["DYNAGRAPH_BACKEND"] = self.backend
         cmd = [sys.executable, "-m", "bench.cavs_bench", "--worker", "--system", self.system,
                "--variant", self.variant, "--threads", str(self.threads)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -329,7 +335,8 @@ def run_threads(args, threads: int, with_baselines: bool) -> list[dict]:
                               + (f"{sps:8.1f} samples/s" if sps else r.get("error", "?")), file=sys.stderr)
                     k = (H, w.spec)
                     if "error" in r or k not in best or r["samples_per_sec"] > best[k]["samples_per_sec"]:
-                        best[k] = {**cfg, "system": w.spec, "threads": threads, "round": rnd, **r}
+                        best[k] = {**cfg, "system": w.spec, "threads": threads, "round": rnd,
+                                   "versions": w.versions, **r}
     finally:
         for w in workers:
             w.stop()
@@ -349,19 +356,21 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'H':>4} {'thr':>3}  {'system':<18}{'samples/s':>10}{'vs DyNet':>9}{'vs numpy':>9}{'kern/step':>10}"
+    lines = [f"{'H':>4} {'thr':>3}  {'system':<24}{'samples/s':>10}{'vs DyNet':>9}{'vs numpy':>9}{'kern/step':>10}"
              f"   split (% of step)",
              "-" * 100]
-    for r in sorted(results, key=lambda r: (r["H"], r["threads"], SYSTEMS.index(r["system"])
-                                            if r["system"] in SYSTEMS else 99)):
+    def order(r: dict) -> tuple:
+        base = r["system"].partition("@")[0]
+        return r["H"], r["threads"], SYSTEMS.index(base) if base in SYSTEMS else 99, r["system"]
+    for r in sorted(results, key=order):
         if r.get("error"):
-            lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<18}error: {r['error'][:80]}")
+            lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<24}error: {r['error'][:80]}")
             continue
         ratio = f"{r['vs_dynet_best']:.2f}x" if r.get("vs_dynet_best") else "-"
         hand = f"{r['vs_numpy']:.2f}x" if r.get("vs_numpy") else "-"
         kern = f"{r['kernels_per_step']:.0f}" if r.get("kernels_per_step") else ""
         split = " ".join(f"{k} {100 * v:.0f}" for k, v in (r.get("split") or {}).items())
-        lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<18}{r['samples_per_sec']:>10.1f}{ratio:>9}"
+        lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<24}{r['samples_per_sec']:>10.1f}{ratio:>9}"
                      f"{hand:>9}{kern:>10}   {split}")
     return "\n".join(lines)
 

@@ -518,3 +518,22 @@ def test_fused_lstm_chain_matches_unfused(float64, monkeypatch):
         results.append(_grads(pc, lambda: dy.esum(model.losses(sents))))
     assert [c.fused for c in model.step._compiled.values()] == [0, 1]
     _assert_same(*results)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="compiled kernels not built")
+def test_bench_runs_each_backend_in_its_own_worker(tmp_path):
+    """cavs_bench's dynagraph:<variant>@<backend> runs that backend, side by side with the default."""
+    root = os.path.dirname(EXAMPLES)
+    sys.path.insert(0, root)
+    try:
+        from bench import cavs_bench
+    finally:
+        sys.path.remove(root)
+    out = tmp_path / "b.json"
+    doc = cavs_bench.main(["--systems", "dynagraph:cavs,dynagraph:cavs@numpy", "--H", "4", "--threads", "1",
+                           "--rounds", "1", "--batches", "1", "--out", str(out), "--quiet"])
+    got = {r["system"]: r for r in doc["results"]}
+    assert got["dynagraph:cavs"]["versions"]["backend"] == "cpu"
+    assert got["dynagraph:cavs@numpy"]["versions"]["backend"] == "numpy"
+    assert all(r["samples_per_sec"] > 0 for r in got.values())
+    np.testing.assert_allclose(got["dynagraph:cavs@numpy"]["losses"], got["dynagraph:cavs"]["losses"], rtol=1e-5)
