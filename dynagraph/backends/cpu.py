@@ -130,8 +130,6 @@ def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
     if ints and type(xs) is tuple:
         return np.fromiter(xs, np.int64, len(xs))
     r = np.asarray(xs)
-    if r.dtype == np.int64 and r.ndim == 1:  # the executor's case: Python ints
-        return r
     if r.dtype.kind not in "iu" or r.ndim != 1:
         raise TypeError(f"{what} must be a flat sequence of integers, got {r.dtype} with shape {r.shape}")
     if r.dtype.kind == "u" and r.size and int(r.max()) > np.iinfo(np.int64).max:
@@ -845,26 +843,14 @@ class CpuBackend(NumpyBackend):
         return gather_indexed(blocks, index)
 
     def scatter_indexed(self, grad_block, index, vals) -> None:
-        if type(index) is not RowIndex or type(vals) is not np.ndarray:
-            return NumpyBackend.scatter_indexed(self, grad_block, self._as_groups(index), vals)
+        if type(index) is not RowIndex:  # row_index left non-numpy blocks to the numpy code
+            return super().scatter_indexed(grad_block, index, vals)
         scatter_indexed(grad_block, index, vals)
 
     def scatter_rows(self, grad_block, blks: list, rows: list, vals) -> None:
         if type(vals) is not np.ndarray:
             return super().scatter_rows(grad_block, blks, rows, vals)
         scatter_add_rows(grad_block, blks, rows, vals)
-
-    @staticmethod
-    def _as_groups(index):
-        """A RowIndex as the numpy backend's block -> (positions, rows, distinct) groups."""
-        if type(index) is not RowIndex:
-            return index
-        out = {}
-        for k, b in enumerate(index.ids):
-            dst = np.flatnonzero(index.local == k)
-            src = index.rows[dst]
-            out[b] = (dst, src, len(np.unique(src)) == len(src))
-        return out
 
     def add_rows(self, g, rows: list, vals) -> None:
         if type(g) is not np.ndarray or (len(rows) < ADD_ROWS_MIN and len(set(rows)) == len(rows)):

@@ -210,3 +210,9 @@ def test_row_index_is_checked_once_and_guards_its_blocks():
         cpu.scatter_indexed([np.zeros((3, 2)), np.zeros((4, 2))], ix, np.ones((2, 2)))
     with pytest.raises(ValueError, match="checked for"):
         cpu.gather_indexed([np.zeros((3, 2)), np.zeros((5, 3))], ix)
+
+
+def test_strided_index_arrays_are_made_contiguous():
+    blocks = [np.arange(12.0).reshape(6, 2), np.arange(12.0, 24.0).reshape(6, 2)]
+    b, r = np.array([0, 9, 1, 9, 0, 9]), np.array([5, 99, 0, 99, 2, 99])
+    np.testing.assert_array_equal(cpu.gather_rows(blocks, b[::2], r[::2]), [blocks[0][5], blocks[1][0], blocks[0][2]])
