@@ -67,6 +67,7 @@ import numpy as np
 from .backends import get_backend
 from .errors import DynagraphError, DynagraphIndexError, user_line
 from .graph import ComputationGraph, Expression, current, record
+from .memory.workspace import WORKSPACE
 from .ops import OPS
 from .ops.base import CHEAP, ELEMWISE, GEMM, OpDef, SparseRows, as_shape, size_of
 from .parameters import LookupParameters
@@ -397,6 +398,9 @@ class _Schedule:
         self.tasks = [(int(ts[s0]), s0, e0, int(local_sorted[s0]), child_rows[s0:e0])
                       for s0, e0 in zip(bounds[:-1], bounds[1:])]
         self.depth = int(self.level.max()) + 1 if N else 0
+        self.widest = [0] * nf  # per function, its largest task: the size of per-task scratch
+        for f, s0, e0, _, _ in self.tasks:
+            self.widest[f] = max(self.widest[f], e0 - s0)
 
     def gid(self, sample: int, vertex: int) -> int:
         if not 0 <= sample < self.S:
@@ -1048,6 +1052,27 @@ class _HoistSaved:
         self.X, self.act, self.W, self.shape = X, act, W, shape
 
 
+class _Ctx(dict):
+    """A pass's saved state. Its big buffers come from the shared workspace (numpy only:
+    CuPy pools its own memory) and go back to it when the context is garbage."""
+
+    __slots__ = ("__weakref__", "xp", "lease")
+
+    def __init__(self, xp):
+        super().__init__()
+        self.xp = xp
+        self.lease = None
+        if xp is np:
+            self.lease = WORKSPACE.lease()
+            self.lease.bind(self)
+
+    def empty(self, tag: str, shape, dtype):
+        return self.lease.empty(tag, shape, dtype) if self.lease is not None else self.xp.empty(shape, dtype=dtype)
+
+    def zeros(self, tag: str, shape, dtype):
+        return self.lease.zeros(tag, shape, dtype) if self.lease is not None else self.xp.zeros(shape, dtype=dtype)
+
+
 class _Run:
     """One dy.cavs.run(): the schedule, the compiled functions and the buffers of a pass."""
 
@@ -1150,12 +1175,13 @@ class _Run:
         nk = 0
         # the state, one buffer per symbol: a gather of one symbol is one contiguous take;
         # row N (a missing child) stays zeros
-        S = [xp.empty((sch.N + 1, b - a), dtype=dt) for a, b in self.scols]
+        ctx = _Ctx(xp)
+        S = [ctx.empty("S", (sch.N + 1, b - a), dt) for a, b in self.scols]
         for s in S:
             s[sch.N] = 0
         cells = [cl if be.name == "cpu" else None for cl in self.cell]
-        ctx: dict = {"S": S, "XH": [], "LZ": [], "hoist": [], "rec": [None] * len(sch.tasks), "lazy": [],
-                     "cells": cells, "XG": [], "W": []}
+        ctx.update({"S": S, "XH": [], "LZ": [], "hoist": [], "rec": [None] * len(sch.tasks), "lazy": [],
+                    "cells": cells, "XG": [], "W": [], "ACT": [], "KIDS": [], "PRE": []})
         for f, c in enumerate(self.comps):
             nv = sch.count[f]
             XH = hs = None
@@ -1163,10 +1189,10 @@ class _Run:
                 dd = self.dedup[f]
                 X = self.pull.values(xp, xs, f, nv, dt, None if dd is None else dd[0])
                 rows = X.shape[0]
-                XH = xp.empty((rows, c.hoist_width), dtype=dt)
+                XH = ctx.empty("XH", (rows, c.hoist_width), dt)
                 dests = [XH[:, a:b] for a, b in c.hoist_cols]
                 if self.hoist_cell[f] is not None and be.name == "cpu":
-                    hs = self._hoist_forward(xp, self.hoist_cell[f], X, self._leafvals(c.hoist, leafv), dests)
+                    hs = self._hoist_forward(ctx, self.hoist_cell[f], X, self._leafvals(c.hoist, leafv), dests)
                 else:
                     hs = c.hoist.forward_rows(be, rows, self._keys(c.hoist, f, 0, rows, 1),
                                               [X] + self._leafvals(c.hoist, leafv), dests)
@@ -1176,10 +1202,15 @@ class _Run:
             ctx["XH"].append(XH)
             ctx["hoist"].append(hs)
             ctx["LZ"].append(self.holders[f].values.reshape(nv, -1) if c.push_direct else
-                             xp.empty((nv, c.lz_width), dtype=dt) if c.lz_width else None)
+                             ctx.empty("LZ", (nv, c.lz_width), dt) if c.lz_width else None)
             cl = cells[f]
             # the gathered x's of every task, rows in f's order: the weight gradient's GEMM input
-            ctx["XG"].append(xp.empty((nv, len(cl.w), cl.D), dtype=dt) if cl is not None else None)
+            ctx["XG"].append(ctx.empty("XG", (nv, len(cl.w), cl.D), dt) if cl is not None else None)
+            # the cell's per-run rows (act, children's cells; kept for backward) and one
+            # GEMM output the size of the largest task, reused task after task
+            ctx["ACT"].append(ctx.empty("ACT", (nv, cl.G + cl.H), dt) if cl is not None else None)
+            ctx["KIDS"].append(ctx.empty("KIDS", nv * cl.n * cl.H, dt) if cl is not None else None)
+            ctx["PRE"].append(ctx.empty("PRE", sch.widest[f] * cl.G, dt) if cl is not None else None)
             ctx["W"].append(cl.weights(xp, self._leafvals(c.rec, leafv)) if cl is not None else None)
         for t, (f, s0, e0, l0, cr) in enumerate(sch.tasks):
             c = self.comps[f]
@@ -1207,16 +1238,13 @@ class _Run:
         return xp.zeros((1, 1), dtype=dt), ctx
 
     @staticmethod
-    def _hoist_forward(xp, cl: _CellRec, X, lv: list, dests: list) -> "_HoistSaved":
+    def _hoist_forward(ctx: "_Ctx", cl: _CellRec, X, lv: list, dests: list) -> "_HoistSaved":
         """A leaf function's hoisted part as the TreeLSTM kernel: one GEMM, the cell (no children)."""
-        from .backends import cpu
-        b, W, WT = cl.weights(xp, lv)
+        b, W, WT = cl.weights(ctx.xp, lv)
         X2 = X.reshape(len(X), -1)
-        pre = X2 @ WT
-        pre += b
-        h, cc, act = cpu.treelstm_forward(pre, None)
-        for kind, dst in zip(cl.outs, dests):
-            dst[...] = h if kind == "h" else cc
+        act = ctx.empty("HACT", (len(X2), cl.G + cl.H), X2.dtype)
+        pre = ctx.xp.matmul(X2, WT, out=ctx.empty("HPRE", (len(X2), cl.G), X2.dtype))
+        _Run._cell_run(cl, pre, None, b, act, dests)
         return _HoistSaved(X2, act, W, X.shape)
 
     @staticmethod
@@ -1265,7 +1293,8 @@ class _Run:
                                   self._dests(f, t, ctx))
 
     def _cell_forward(self, xp, cl: _CellRec, t: int, ctx: dict):
-        """One task as the TreeLSTM kernel: take, GEMM, cell, scatter."""
+        """One task as the TreeLSTM kernel: take, GEMM, cell (bias added inside, h and c
+        written straight into their state or push rows)."""
         from .backends import cpu
         f, s0, e0, l0, cr = self.sched.tasks[t]
         M = e0 - s0
@@ -1274,13 +1303,31 @@ class _Run:
         xp.take(ctx["S"][cl.jh], rows_h, axis=0, out=X, mode="clip")  # rows are in range: row N is zeros
         X = X.reshape(M, -1)
         b, _, WT = ctx["W"][f]
-        pre = X @ WT
-        pre += b
-        kids = xp.take(ctx["S"][cl.jc], rows_c, axis=0)  # (N, M, H): the kernel's layout
-        h, cc, act = cpu.treelstm_forward(pre, kids)
-        for kind, dst in zip(cl.outs, self._dests(f, t, ctx)):
-            dst[...] = h if kind == "h" else cc
+        pre = xp.matmul(X, WT, out=self._scratch(ctx, f, M, cl.G))
+        kids = ctx["KIDS"][f][cl.n * cl.H * l0:cl.n * cl.H * (l0 + M)].reshape(cl.n, M, cl.H)
+        xp.take(ctx["S"][cl.jc], rows_c, axis=0, out=kids, mode="clip")  # (N, M, H): the kernel's layout
+        act = ctx["ACT"][f][l0:l0 + M]
+        self._cell_run(cl, pre, kids, b, act, self._dests(f, t, ctx))
         return X, kids, act
+
+    @staticmethod
+    def _scratch(ctx: dict, f: int, M: int, width: int):
+        """A contiguous (M, width) block of f's per-task scratch, or None (numpy allocates)."""
+        buf = ctx["PRE"][f]
+        return buf[:M * width].reshape(M, width) if M * width <= len(buf) else None
+
+    @staticmethod
+    def _cell_run(cl: _CellRec, pre, kids, b, act, dests: list) -> None:
+        """The compiled cell, writing h and c into the first destination of each; any
+        further destination of the same output gets a copy."""
+        from .backends import cpu
+        first = {}
+        for kind, dst in zip(cl.outs, dests):
+            first.setdefault(kind, dst)
+        h, c, _ = cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act))
+        for kind, dst in zip(cl.outs, dests):
+            if dst is not first[kind]:
+                dst[...] = h if kind == "h" else c
 
     # ---------------------------------------------------------------- backward
     def backward(self, xs: tuple, need: tuple, ctx: dict) -> tuple:
@@ -1291,11 +1338,11 @@ class _Run:
         nk = 0
         acc: list = [None] * len(self.leaf_keys)
         # one gradient buffer per state symbol: the gather gradients scatter-add into whole rows
-        gS = [xp.zeros((sch.N + 1, b - a), dtype=dt) for a, b in self.scols]
+        gS = [ctx.zeros("gS", (sch.N + 1, b - a), dt) for a, b in self.scols]
         gLZ = [self._push_grad(f, xp, dt) if c.push_direct else
-               xp.zeros((sch.count[f], c.lz_width), dtype=dt) if c.lz_width else None
+               ctx.zeros("gLZ", (sch.count[f], c.lz_width), dt) if c.lz_width else None
                for f, c in enumerate(self.comps)]
-        gXH = [xp.zeros((sch.count[f], c.hoist_width), dtype=dt) if ctx["XH"][f] is not None else None
+        gXH = [ctx.zeros("gXH", (sch.count[f], c.hoist_width), dt) if ctx["XH"][f] is not None else None
                for f, c in enumerate(self.comps)]
         for f, c in enumerate(self.comps):  # lazy parts ran last: their backward comes first
             gp = self.holders[f].take_grad() if self.holders[f] is not None else None
@@ -1312,7 +1359,7 @@ class _Run:
         deferred: dict = {}
         cells = ctx["cells"]
         # per cell function: the pre-activation gradients of every task, rows in f's order
-        dP = [xp.empty((sch.count[f], cl.G), dtype=dt) if cl is not None and self.defer[f] else None
+        dP = [ctx.empty("dP", (sch.count[f], cl.G), dt) if cl is not None and self.defer[f] else None
               for f, cl in enumerate(cells)]
         sums: list = [[None, None] for _ in cells]
         ctx["need"] = need
@@ -1386,13 +1433,13 @@ class _Run:
                 dc = g if dc is None else dc + g
         if dh is None:
             dh = xp.zeros((M, cl.H), dtype=act.dtype)
-        dpre, dkids = cpu.treelstm_backward(act, kids, dh, dc)
-        gx = dpre @ ctx["W"][f][1]  # [dx_1 .. dx_n]: the gathered x's gradients, one GEMM
+        # into dP's rows when the weight gradient is one GEMM at the end: no copy
+        dpre, dkids = cpu.treelstm_backward(act, kids, dh, dc, dpre=None if dP is None else dP[l0:l0 + M])
+        gx = xp.matmul(dpre, ctx["W"][f][1], out=self._scratch(ctx, f, M, cl.n * cl.D))
         rows_h, rows_c = self.cell_rows[t]
         cpu.add_rows(gS[cl.jh], rows_h.reshape(-1), gx.reshape(-1, cl.D))  # one pass, repeated rows too
         cpu.add_rows(gS[cl.jc], rows_c.reshape(-1), dkids.reshape(-1, cl.H))
         if dP is not None:
-            dP[l0:l0 + M] = dpre
             return
         if sums[0] is not None or sums[1] is not None:  # [dW, db] of the tasks so far
             if sums[0] is not None:

@@ -30,13 +30,27 @@ class Engine:
         executor.execute(cg, get_backend(), batches)
         cg.done = upto + 1
         if stats.lower_bound_fn is None:
-            stats.lower_bound_fn = lambda: schedulers.lower_bound(
-                cg, [i for i in range(cg.done) if not cg.op[i].leaf])
+            stats.lower_bound_fn = _Bound(cg)
+        stats.lower_bound_fn.done = cg.done
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:
         autodiff.backward(cg, get_backend(), nid, full)
         cg._t_last = time.perf_counter()
+
+
+class _Bound:
+    """The lower bound on demand, from the graph's node lists but not the graph: a closure
+    over the graph made graph -> stats -> closure -> graph a cycle, so a retired graph (and
+    every buffer it saved for backward) waited for the cyclic GC instead of going at once."""
+
+    __slots__ = ("op", "args", "sig", "done")
+
+    def __init__(self, cg):
+        self.op, self.args, self.sig, self.done = cg.op, cg.args, cg.sig, 0
+
+    def __call__(self) -> int:
+        return schedulers.lower_bound(self, [i for i in range(self.done) if not self.op[i].leaf])
 
 
 graph.set_engine(Engine())

@@ -143,10 +143,10 @@ void dg_gru_gates_bwd_f32(const float *zr, const float *h_prev, const float *dz,
                           float *dpre_zr, float *dh_prev, int64_t B, int64_t H);
 void dg_gru_gates_bwd_f64(const double *zr, const double *h_prev, const double *dz, const double *drh,
                           double *dpre_zr, double *dh_prev, int64_t B, int64_t H);
-void dg_treelstm_fwd_f32(const float *pre, const float *c_kids, int64_t N, float *c, float *h,
-                         float *act, int64_t B, int64_t H);
-void dg_treelstm_fwd_f64(const double *pre, const double *c_kids, int64_t N, double *c, double *h,
-                         double *act, int64_t B, int64_t H);
+void dg_treelstm_fwd_f32(const float *pre, const float *bias, const float *c_kids, int64_t N, float *c,
+                         int64_t ldc, float *h, int64_t ldh, float *act, int64_t B, int64_t H);
+void dg_treelstm_fwd_f64(const double *pre, const double *bias, const double *c_kids, int64_t N, double *c,
+                         int64_t ldc, double *h, int64_t ldh, double *act, int64_t B, int64_t H);
 void dg_treelstm_bwd_f32(const float *act, const float *c_kids, int64_t N, const float *dh,
                          const float *dc, float *dpre, float *dc_kids, int64_t B, int64_t H);
 void dg_treelstm_bwd_f64(const double *act, const double *c_kids, int64_t N, const double *dh,

@@ -84,6 +84,29 @@ def test_treelstm_three_ways_same_loss_and_gradients(three_ways, float64, backen
         assert all(c.fused == 1 for f in m.functions.values() for c in f._compiled.values())
 
 
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_runs_reuse_the_workspace_without_changing_a_number(three_ways, float64, backend):
+    """A run takes the buffers the previous run gave back (no fresh pages), and values
+    a user kept from an earlier graph are not overwritten by the next one."""
+    from dynagraph.memory.workspace import WORKSPACE
+    ex = three_ways
+    flat, n_words = _tree_batch(ex, n=7, seed=5)
+    other, _ = _tree_batch(ex, n=4, seed=6)
+    pc = dy.ParameterCollection()
+    m = ex.CavsTreeLSTM(pc, n_words + 30, 4, 5, n_labels=5)
+    WORKSPACE.clear()
+    cold = _grads(pc, lambda: dy.esum(ex.cavs_losses(m, flat)))
+    kept = dy.concatenate(m.run(other).roots()).npvalue()
+    kept_copy = kept.copy()
+    hits = WORKSPACE.hits
+    warm = _grads(pc, lambda: dy.esum(ex.cavs_losses(m, flat)))
+    assert WORKSPACE.hits > hits  # the retired graphs' buffers came back and were taken
+    np.testing.assert_array_equal(warm[0], cold[0])
+    for a, b in zip(cold[1], warm[1]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(kept, kept_copy)
+
+
 @pytest.mark.parametrize("defer, dedup", [(True, True), (True, False), (False, False)])
 def test_optimisation_switches_keep_the_numbers(three_ways, float64, monkeypatch, defer, dedup):
     """Deferred weight gradients (one GEMM over all tasks) and hoisting per distinct word."""

@@ -723,3 +723,24 @@ def test_block_calls_after_a_revert_record_their_parameters_again():
     f(x).value()                                # records W's node after the checkpoint
     dy.cg_revert()
     np.testing.assert_allclose(f(x).npvalue(), np.tanh([0.5, -0.5]), rtol=1e-6)
+
+
+def test_a_retired_graph_is_freed_without_the_cyclic_gc(pc):
+    """renew_cg frees the old graph and what it saved for backward at once: a reference
+    cycle would hold every buffer until the collector ran."""
+    import gc
+    import weakref
+    W = pc.add_parameters((3, 4))
+    gc.disable()
+    try:
+        dy.renew_cg()
+        loss = dy.sum_elems(dy.tanh(W * dy.inputVector([1.0, 2.0, 3.0, 4.0])))
+        loss.value()
+        loss.backward()
+        _ = loss.cg.stats.lower_bound
+        ref = weakref.ref(loss.cg)
+        del loss
+        dy.renew_cg()
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -559,21 +559,66 @@ def _kids(c_kids, N: int, B: int, H: int, dt) -> np.ndarray:
     return _state(c_kids, dt, (N, B, H), "c_kids")
 
 
-def treelstm_forward(pre, c_kids) -> tuple:
+def _rows_out(a, dt, shape: tuple, what: str) -> int:
+    """An output written row by row: unit column stride, rows ld elements apart (ld >= width),
+    so it may be rows and columns of a wider buffer. Returns ld."""
+    if not isinstance(a, np.ndarray) or a.dtype != dt or not a.flags.writeable or a.shape != shape:
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"{what} must be a writeable {dt} array of shape {shape}, got {got}")
+    it = dt.itemsize
+    ld = a.strides[0] // it if shape[0] > 1 else shape[1]
+    if shape[0] and shape[1] and (a.strides[1] != it and shape[1] > 1 or a.strides[0] % it or ld < shape[1]):
+        raise ValueError(f"{what}: rows must be unit-stride and not overlap, got strides {a.strides}")
+    return ld
+
+
+def _disjoint(outs: list, ins: list, what: str) -> None:
+    """The kernels' pointers are restrict: no output may share memory with another array."""
+    for i, o in enumerate(outs):
+        for x in outs[i + 1:] + ins:
+            if x is not None and o.size and x.size and np.shares_memory(o, x):
+                raise ValueError(f"{what}: an output overlaps another argument")
+
+
+def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None) -> tuple:
     """N-ary TreeLSTM step: pre (B, (N+3)H) = [i f_1..f_N o u], c_kids (N, B, H) or a
-    list of N (B, H) arrays (N = 0 for a leaf). Returns (h, c, act)."""
+    list of N (B, H) arrays (N = 0 for a leaf). Returns (h, c, act).
+
+    bias ((N+3)H,), if given, is added to pre inside the kernel (the same rounding as
+    pre + bias first). out = (h, c, act), any of them None, are written in place: h and
+    c may be row blocks of wider arrays (unit column stride), act must be C-contiguous."""
     pre = np.asarray(pre)
     dt = _real(pre.dtype, "treelstm_forward")
     N = len(c_kids) if c_kids is not None else 0
     pre, B, H = _gates(pre, N + 3, "treelstm_forward")
     kids = _kids(c_kids, N, B, H, dt)
-    c, h, act = np.empty((B, H), dt), np.empty((B, H), dt), np.empty((B, (N + 4) * H), dt)
-    _fn("dg_treelstm_fwd", dt)(_p(pre), _p(kids), N, _p(c), _p(h), _p(act), B, H)
+    if bias is not None:
+        bias = _in(bias, dt)
+        if bias.shape not in (((N + 3) * H,), (1, (N + 3) * H)):
+            raise ValueError(f"treelstm_forward: bias must have {(N + 3) * H} values, got shape {bias.shape}")
+    h, c, act = out if out is not None else (None, None, None)
+    h = np.empty((B, H), dt) if h is None else h
+    c = np.empty((B, H), dt) if c is None else c
+    act = np.empty((B, (N + 4) * H), dt) if act is None else _out(act, dt, "treelstm_forward act")
+    if act.shape != (B, (N + 4) * H):
+        raise ValueError(f"treelstm_forward: act must have shape {(B, (N + 4) * H)}, got {act.shape}")
+    ldh, ldc = _rows_out(h, dt, (B, H), "treelstm_forward h"), _rows_out(c, dt, (B, H), "treelstm_forward c")
+    if out is not None:
+        _disjoint([h, c, act], [pre, kids, bias], "treelstm_forward")
+    _fn("dg_treelstm_fwd", dt)(_p(pre), _opt(bias), _p(kids), N, _rows_p(c), ldc, _rows_p(h), ldh, _p(act), B, H)
     return h, c, act
 
 
-def treelstm_backward(act, c_kids, dh, dc=None) -> tuple:
-    """(dpre (B, (N+3)H), dc_kids (N, B, H))."""
+def _rows_p(a: np.ndarray):
+    """A pointer to a's first element; a may be a strided view (its extent is checked by _rows_out)."""
+    if a.flags.c_contiguous:
+        return _p(a)
+    return ffi.cast(_BUF[a.dtype].replace("[]", "*"), a.ctypes.data)
+
+
+def treelstm_backward(act, c_kids, dh, dc=None, dpre=None) -> tuple:
+    """(dpre (B, (N+3)H), dc_kids (N, B, H)). dpre, if given, is a C-contiguous array
+    written in place (rows of a larger per-run buffer: no copy afterwards)."""
     act = np.asarray(act)
     dt = _real(act.dtype, "treelstm_backward")
     N = len(c_kids) if c_kids is not None else 0
@@ -581,7 +626,13 @@ def treelstm_backward(act, c_kids, dh, dc=None) -> tuple:
     kids = _kids(c_kids, N, B, H, dt)
     dh = _state(dh, dt, (B, H), "dh")
     dc = _state(dc, dt, (B, H), "dc", optional=True)
-    dpre, dkids = np.empty((B, (N + 3) * H), dt), np.empty((N, B, H), dt)
+    if dpre is None:
+        dpre = np.empty((B, (N + 3) * H), dt)
+    elif _out(dpre, dt, "treelstm_backward dpre").shape != (B, (N + 3) * H):
+        raise ValueError(f"treelstm_backward: dpre must have shape {(B, (N + 3) * H)}, got {dpre.shape}")
+    else:
+        _disjoint([dpre], [act, kids, dh, dc], "treelstm_backward")
+    dkids = np.empty((N, B, H), dt)
     _fn("dg_treelstm_bwd", dt)(_p(act), _p(kids), N, _p(dh), _opt(dc), _p(dpre), _p(dkids), B, H)
     return dpre, dkids
 

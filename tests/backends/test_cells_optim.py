@@ -84,6 +84,59 @@ def test_treelstm_forward(dt, N, B, H):
         close(cpu.treelstm_forward(pre, np.stack(kids))[0], h, dt)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("N", [0, 2])
+@pytest.mark.parametrize("B", [1, 5, 0])
+def test_treelstm_forward_bias_and_outputs_in_place(dt, N, B):
+    """The in-kernel bias is the same rounding as adding it first; h and c can be written
+    straight into column blocks of a wider buffer, act and dpre into given arrays."""
+    rng = np.random.default_rng(7)
+    H = 4
+    pre = rng.standard_normal((B, (N + 3) * H)).astype(dt)
+    bias = rng.standard_normal((N + 3) * H).astype(dt)
+    kids = rng.standard_normal((N, B, H)).astype(dt)
+    h0, c0, a0 = cpu.treelstm_forward(pre + bias, kids)
+    wide = np.full((B, 3 * H), -7, dt)
+    act = np.empty((B, (N + 4) * H), dt)
+    h, c, a = cpu.treelstm_forward(pre, kids, bias=bias, out=(wide[:, H:2 * H], wide[:, 2 * H:], act))
+    assert h.base is wide and a is act
+    np.testing.assert_array_equal(wide[:, H:2 * H], h0)
+    np.testing.assert_array_equal(wide[:, 2 * H:], c0)
+    np.testing.assert_array_equal(act, a0)
+    assert (wide[:, :H] == -7).all()  # nothing outside the given columns is touched
+    dh = rng.standard_normal((B, H)).astype(dt)
+    dpre0, dk0 = cpu.treelstm_backward(a0, kids, dh)
+    dpre = np.empty_like(dpre0)
+    got, dk = cpu.treelstm_backward(a0, kids, dh, dpre=dpre)
+    assert got is dpre
+    np.testing.assert_array_equal(dpre, dpre0)
+    np.testing.assert_array_equal(dk, dk0)
+
+
+def test_treelstm_outputs_in_place_are_checked():
+    pre, kids = np.zeros((3, 16)), np.zeros((1, 3, 4))  # N = 1, H = 4
+    wide = np.zeros((3, 8))
+    with pytest.raises(ValueError, match="overlaps"):
+        cpu.treelstm_forward(pre, kids, out=(wide[:, :4], wide[:, 2:6], None))
+    with pytest.raises(ValueError, match="overlaps"):
+        cpu.treelstm_forward(pre, kids, out=(pre[:, :4], None, None))
+    with pytest.raises(ValueError, match="unit-stride"):
+        cpu.treelstm_forward(pre, kids, out=(np.zeros((3, 8))[:, ::2], None, None))
+    with pytest.raises(ValueError, match="unit-stride"):
+        cpu.treelstm_forward(pre, kids, out=(np.zeros((3, 4))[::-1], None, None))
+    with pytest.raises(ValueError, match="shape"):
+        cpu.treelstm_forward(pre, kids, out=(np.zeros((2, 4)), None, None))
+    with pytest.raises(ValueError, match="float64"):
+        cpu.treelstm_forward(pre, kids, out=(np.zeros((3, 4), np.float32), None, None))
+    with pytest.raises(ValueError, match="bias"):
+        cpu.treelstm_forward(pre, kids, bias=np.zeros(15))
+    _, _, act = cpu.treelstm_forward(pre, kids)
+    with pytest.raises(ValueError, match="dpre"):
+        cpu.treelstm_backward(act, kids, np.zeros((3, 4)), dpre=np.zeros((3, 15)))
+    with pytest.raises(ValueError, match="overlaps"):
+        cpu.treelstm_backward(act, kids, np.zeros((3, 4)), dpre=act.reshape(-1)[:48].reshape(3, 16))
+
+
 @pytest.mark.parametrize("N", [0, 2, 3])
 @pytest.mark.parametrize("with_dc", [True, False])
 def test_treelstm_backward_finite_differences(N, with_dc):
