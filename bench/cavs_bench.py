@@ -113,9 +113,13 @@ class CavsModel(DyModel):
         dy.renew_cg(**self.renew_kwargs)
         self.begin()
         t0 = time.perf_counter()
-        # FlatTree: post-order; a leaf has left = right = -1 (children [-1, -1]: none)
-        graphs = [{"children": list(zip(t.left, t.right)), "types": [0 if l < 0 else 1 for l in t.left]}
-                  for t in batch]
+        # FlatTree: post-order; a leaf has left = right = -1 (children [-1, -1]: none). As (n, 2)
+        # arrays: run() concatenates them with no Python per vertex (0.2 ms a step at H=64)
+        import numpy as np
+        graphs = []
+        for t in batch:
+            lr = np.array((t.left, t.right), dtype=np.int64)
+            graphs.append({"children": lr.T, "types": (lr[0] >= 0).astype(np.int64)})
         self.out = self.cavs.run(self.functions, graphs, pull=(self.P["E"], [t.words for t in batch]),
                                  fuse=self.fuse)
         self.t_build = time.perf_counter() - t0

@@ -241,20 +241,40 @@ def _unpack(g, s: int) -> tuple:
         if "children" not in g:
             raise DynagraphError(f"dy.cavs.run: graph {s} is a dict without a 'children' list")
         return g["children"], g.get("types", g.get("type"))
-    if isinstance(g, (list, tuple)):
+    if isinstance(g, (list, tuple)) or (type(g) is np.ndarray and g.ndim == 2):
         return g, None
-    raise TypeError(f"dy.cavs.run: graph {s} must be a dy.cavs.Graph, a dict or a list of children lists, "
-                    f"got {type(g).__name__}")
+    raise TypeError(f"dy.cavs.run: graph {s} must be a dy.cavs.Graph, a dict, a list of children lists or "
+                    f"an (n, k) integer array (-1: no child), got {type(g).__name__}")
+
+
+def _flat_children(kid_lists: list, N: int) -> tuple:
+    """(children per vertex, every child index in order). Graphs given as (n, k) integer
+    arrays (-1 pads a missing child) are concatenated as they are: no Python per vertex."""
+    if kid_lists and all(type(c) is np.ndarray and c.ndim == 2 for c in kid_lists) \
+            and len({c.shape[1] for c in kid_lists}) == 1:
+        kids = np.concatenate(kid_lists).reshape(-1)
+        if kids.dtype.kind not in "iu":
+            raise TypeError(f"dy.cavs.run: children arrays must hold integer vertex indices, got {kids.dtype}")
+        return np.full(N, kid_lists[0].shape[1], dtype=np.int64), kids.astype(np.int64, copy=False)
+    lists = [c.tolist() if type(c) is np.ndarray else c for c in kid_lists]
+    counts = np.fromiter(map(len, itertools.chain.from_iterable(lists)), dtype=np.int64, count=N)
+    try:
+        kids = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(lists)),
+                           dtype=np.int64, count=int(counts.sum()))
+    except (TypeError, ValueError):
+        raise TypeError("dy.cavs.run: children lists must hold int vertex indices (or -1: no child)") from None
+    return counts, kids
 
 
 def _levels_any_order(ch: Sequence, s: int) -> list:
-    """Kahn's algorithm; a vertex left over sits on a cycle."""
+    """Kahn's algorithm; a vertex left over sits on a cycle. -1 pads a missing child."""
     n = len(ch)
     parents: list = [[] for _ in range(n)]
-    waiting = [len(k) for k in ch]
+    waiting = [sum(1 for c in k if c >= 0) for k in ch]
     for v, kids in enumerate(ch):
         for c in kids:
-            parents[c].append(v)
+            if c >= 0:
+                parents[c].append(v)
     lev = [0] * n
     ready = [v for v in range(n) if not waiting[v]]
     done = 0
@@ -293,23 +313,17 @@ class _Schedule:
                 if nf > 1:
                     raise DynagraphError(f"dy.cavs.run: graph {s} has no vertex types, but there are {nf} vertex "
                                          f"functions; give Graph(children, types)")
-                types.extend([0] * len(ch))
+                ty = np.zeros(len(ch), dtype=np.int64)
             elif len(ty) != len(ch):
                 raise DynagraphError(f"dy.cavs.run: graph {s} has {len(ch)} children lists but {len(ty)} types")
-            else:
-                types.extend(ty)
+            types.append(ty)
         self.S = len(sizes)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.base = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.N = N = int(self.base[-1])
         self.sample_of = np.repeat(np.arange(self.S), self.sizes)
         self.type = self._type_ids(types, names, nf)
-        counts = np.fromiter(map(len, itertools.chain.from_iterable(kid_lists)), dtype=np.int64, count=N)
-        try:
-            kids = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(kid_lists)),
-                               dtype=np.int64, count=int(counts.sum()))
-        except (TypeError, ValueError):
-            raise TypeError("dy.cavs.run: children lists must hold int vertex indices (or -1: no child)") from None
+        counts, kids = _flat_children(kid_lists, N)
         owner = np.repeat(np.arange(N), counts)
         pos = np.arange(len(kids)) - (np.cumsum(counts) - counts)[owner]  # child slot k of its vertex
         self._check_children(kids, owner, pos, arity, names)
@@ -323,8 +337,13 @@ class _Schedule:
         self.level = self._levels(km, kid_lists)
         self._order(nf, km)
 
-    def _type_ids(self, types: list, names: dict, nf: int) -> np.ndarray:
-        arr = np.asarray(types) if types else np.zeros(0, dtype=np.int64)
+    def _type_ids(self, per_graph: list, names: dict, nf: int) -> np.ndarray:
+        if all(type(t) is np.ndarray for t in per_graph):
+            arr = np.concatenate(per_graph) if per_graph else np.zeros(0, dtype=np.int64)
+            types = arr
+        else:
+            types = [t for ty in per_graph for t in ty]
+            arr = np.asarray(types) if types else np.zeros(0, dtype=np.int64)
         if arr.dtype.kind not in "iu":  # names (or a mix): map them, -1 when unknown
             arr = np.asarray([names.get(t, -1) if isinstance(t, str) else
                               (t if isinstance(t, (int, np.integer)) and not isinstance(t, bool) else -1)

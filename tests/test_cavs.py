@@ -208,6 +208,42 @@ def test_random_dags_match_unbatched(float64, seed):
     np.testing.assert_allclose(got, want, **TOL)
 
 
+def test_children_as_integer_arrays_give_the_same_run(float64):
+    """(n, k) arrays padded with -1 are the fast input form; same numbers as lists."""
+    rng = np.random.default_rng(7)
+    pc = dy.ParameterCollection()
+    model = DagRNN(pc, rng, arity=3)
+    graphs = [_random_dag(rng, int(n), 3) for n in (1, 4, 8, 6)]
+    words = [[int(w) for w in rng.integers(0, 9, len(g))] for g in graphs]
+    padded = [np.array([c + [-1] * (3 - len(c)) for c in g], dtype=np.int32).reshape(len(g), 3) for g in graphs]
+
+    def loss(gs):
+        out = cavs.run(model.fn, gs, pull=(model.E, words))
+        return _dag_loss([out.pushed(s) for s in range(len(gs))])
+    _assert_same(_grads(pc, lambda: loss(graphs)), _grads(pc, lambda: loss(padded)))
+    with pytest.raises(TypeError, match="integer"):
+        dy.renew_cg()
+        cavs.run(model.fn, [p.astype(float) for p in padded], pull=(model.E, words))
+
+
+@pytest.mark.parametrize("as_array", [False, True])
+def test_deep_chain_with_padding_uses_the_exact_fallback(float64, as_array):
+    """Past 48 levels the heights come from a per-graph pass; -1 there is no child, not a cycle."""
+    rng = np.random.default_rng(8)
+    pc = dy.ParameterCollection()
+    model = DagRNN(pc, rng, arity=2)
+    n = 60
+    chain = [[-1, -1]] + [[v - 1, -1] for v in range(1, n)]
+    graphs = [np.array(chain) if as_array else chain]
+    words = [[int(w) for w in rng.integers(0, 9, n)]]
+    dy.renew_cg()
+    out = cavs.run(model.fn, graphs, pull=(model.E, words))
+    assert out._run.sched.depth == n
+    with using(scheduler="none"):
+        ref = _grads(pc, lambda: _dag_loss(model.unbatched([chain], words)))
+    _assert_same(ref, _grads(pc, lambda: _dag_loss([cavs.run(model.fn, graphs, pull=(model.E, words)).pushed(0)])))
+
+
 class NaryTreeLSTM:
     """Leaf (pulls a word) and node (arity-N TreeLSTM cell over gathered h and c): the pattern
     the "cpu" backend runs as one task kernel. push: h as is, or a projection of it."""
