@@ -39,7 +39,7 @@ class Workspace:
     def bytes_kept(self) -> int:
         with self._lock:
             return sum(b.nbytes for lst in self._free.values() for b in lst) + \
-                sum(b.nbytes for _, b in self._pending)
+                sum(b.nbytes for _, b in list(self._pending))
 
     def clear(self) -> None:
         """Drop every kept buffer (their memory goes back once no run uses them)."""
@@ -62,14 +62,17 @@ class Workspace:
         return np.empty(int(n * _GROWTH) + 1, dtype=key[1])
 
     def _give_back(self, taken: list) -> None:
-        with self._lock:
-            self._pending.extend(taken)
+        # No lock: this runs from a finalizer, which the cyclic GC may fire inside _take
+        # while that holds the lock (a deadlock, seen in CI). list.extend is atomic.
+        self._pending.extend(taken)
 
     def _settle(self) -> None:
         """Pending buffers nobody else refers to become free. References to one base here:
-        the pending list's tuple, the local name and getrefcount's own argument."""
+        the pending list's tuple, the local name and getrefcount's own argument. Buffers
+        given back meanwhile land in the fresh list and wait for the next call."""
+        pending, self._pending = self._pending, []
         still = []
-        for item in self._pending:
+        for item in pending:
             tag, base = item
             if sys.getrefcount(base) > 3:
                 still.append(item)
@@ -78,7 +81,7 @@ class Workspace:
             lst.append(base)
             if len(lst) > self.keep:
                 _drop_smallest(lst)
-        self._pending = still
+        self._pending.extend(still)
 
 
 def _drop_smallest(lst: list) -> None:
