@@ -19,7 +19,7 @@ class Grads(list):
     zero-filled copy: that saves a zero fill and an add pass per block (measured: most
     op-level blocks get exactly one full contribution). An adopted array may be shared
     (an op's backward can return its output gradient unchanged for two arguments), so it
-    is copy-on-write: `writable` copies it before the first add into it."""
+    is copy-on-write: `_grad_block` copies it before the first add into it."""
 
     __slots__ = ("borrowed",)
 
@@ -53,12 +53,12 @@ def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
     kind, b, rows = plan
     if (kind == SLICE or kind == LEAF) and gb[b] is None and not isinstance(gx, (SparseRows, Sliced)) \
             and gx.dtype == cg.dtype:
-        shape = cg.blocks[b].shape if kind == SLICE else None
-        if kind == LEAF:  # a parameter's block: one row, the batch's rows summed
-            if gb.adopt(b, gx.sum(axis=0, keepdims=True) if gx.shape[0] != 1 else gx,
-                        cg.blocks[b].shape, gx.shape[0] != 1):
+        shape = cg.blocks[b].shape
+        if kind == LEAF:  # a parameter's block: one row, the batch's rows summed (a fresh array)
+            summed = gx.shape[0] != 1
+            if gb.adopt(b, gx.sum(axis=0, keepdims=True) if summed else gx, shape, summed):
                 return
-        elif kind == SLICE and rows == 0 and gx.shape[0] == shape[0] and gb.adopt(b, gx.reshape(shape), shape, False):
+        elif rows == 0 and gx.shape[0] == shape[0] and gb.adopt(b, gx.reshape(shape), shape, False):
             return
     if isinstance(gx, SparseRows):
         be.embedding_backward(cg.leaf_param(b), gx.idx, gx.vals)

@@ -3,8 +3,8 @@
 Why: a vertex-function run allocates megabytes (states, gathered inputs, activations,
 gradients) that live for one forward and backward. Fresh allocations of that size come
 from the kernel as untouched pages, and every first touch is a page fault: measured at
-about 8,000 faults a step for TreeLSTM at H=256, and until glibc's heap settles (tens of
-steps) those steps run 30-50% slower. A buffer handed back by the previous run has its
+4,600-8,100 faults a step for TreeLSTM at H=256 until glibc's heap settles (about 30
+steps), and those steps ran up to 45% slower (61-82 ms against 55.5 ms). A buffer handed back by the previous run has its
 pages mapped already.
 
 A run takes buffers through a `Lease`; when the run's context dies, the lease hands them
