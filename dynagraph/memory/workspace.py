@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["Workspace", "Lease", "WORKSPACE"]
+__all__ = ["WORKSPACE", "Lease", "Workspace"]
 
 _GROWTH = 1.25  # slack on a fresh buffer, so the next, slightly larger batch still fits
 
@@ -33,7 +33,7 @@ class Workspace:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def lease(self) -> "Lease":
+    def lease(self) -> Lease:
         return Lease(self)
 
     def bytes_kept(self) -> int:
@@ -91,7 +91,7 @@ def _drop_smallest(lst: list) -> None:
 class Lease:
     """The buffers one run took; `bind` hands them back when the run's context dies."""
 
-    __slots__ = ("ws", "taken")
+    __slots__ = ("taken", "ws")
 
     def __init__(self, ws: Workspace):
         self.ws, self.taken = ws, []
