@@ -1,7 +1,7 @@
 import os
 import warnings
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -29,6 +29,14 @@ class OptionalBuildExt(build_ext):
                       "the 'cpu' backend will fall back to numpy")
 
 
+def recorder_extension() -> Extension:
+    """dynagraph._recorder: the recording hot path (kernels/cpython/recorder.c, CPython API).
+    Optional like the kernels: without it dynagraph records in pure Python."""
+    strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
+    flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
+    return Extension("dynagraph._recorder", ["kernels/cpython/recorder.c"], extra_compile_args=flags)
+
+
 setup(
     name="dynagraph",
     version="0.1.0",
@@ -42,6 +50,7 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "dev": ["pytest>=7", "hypothesis>=6", "ruff"],
     },
+    ext_modules=[recorder_extension()],
     cffi_modules=["dynagraph/backends/_cffi_build.py:ffibuilder"],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -14,6 +14,7 @@ from .errors import DynagraphError, user_line
 from . import graph as _graph
 from .batched import BatchedExpression, batch_size_of, batched, map_record, sample, samples_of
 from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
+from .recording import LIST, ONE, TWO, recorder
 from .ops import OPS, as_shape
 from . import parameters as _params_module
 from .parameters import LookupParameters
@@ -46,20 +47,16 @@ __all__ = [
 _B = BatchedExpression
 
 
-def record1(op, x, attrs: tuple = (), data=None):
-    if type(x) is Expression:
-        cg = x.cg
-        if not cg.retired:
-            return Expression(cg, cg.add(op, (x.i,), attrs, data))
+def _record1(op, x, attrs: tuple = (), data=None):
     return record(op, (x,), attrs, data)
 
 
-def record2(op, x, y, attrs: tuple = ()):
-    if type(x) is Expression and type(y) is Expression:
-        cg = x.cg
-        if y.cg is cg and not cg.retired:
-            return Expression(cg, cg.add(op, (x.i, y.i), attrs))
+def _record2(op, x, y, attrs: tuple = ()):
     return record(op, (x, y), attrs)
+
+
+record1 = recorder(None, ONE, _record1)
+record2 = recorder(None, TWO, _record2)
 
 
 def record(op, args: Sequence = (), attrs: tuple = (), data=None):
@@ -70,22 +67,20 @@ def record(op, args: Sequence = (), attrs: tuple = (), data=None):
     return _graph.record(op, args, attrs, data)
 
 
-def _record_list(op, xs, what: str, attrs: tuple = ()):
-    """record() for the list functions (esum, concatenate, affine_transform): graph.record's
-    fast loop inlined, one call fewer than _list + record on every model's hot path."""
-    if type(xs) is not list:
-        xs = list(xs)
-    if xs and type(xs[0]) is Expression:
-        cg = xs[0].cg
-        if not cg.retired:
-            ids = []
-            for a in xs:
-                if type(a) is not Expression or a.cg is not cg:
-                    break
-                ids.append(a.i)
-            else:
-                return Expression(cg, cg.add(op, tuple(ids), attrs))
-    return record(op, _list(xs, what), attrs)
+def _list_recorder(name: str, what: str | None = None, doc: str = ""):
+    """dy.<what>(xs): records op `name` from a list of expressions (compiled fast path)."""
+    op, what = _O[name], what or name
+
+    def slow(xs, attrs: tuple = ()):
+        return record(op, _list(xs, what), attrs)
+    return _named(recorder(op, LIST, slow), what, doc)
+
+
+def _named(f, name: str, doc: str):
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = doc
+    f.__module__ = __name__
+    return f
 
 
 def _dim(d, what: str) -> tuple:
@@ -216,15 +211,9 @@ def random_bernoulli(dim, p: float, scale: float = 1.0, batch_size: int = 1) -> 
 def _u(name):
     op = _O[name]
 
-    def f(x) -> Expression:
-        if type(x) is Expression:  # record1's fast path, inlined: one call less per node
-            cg = x.cg
-            if not cg.retired:
-                return Expression(cg, cg.add(op, (x.i,)))
-        return record1(op, x)
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Elementwise {name}."
-    return f
+    def slow(x, attrs: tuple = (), data=None) -> Expression:
+        return record(op, (x,), attrs, data)
+    return _named(recorder(op, ONE, slow), name, f"{name}(x): elementwise {name}.")
 
 
 tanh, logistic, rectify, exp, log, square, sqrt, abs, cube, softsign, selu = (
@@ -248,14 +237,9 @@ def pow(x, y) -> Expression:
 def _b(name):
     op = _O[name]
 
-    def f(x, y) -> Expression:
-        if type(x) is Expression and type(y) is Expression:  # record2's fast path, inlined
-            cg = x.cg
-            if y.cg is cg and not cg.retired:
-                return Expression(cg, cg.add(op, (x.i, y.i)))
-        return record2(op, x, y)
-    f.__name__ = f.__qualname__ = name
-    return f
+    def slow(x, y, attrs: tuple = ()) -> Expression:
+        return record(op, (x, y), attrs)
+    return _named(recorder(op, TWO, slow), name, f"{name}(x, y)")
 
 
 cmult, cdiv, bmax, bmin, dot_product, squared_distance, binary_log_loss, colwise_add = (
@@ -268,33 +252,24 @@ def cadd(x, y) -> Expression:
 
 
 # ------------------------------------------------------------------- n-ary
-def esum(xs: Sequence[Expression]) -> Expression:
-    return _record_list(_O["esum"], xs, "esum")
-
-
-def average(xs: Sequence[Expression]) -> Expression:
-    return _record_list(_O["average"], xs, "average")
-
-
-def emax(xs: Sequence[Expression]) -> Expression:
-    return _record_list(_O["emax"], xs, "emax")
-
-
-def logsumexp(xs: Sequence[Expression]) -> Expression:
-    return _record_list(_O["logsumexp"], xs, "logsumexp")
+esum = _list_recorder("esum", doc="esum([x, ...]): the elementwise sum.")
+average = _list_recorder("average", doc="average([x, ...]): the elementwise mean.")
+emax = _list_recorder("emax", doc="emax([x, ...]): the elementwise maximum.")
+logsumexp = _list_recorder("logsumexp", doc="logsumexp([x, ...]): log(sum(exp(x))) elementwise.")
+_concatenate = _list_recorder("concatenate")
 
 
 def concatenate(xs: Sequence[Expression], d: int = 0) -> Expression:
-    return _record_list(_O["concatenate"], xs, "concatenate", (d if type(d) is int else int(d),))
+    return _concatenate(xs, (d if type(d) is int else int(d),))
 
 
 def concatenate_cols(xs: Sequence[Expression]) -> Expression:
-    return _record_list(_O["concatenate"], xs, "concatenate_cols", (1,))
+    return _concatenate(xs, (1,))
 
 
-def affine_transform(xs: Sequence) -> Expression:
-    """b + W1*x1 + W2*x2 + ... in one node (one GEMM per weight when batched)."""
-    return _record_list(_O["affine"], xs, "affine_transform")
+affine_transform = _list_recorder(
+    "affine", "affine_transform", "affine_transform([b, W1, x1, W2, x2, ...]): b + W1*x1 + W2*x2 + ... in one "
+    "node (one GEMM per weight when batched).")
 
 
 # ------------------------------------------------------------ shape & selection

@@ -20,6 +20,7 @@ from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, o
 from .ops import OPS, OpDef
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
 from .parameters import LookupParameters, Parameters
+from .recording import COMPILED, ONE, TWO, ExprBase, GraphBase, configure, recorder
 from .stats import Stats
 
 _engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
@@ -30,7 +31,7 @@ def set_engine(engine) -> None:
     _engine = engine
 
 
-class ComputationGraph:
+class ComputationGraph(GraphBase):
     """One recorded computation. Several graphs may coexist; `renew_cg` retires the default one."""
 
     _serial = 0
@@ -40,7 +41,7 @@ class ComputationGraph:
         self.version = ComputationGraph._serial
         self.retired = False
         self.scheduler = scheduler if scheduler is not None else config.scheduler
-        self.immediate_compute = immediate_compute
+        self.immediate_compute = bool(immediate_compute)
         self.check_validity = check_validity
         self.dtype = config.np_dtype
         # Node storage: parallel lists indexed by node id.
@@ -73,8 +74,10 @@ class ComputationGraph:
         self.reverts = 0                # bumped by revert(): node ids may be reused after it
 
     # ------------------------------------------------------------------ recording
-    def add(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
+    def _add_py(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
         """Record one node. The hot path of every model: keep it allocation-light.
+        This is `add` without the compiled recorder, and the reference it falls back
+        to for anything but the common case (dynagraph/recording.py).
 
         A node's shape is a function of its signature key (op, attrs, argument
         parts), so the key is looked up first and the op's shape rule runs only
@@ -111,7 +114,7 @@ class ComputationGraph:
                     check(attrs, data, *[self.shape[i] for i in ids])
             except (IndexError, ValueError) as e:
                 raise self._op_error(op, ids, e) from None
-        sid, shape, attrs = known  # the interned attrs: equal, and one fewer object kept per node
+        sid, shape, attrs = known[0], known[1], known[2]  # the interned attrs: equal, and one fewer object kept per node
         nid = len(self.op)
         self.op.append(op)
         self.args.append(ids)
@@ -126,6 +129,9 @@ class ComputationGraph:
             self.forward_to(nid)
         return nid
 
+    if not COMPILED:
+        add = _add_py
+
     def _new_signature(self, op: OpDef, ids: tuple, attrs: tuple, key: tuple) -> tuple:
         """(signature id, output shape, attrs) for a key not seen yet: runs the op's shape
         rule. Interned, one tuple per distinct signature, which keeps GC pressure low."""
@@ -133,7 +139,8 @@ class ComputationGraph:
             shape = op.shape(attrs, *[self.shape[i] for i in ids])
         except (IndexError, ValueError) as e:
             raise self._op_error(op, ids, e) from None
-        known = self._sig_id[key] = (len(self.signatures), shape, attrs)
+        # check and blocks_grad ride along for the compiled recorder (one lookup per node)
+        known = self._sig_id[key] = (len(self.signatures), shape, attrs, op.check, op.blocks_grad)
         self.signatures.append(key)
         return known
 
@@ -312,12 +319,9 @@ _ADD, _ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
     OPS[n] for n in ("add", "addc", "sub", "rsubc", "mulc", "matmul", "cdiv", "rdivc", "neg", "powc", "pow"))
 
 
-class Expression:
-    """A handle to one node of one graph. Cheap: two slots."""
-    __slots__ = ("cg", "i")
-
-    def __init__(self, cg: ComputationGraph, i: int):
-        self.cg, self.i = cg, i
+class Expression(ExprBase):
+    """A handle to one node of one graph: Expression(cg, i). Cheap: two fields, in ExprBase."""
+    __slots__ = ()
 
     # --- values (DyNet semantics)
     def forward(self, recalculate: bool = False):
@@ -458,21 +462,18 @@ class Expression:
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
 
-def record1(op: OpDef, x, attrs: tuple = (), data: Any = None) -> Expression:
-    """record() for one argument, skipping the general path when x is a live Expression."""
-    if type(x) is Expression:
-        cg = x.cg
-        if not cg.retired:
-            return Expression(cg, cg.add(op, (x.i,), attrs, data))
+def _record1(op: OpDef, x, attrs: tuple = (), data: Any = None) -> Expression:
     return record(op, (x,), attrs, data)
 
 
-def record2(op: OpDef, x, y, attrs: tuple = ()) -> Expression:
-    if type(x) is Expression and type(y) is Expression:
-        cg = x.cg
-        if y.cg is cg and not cg.retired:
-            return Expression(cg, cg.add(op, (x.i, y.i), attrs))
+def _record2(op: OpDef, x, y, attrs: tuple = ()) -> Expression:
     return record(op, (x, y), attrs)
+
+
+# record1(op, x, attrs=(), data=None), record2(op, x, y, attrs=()): record() for one or two
+# arguments, with the fast path (live Expressions of one graph) compiled when available.
+record1 = recorder(None, ONE, _record1)
+record2 = recorder(None, TWO, _record2)
 
 
 def _is_number(o) -> bool:
@@ -581,6 +582,7 @@ def _index(i) -> int:
 
 
 _params.expression_hook = _expression_of
+configure(Expression, IndexSlot, _RANDOM_KEY)
 
 
 # ----------------------------------------------------------------- default graph

@@ -1,0 +1,140 @@
+"""The recording fast path: compiled (dynagraph._recorder, kernels/cpython/recorder.c) when it
+was built, else the pure-Python twin below. Both do the same thing.
+
+Recording one node is bookkeeping only, but it runs once per op per sample: at H=64 it
+was half of a TreeLSTM training step in Python. The compiled path does the common case
+(live Expression arguments, a signature the graph has seen) in C and hands anything
+else, unchanged, to the Python code it stands for. So the rare cases and every error
+message exist once, in Python.
+
+    GraphBase   base of ComputationGraph: the node columns, and add() when compiled
+    ExprBase    base of Expression: the two fields cg and i
+    recorder(op, form, fallback, attrs=())
+                a function recording `op` (op=None: the op is the first argument) from
+                form 1: f(x[, attrs[, data]])   2: f(x, y[, attrs])   3: f([x, ...][, attrs])
+                or, if an argument is not a live Expression of one graph, fallback(*args)
+
+DYNAGRAPH_RECORDER=python forces the pure-Python path (tests run both).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+try:
+    if os.environ.get("DYNAGRAPH_RECORDER", "").lower() == "python":
+        raise ImportError("DYNAGRAPH_RECORDER=python")
+    from . import _recorder as _c
+except ImportError:
+    _c = None
+
+COMPILED = _c is not None
+ONE, TWO, LIST = 1, 2, 3
+
+
+class _PyGraphBase:
+    """The node columns are plain attributes; ComputationGraph supplies add = _add_py."""
+
+
+class _PyExprBase:
+    __slots__ = ("cg", "i")
+
+    def __init__(self, cg, i: int):
+        self.cg, self.i = cg, i
+
+
+GraphBase: type = _c.GraphBase if COMPILED else _PyGraphBase
+ExprBase: type = _c.ExprBase if COMPILED else _PyExprBase
+_Expression: Any = None
+
+
+def configure(expression: type, index_slot: type, random_key: object) -> None:
+    """The classes the fast path creates (Expression) and treats specially (IndexSlot)."""
+    global _Expression
+    _Expression = expression
+    if COMPILED:
+        _c.configure(expression, index_slot, random_key)
+
+
+def recorder(op, form: int, fallback: Callable, attrs: tuple = ()) -> Callable:
+    if COMPILED:
+        return _c.Recorder(op, form, fallback, attrs)
+    return (_bound if op is not None else _unbound)[form](op, fallback, attrs)
+
+
+# Pure-Python twins, one closure per form so the common case costs one frame.
+def _unbound_one(_, fallback, attrs0):
+    def rec(op, x, attrs=attrs0, data=None):
+        if type(x) is _Expression:
+            cg = x.cg
+            if not cg.retired:
+                return _Expression(cg, cg.add(op, (x.i,), attrs, data))
+        return fallback(op, x, attrs, data)
+    return rec
+
+
+def _unbound_two(_, fallback, attrs0):
+    def rec(op, x, y, attrs=attrs0):
+        if type(x) is _Expression and type(y) is _Expression:
+            cg = x.cg
+            if y.cg is cg and not cg.retired:
+                return _Expression(cg, cg.add(op, (x.i, y.i), attrs))
+        return fallback(op, x, y, attrs)
+    return rec
+
+
+def _list_ids(xs) -> tuple | None:
+    """(graph, ids) when xs is a non-empty list of live Expressions of one graph."""
+    if type(xs) is not list or not xs or type(xs[0]) is not _Expression:
+        return None
+    cg = xs[0].cg
+    if cg.retired:
+        return None
+    ids = []
+    for a in xs:
+        if type(a) is not _Expression or a.cg is not cg:
+            return None
+        ids.append(a.i)
+    return cg, tuple(ids)
+
+
+def _unbound_list(_, fallback, attrs0):
+    def rec(op, xs, attrs=attrs0):
+        found = _list_ids(xs)
+        if found is None:
+            return fallback(op, xs, attrs)
+        return _Expression(found[0], found[0].add(op, found[1], attrs))
+    return rec
+
+
+def _bound_one(op, fallback, attrs0):
+    def rec(x, attrs=attrs0, data=None):
+        if type(x) is _Expression:
+            cg = x.cg
+            if not cg.retired:
+                return _Expression(cg, cg.add(op, (x.i,), attrs, data))
+        return fallback(x, attrs, data)
+    return rec
+
+
+def _bound_two(op, fallback, attrs0):
+    def rec(x, y, attrs=attrs0):
+        if type(x) is _Expression and type(y) is _Expression:
+            cg = x.cg
+            if y.cg is cg and not cg.retired:
+                return _Expression(cg, cg.add(op, (x.i, y.i), attrs))
+        return fallback(x, y, attrs)
+    return rec
+
+
+def _bound_list(op, fallback, attrs0):
+    def rec(xs, attrs=attrs0):
+        found = _list_ids(xs)
+        if found is None:
+            return fallback(xs, attrs)
+        return _Expression(found[0], found[0].add(op, found[1], attrs))
+    return rec
+
+
+_unbound = {ONE: _unbound_one, TWO: _unbound_two, LIST: _unbound_list}
+_bound = {ONE: _bound_one, TWO: _bound_two, LIST: _bound_list}

@@ -1,0 +1,598 @@
+/* dynagraph._recorder: the recording hot path in C (CPython API, not cffi).
+
+Why this file exists: recording a node is pure bookkeeping (a signature lookup and
+nine list appends), yet in Python it costs about 0.5 us, which at H=64 is half of a
+TreeLSTM training step. The compute kernels live behind cffi; this one module uses the
+CPython API because its work *is* Python objects, which cffi cannot hand to C.
+
+It holds no logic of its own that Python does not also have. dynagraph/recording.py
+is the pure-Python twin (used when this module is not built), and
+ComputationGraph._add_py in graph.py is the reference for `add`: whenever the fast
+path meets anything unusual (a signature not seen yet, a failing check, an index
+slot, immediate_compute, odd argument types), it hands the whole call to Python
+before touching any list, so errors and rare cases have exactly one implementation.
+
+Types:
+  GraphBase   base class of ComputationGraph: the node columns as C fields, and add()
+  ExprBase    base class of Expression: two fields, cg and i
+  Recorder    a callable that records one op from Expression arguments, or calls its
+              Python fallback with the same arguments
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ------------------------------------------------------------------ GraphBase */
+typedef struct {
+    PyObject_HEAD
+    PyObject *op, *args, *attrs, *data, *shape, *depth, *sig, *sig_part, *needs_grad;
+    PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
+    PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
+    char retired, immediate;
+} GraphObject;
+
+static PyObject *ExprType = NULL;      /* Expression (a Python subclass of ExprBase) */
+static PyObject *IndexSlotType = NULL;
+static PyObject *RandomKey = NULL;
+static PyObject *AddPyName = NULL;     /* "_add_py" */
+
+#define N_COLUMNS 11
+static PyObject **graph_column(GraphObject *g, int k) {
+    PyObject **cols[N_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth,
+                                  &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base};
+    return cols[k];
+}
+
+static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
+    for (int k = 0; k < N_COLUMNS; k++)
+        Py_VISIT(*graph_column(g, k));
+    return 0;
+}
+
+static int graph_clear(GraphObject *g) {
+    for (int k = 0; k < N_COLUMNS; k++)
+        Py_CLEAR(*graph_column(g, k));
+    return 0;
+}
+
+static void graph_dealloc(GraphObject *g) {
+    PyObject_GC_UnTrack(g);
+    graph_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+/* The slow path: ComputationGraph._add_py(op, ids, attrs, data). */
+static PyObject *add_in_python(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
+    PyObject *argv[5] = {(PyObject *)g, op, ids, attrs, data};
+    return PyObject_VectorcallMethod(AddPyName, argv, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* Column k of the graph if it is a list (anything else: let Python deal with it). */
+#define LIST_OR_SLOW(x) do { if (!(x) || !PyList_CheckExact(x)) return 0; } while (0)
+
+/* Index i of a node argument, or -1 if it is not a valid node id. */
+static Py_ssize_t node_index(PyObject *v, Py_ssize_t n) {
+    if (!PyLong_CheckExact(v))
+        return -1;
+    Py_ssize_t i = PyLong_AsSsize_t(v);
+    if (i < 0 || i >= n) {
+        PyErr_Clear();
+        return -1;
+    }
+    return i;
+}
+
+/* Run op.check(attrs, data, *shapes). 1: passed, 0: failed with IndexError/ValueError
+   (Python re-runs it and words the error), -1: any other exception (propagated). */
+static int run_check(GraphObject *g, PyObject *check, PyObject *attrs, PyObject *data,
+                     PyObject *ids, Py_ssize_t n) {
+    PyObject *small[8];
+    PyObject **argv = small;
+    if (n + 2 > 8) {
+        argv = PyMem_Malloc((size_t)(n + 2) * sizeof(PyObject *));
+        if (!argv) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    argv[0] = attrs;
+    argv[1] = data;
+    for (Py_ssize_t k = 0; k < n; k++)
+        argv[2 + k] = PyList_GET_ITEM(g->shape, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));
+    PyObject *r = PyObject_Vectorcall(check, argv, (size_t)(n + 2), NULL);
+    if (argv != small)
+        PyMem_Free(argv);
+    if (r) {
+        Py_DECREF(r);
+        return 1;
+    }
+    if (PyErr_ExceptionMatches(PyExc_IndexError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* Append one value to a list, stealing the reference. */
+static int append_steal(PyObject *list, PyObject *v) {
+    if (!v)
+        return -1;
+    int rc = PyList_Append(list, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
+   with *slow = 1 when Python must handle the call (nothing has been appended then). */
+static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data, int *slow) {
+    *slow = 1;
+    if (g->immediate || !PyTuple_CheckExact(ids) || (data && Py_TYPE(data) == (PyTypeObject *)IndexSlotType))
+        return NULL;
+    LIST_OR_SLOW(g->op); LIST_OR_SLOW(g->args); LIST_OR_SLOW(g->attrs); LIST_OR_SLOW(g->data);
+    LIST_OR_SLOW(g->shape); LIST_OR_SLOW(g->depth); LIST_OR_SLOW(g->sig); LIST_OR_SLOW(g->sig_part);
+    LIST_OR_SLOW(g->needs_grad);
+    if (!g->sig_id || !PyDict_CheckExact(g->sig_id))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(ids), nodes = PyList_GET_SIZE(g->op);
+    if (PyList_GET_SIZE(g->depth) != nodes || PyList_GET_SIZE(g->sig_part) != nodes ||
+        PyList_GET_SIZE(g->needs_grad) != nodes || PyList_GET_SIZE(g->shape) != nodes)
+        return NULL;
+    /* The signature key, built exactly as _add_py builds it (so equal keys hash alike). */
+    long depth = 0;
+    int needs = 0;
+    PyObject *parts;
+    Py_ssize_t first = -1, second = -1;
+    if (n == 1) {
+        if ((first = node_index(PyTuple_GET_ITEM(ids, 0), nodes)) < 0)
+            return NULL;
+        parts = PyList_GET_ITEM(g->sig_part, first);
+        Py_INCREF(parts);
+    } else {
+        parts = PyTuple_New(n);
+        if (!parts) {
+            *slow = 0;
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_ssize_t i = node_index(PyTuple_GET_ITEM(ids, k), nodes);
+            if (i < 0) {
+                Py_DECREF(parts);
+                return NULL;
+            }
+            if (k == 0) first = i; else if (k == 1) second = i;
+            PyObject *p = PyList_GET_ITEM(g->sig_part, i);
+            Py_INCREF(p);
+            PyTuple_SET_ITEM(parts, k, p);
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = k == 0 ? first : k == 1 ? second : PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k));
+        PyObject *d = PyList_GET_ITEM(g->depth, i);
+        long dv = PyLong_CheckExact(d) ? PyLong_AsLong(d) : -1;
+        if (dv < 0) {
+            PyErr_Clear();
+            Py_DECREF(parts);
+            return NULL;
+        }
+        if (dv > depth)
+            depth = dv;
+        if (PyList_GET_ITEM(g->needs_grad, i) == Py_True)
+            needs = 1;
+    }
+    PyObject *key = PyTuple_Pack(3, op, attrs, parts);
+    Py_DECREF(parts);
+    if (!key) {
+        *slow = 0;
+        return NULL;
+    }
+    PyObject *known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
+    Py_DECREF(key);
+    if (!known) {
+        if (PyErr_Occurred()) {
+            *slow = 0;
+            return NULL;
+        }
+        return NULL;  /* a new signature: Python runs the shape rule */
+    }
+    if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
+        return NULL;
+    PyObject *check = PyTuple_GET_ITEM(known, 3);
+    if (check != Py_None) {
+        int ok = run_check(g, check, attrs, data ? data : Py_None, ids, n);
+        if (ok <= 0) {
+            *slow = ok == 0;
+            return NULL;
+        }
+    }
+    *slow = 0;
+    PyObject *shape = PyTuple_GET_ITEM(known, 1);
+    PyObject *nid = PyLong_FromSsize_t(nodes);
+    if (!nid)
+        return NULL;
+    PyObject *value = data ? data : Py_None;
+    Py_INCREF(value);
+    if (data == RandomKey) {
+        Py_DECREF(value);
+        value = PyNumber_Add(g->rand_base, nid);
+    }
+    int blocks = PyObject_IsTrue(PyTuple_GET_ITEM(known, 4));
+    if (blocks < 0 || append_steal(g->data, value) < 0 ||
+        PyList_Append(g->op, op) < 0 || PyList_Append(g->args, ids) < 0 ||
+        PyList_Append(g->attrs, PyTuple_GET_ITEM(known, 2)) < 0 ||
+        PyList_Append(g->shape, shape) < 0 ||
+        append_steal(g->depth, PyLong_FromLong(depth + 1)) < 0 ||
+        PyList_Append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
+        PyList_Append(g->sig_part, shape) < 0 ||
+        PyList_Append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0) {
+        Py_DECREF(nid);  /* out of memory between appends: the columns may disagree now */
+        return NULL;
+    }
+    return nid;
+}
+
+static PyObject *graph_add_ids(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
+    int slow;
+    PyObject *nid = add_fast(g, op, ids, attrs, data, &slow);
+    if (nid || !slow)
+        return nid;
+    return add_in_python(g, op, ids, attrs, data ? data : Py_None);
+}
+
+/* add(op, ids, attrs=(), data=None) -> node id */
+static PyObject *graph_add(GraphObject *g, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "add(op, ids, attrs=(), data=None)");
+        return NULL;
+    }
+    PyObject *empty = NULL, *res;
+    PyObject *attrs = nargs > 2 ? argv[2] : (empty = PyTuple_New(0));
+    if (!attrs)
+        return NULL;
+    res = graph_add_ids(g, argv[0], argv[1], attrs, nargs > 3 ? argv[3] : Py_None);
+    Py_XDECREF(empty);
+    return res;
+}
+
+static PyMethodDef graph_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))graph_add, METH_FASTCALL,
+     "add(op, ids, attrs=(), data=None) -> node id. Record one node (see ComputationGraph._add_py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef graph_members[] = {
+    {"op", T_OBJECT_EX, offsetof(GraphObject, op), 0, NULL},
+    {"args", T_OBJECT_EX, offsetof(GraphObject, args), 0, NULL},
+    {"attrs", T_OBJECT_EX, offsetof(GraphObject, attrs), 0, NULL},
+    {"data", T_OBJECT_EX, offsetof(GraphObject, data), 0, NULL},
+    {"shape", T_OBJECT_EX, offsetof(GraphObject, shape), 0, NULL},
+    {"depth", T_OBJECT_EX, offsetof(GraphObject, depth), 0, NULL},
+    {"sig", T_OBJECT_EX, offsetof(GraphObject, sig), 0, NULL},
+    {"sig_part", T_OBJECT_EX, offsetof(GraphObject, sig_part), 0, NULL},
+    {"needs_grad", T_OBJECT_EX, offsetof(GraphObject, needs_grad), 0, NULL},
+    {"_sig_id", T_OBJECT_EX, offsetof(GraphObject, sig_id), 0, NULL},
+    {"_rand_base", T_OBJECT_EX, offsetof(GraphObject, rand_base), 0, NULL},
+    {"retired", T_BOOL, offsetof(GraphObject, retired), 0, NULL},
+    {"immediate_compute", T_BOOL, offsetof(GraphObject, immediate), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject GraphBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dynagraph._recorder.GraphBase",
+    .tp_basicsize = sizeof(GraphObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The node columns of a ComputationGraph, and its add() fast path.",
+    .tp_traverse = (traverseproc)graph_traverse,
+    .tp_clear = (inquiry)graph_clear,
+    .tp_dealloc = (destructor)graph_dealloc,
+    .tp_methods = graph_methods,
+    .tp_members = graph_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------- ExprBase */
+typedef struct {
+    PyObject_HEAD
+    PyObject *cg, *i;
+} ExprObject;
+
+static int expr_traverse(ExprObject *e, visitproc visit, void *arg) {
+    Py_VISIT(e->cg);
+    Py_VISIT(e->i);
+    return 0;
+}
+
+static int expr_clear(ExprObject *e) {
+    Py_CLEAR(e->cg);
+    Py_CLEAR(e->i);
+    return 0;
+}
+
+static void expr_dealloc(ExprObject *e) {
+    PyObject_GC_UnTrack(e);
+    expr_clear(e);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *expr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *cg, *i;
+    static char *names[] = {"cg", "i", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", names, &cg, &i))
+        return NULL;
+    ExprObject *e = (ExprObject *)type->tp_alloc(type, 0);
+    if (e) {
+        Py_INCREF(cg);
+        Py_INCREF(i);
+        e->cg = cg;
+        e->i = i;
+    }
+    return (PyObject *)e;
+}
+
+static PyMemberDef expr_members[] = {
+    {"cg", T_OBJECT_EX, offsetof(ExprObject, cg), 0, "the ComputationGraph this expression belongs to"},
+    {"i", T_OBJECT_EX, offsetof(ExprObject, i), 0, "its node id"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ExprBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dynagraph._recorder.ExprBase",
+    .tp_basicsize = sizeof(ExprObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A handle to one node of one graph: (cg, i).",
+    .tp_traverse = (traverseproc)expr_traverse,
+    .tp_clear = (inquiry)expr_clear,
+    .tp_dealloc = (destructor)expr_dealloc,
+    .tp_members = expr_members,
+    .tp_new = expr_new,
+};
+
+/* A new Expression (steals nid). */
+static PyObject *make_expr(PyObject *cg, PyObject *nid) {
+    if (!nid)
+        return NULL;
+    PyTypeObject *t = (PyTypeObject *)ExprType;
+    ExprObject *e = (ExprObject *)t->tp_alloc(t, 0);
+    if (!e) {
+        Py_DECREF(nid);
+        return NULL;
+    }
+    Py_INCREF(cg);
+    e->cg = cg;
+    e->i = nid;
+    return (PyObject *)e;
+}
+
+/* The live graph of an Expression argument, or NULL (not an Expression, or retired). */
+static GraphObject *live_graph(PyObject *x) {
+    if ((PyObject *)Py_TYPE(x) != ExprType)
+        return NULL;
+    PyObject *cg = ((ExprObject *)x)->cg;
+    if (!cg || !PyObject_TypeCheck(cg, &GraphBaseType) || ((GraphObject *)cg)->retired)
+        return NULL;
+    return (GraphObject *)cg;
+}
+
+/* ------------------------------------------------------------------- Recorder */
+enum { ONE = 1, TWO = 2, LIST = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *op;        /* bound op, or NULL: the op is the first call argument */
+    PyObject *fallback;  /* called with the same arguments when the fast path does not apply */
+    PyObject *attrs;     /* default attrs */
+    PyObject *dict;
+    vectorcallfunc vectorcall;
+    int form;
+} RecorderObject;
+
+/* Record from the Expression arguments `xs` (n of them) or return NULL with *slow. */
+static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, PyObject *attrs,
+                              PyObject *data, int *slow) {
+    *slow = 1;
+    if (n < 1 || !PyTuple_CheckExact(attrs))
+        return NULL;
+    GraphObject *g = live_graph(xs[0]);
+    if (!g)
+        return NULL;
+    PyObject *ids = PyTuple_New(n);
+    if (!ids) {
+        *slow = 0;
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *x = xs[k];
+        if ((PyObject *)Py_TYPE(x) != ExprType || ((ExprObject *)x)->cg != (PyObject *)g || !((ExprObject *)x)->i) {
+            Py_DECREF(ids);
+            return NULL;
+        }
+        Py_INCREF(((ExprObject *)x)->i);
+        PyTuple_SET_ITEM(ids, k, ((ExprObject *)x)->i);
+    }
+    *slow = 0;
+    PyObject *nid = graph_add_ids(g, op, ids, attrs, data);
+    Py_DECREF(ids);
+    return make_expr((PyObject *)g, nid);
+}
+
+static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames && PyTuple_GET_SIZE(kwnames))
+        goto slow;
+    PyObject *op = r->op;
+    PyObject *const *a = argv;
+    Py_ssize_t na = nargs;
+    if (!op) {
+        if (na < 1)
+            goto slow;
+        op = a[0];
+        a++;
+        na--;
+    }
+    int slow = 1;
+    PyObject *res = NULL;
+    if (r->form == ONE && na >= 1 && na <= 3) {
+        res = record_exprs(op, a, 1, na > 1 ? a[1] : r->attrs, na > 2 ? a[2] : Py_None, &slow);
+    } else if (r->form == TWO && (na == 2 || na == 3)) {
+        res = record_exprs(op, a, 2, na > 2 ? a[2] : r->attrs, Py_None, &slow);
+    } else if (r->form == LIST && (na == 1 || na == 2) && PyList_CheckExact(a[0])) {
+        /* the list may change under a call into Python: hold it */
+        PyObject *xs = a[0];
+        Py_INCREF(xs);
+        res = record_exprs(op, &PyList_GET_ITEM(xs, 0), PyList_GET_SIZE(xs), na > 1 ? a[1] : r->attrs,
+                           Py_None, &slow);
+        Py_DECREF(xs);
+    }
+    if (res || !slow)
+        return res;
+slow:
+    return PyObject_Vectorcall(r->fallback, argv, nargsf, kwnames);
+}
+
+static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *op, *fallback, *attrs = NULL;
+    int form;
+    static char *names[] = {"op", "form", "fallback", "attrs", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!", names, &op, &form, &fallback, &PyTuple_Type, &attrs))
+        return NULL;
+    if (form < ONE || form > LIST) {
+        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two) or 3 (a list)");
+        return NULL;
+    }
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+        return NULL;
+    }
+    RecorderObject *r = (RecorderObject *)type->tp_alloc(type, 0);
+    if (!r)
+        return NULL;
+    r->op = op == Py_None ? NULL : op;
+    Py_XINCREF(r->op);
+    Py_INCREF(fallback);
+    r->fallback = fallback;
+    r->attrs = attrs ? attrs : PyTuple_New(0);
+    if (attrs)
+        Py_INCREF(attrs);
+    r->form = form;
+    r->vectorcall = (vectorcallfunc)recorder_call;
+    if (!r->attrs) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    return (PyObject *)r;
+}
+
+static int recorder_traverse(RecorderObject *r, visitproc visit, void *arg) {
+    Py_VISIT(r->op);
+    Py_VISIT(r->fallback);
+    Py_VISIT(r->attrs);
+    Py_VISIT(r->dict);
+    return 0;
+}
+
+static int recorder_clear(RecorderObject *r) {
+    Py_CLEAR(r->op);
+    Py_CLEAR(r->fallback);
+    Py_CLEAR(r->attrs);
+    Py_CLEAR(r->dict);
+    return 0;
+}
+
+static void recorder_dealloc(RecorderObject *r) {
+    PyObject_GC_UnTrack(r);
+    recorder_clear(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *recorder_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);  /* a method when stored on a class, like a function */
+}
+
+static PyMemberDef recorder_members[] = {
+    {"fallback", T_OBJECT, offsetof(RecorderObject, fallback), READONLY, "called when an argument is not a live Expression"},
+    {"form", T_INT, offsetof(RecorderObject, form), READONLY, "1: f(x), 2: f(x, y), 3: f([x, ...])"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef recorder_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dynagraph._recorder.Recorder",
+    .tp_basicsize = sizeof(RecorderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Recorder(op, form, fallback, attrs=()): records `op` from Expression arguments\n"
+              "(op=None: the op is the first argument), else calls fallback(*args).",
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_members = recorder_members,
+    .tp_getset = recorder_getset,
+    .tp_dictoffset = offsetof(RecorderObject, dict),
+    .tp_vectorcall_offset = offsetof(RecorderObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = recorder_get,
+    .tp_new = recorder_new,
+};
+
+/* --------------------------------------------------------------------- module */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *expr, *slot, *key;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &expr, &PyType_Type, &slot, &key))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
+        ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "Expression must subclass ExprBase and add no fields (__slots__ = ())");
+        return NULL;
+    }
+    Py_INCREF(expr);
+    Py_INCREF(slot);
+    Py_INCREF(key);
+    Py_XSETREF(ExprType, expr);
+    Py_XSETREF(IndexSlotType, slot);
+    Py_XSETREF(RandomKey, key);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(Expression, IndexSlot, RANDOM_KEY): the Python classes the fast path creates and checks."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef recorder_module = {
+    PyModuleDef_HEAD_INIT, "dynagraph._recorder",
+    "The recording hot path in C; dynagraph/recording.py has the pure-Python twin.", -1, module_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__recorder(void) {
+    if (PyType_Ready(&GraphBaseType) < 0 || PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
+        return NULL;
+    AddPyName = PyUnicode_InternFromString("_add_py");
+    if (!AddPyName)
+        return NULL;
+    PyObject *m = PyModule_Create(&recorder_module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&GraphBaseType);
+    Py_INCREF(&ExprBaseType);
+    Py_INCREF(&RecorderType);
+    if (PyModule_AddObject(m, "GraphBase", (PyObject *)&GraphBaseType) < 0 ||
+        PyModule_AddObject(m, "ExprBase", (PyObject *)&ExprBaseType) < 0 ||
+        PyModule_AddObject(m, "Recorder", (PyObject *)&RecorderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
