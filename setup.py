@@ -29,12 +29,15 @@ class OptionalBuildExt(build_ext):
                       "the 'cpu' backend will fall back to numpy")
 
 
-def recorder_extension() -> Extension:
-    """dynagraph._recorder: the recording hot path (kernels/cpython/recorder.c, CPython API).
-    Optional like the kernels: without it dynagraph records in pure Python."""
+def bookkeeping_extension() -> Extension:
+    """dynagraph._bookkeeping: recording and the executor's per-node bookkeeping in C
+    (kernels/cpython/, CPython API). Optional like the kernels: without it the same
+    work runs in its pure-Python twins."""
     strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
-    return Extension("dynagraph._recorder", ["kernels/cpython/recorder.c"], extra_compile_args=flags)
+    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/executor.c"]
+    return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h"],
+                     include_dirs=["kernels/cpython"], extra_compile_args=flags)
 
 
 setup(
@@ -50,7 +53,7 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "dev": ["pytest>=7", "hypothesis>=6", "ruff"],
     },
-    ext_modules=[recorder_extension()],
+    ext_modules=[bookkeeping_extension()],
     cffi_modules=["dynagraph/backends/_cffi_build.py:ffibuilder"],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -8,7 +8,7 @@ tables receive one sparse row update per batch.
 from __future__ import annotations
 
 import time
-from .executor import LEAF, SLICE, TAKE, pick
+from .executor import LEAF, SLICE, TAKE, any_true, pick
 from .ops.base import Sliced, SparseRows
 
 
@@ -105,7 +105,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
         if full:
             need = (True,) * len(cols)
         else:
-            need = tuple([True in pick(needs_grad, ids) for ids in cols])
+            need = tuple([any_true(needs_grad, ids) for ids in cols])
             if True not in need:
                 continue
         t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from typing import NamedTuple, Sequence
 
 
 from .errors import NonFiniteError
+from .recording import NATIVE
 
 
 class ExecutedBatch(NamedTuple):
@@ -34,23 +35,56 @@ def pick(values: list, ids: Sequence[int]) -> tuple:
     return itemgetter(*ids)(values) if len(ids) > 1 else (values[ids[0]],)
 
 
-def gather(cg, be, ids: Sequence[int], stats) -> tuple:
-    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan."""
-    blk = cg.blk
+# Per-node bookkeeping, compiled in dynagraph._bookkeeping (kernels/cpython/executor.c)
+# when it was built; these are the reference twins.
+def _columns_py(args: list, nodes: Sequence[int]) -> tuple:
+    """cols[k]: argument k of every node of the batch."""
+    return tuple(zip(*pick(args, nodes)))
+
+
+def _place_py(blk: list, row: list, nodes: Sequence[int], bid: int) -> None:
+    """The batch's output block is bid; node nodes[r] is its row r."""
+    for r, n in enumerate(nodes):  # a plain loop: list stores are specialised bytecodes, map() is not
+        blk[n] = bid
+        row[n] = r
+
+
+def _locate_py(blk: list, row: list, ids: Sequence[int]) -> tuple:
+    """Where the values of ids live: (SLICE, b, r0) for rows r0, r0+1, ... of block b;
+    (TAKE, b, rows) for other rows of one block; (MANY, blks, rows) across blocks."""
     first = ids[0]
-    b = blk[first]
-    if cg.op[first].leaf:
-        return cg.blocks[b], (LEAF, b, None)  # the signature guarantees every node shares it
-    r0 = cg.row[first]
-    B = len(ids)
-    blks = pick(blk, ids)
-    rows = pick(cg.row, ids)
+    b, r0, B = blk[first], row[first], len(ids)
+    blks, rows = pick(blk, ids), pick(row, ids)
     if blks.count(b) == B:
         if rows[-1] - r0 == B - 1 and rows == tuple(range(r0, r0 + B)):
-            return cg.blocks[b][r0:r0 + B], (SLICE, b, r0)
+            return SLICE, b, r0
+        return TAKE, b, rows
+    return MANY, blks, rows
+
+
+def _any_true_py(flags: list, ids: Sequence[int]) -> bool:
+    return True in pick(flags, ids)
+
+
+columns = NATIVE.columns if NATIVE else _columns_py
+place = NATIVE.place if NATIVE else _place_py
+locate = NATIVE.locate if NATIVE else _locate_py
+any_true = NATIVE.any_true if NATIVE else _any_true_py
+
+
+def gather(cg, be, ids: Sequence[int], stats) -> tuple:
+    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan."""
+    first = ids[0]
+    if cg.op[first].leaf:
+        b = cg.blk[first]
+        return cg.blocks[b], (LEAF, b, None)  # the signature guarantees every node shares it
+    kind, b, rows = locate(cg.blk, cg.row, ids)
+    if kind == SLICE:
+        return cg.blocks[b][rows:rows + len(ids)], (SLICE, b, rows)
+    if kind == TAKE:
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
-        index = be.row_index(cg.blocks, blks, rows)  # checked once: backward scatters with it
+        index = be.row_index(cg.blocks, b, rows)  # checked once: backward scatters with it
         out, plan = be.gather_indexed(cg.blocks, index), (MANY, index, None)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
@@ -63,7 +97,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     n0 = nodes[0]
     op = cg.op[n0]
     t0 = time.perf_counter()
-    cols = tuple(zip(*pick(cg.args, nodes)))  # cols[k]: argument k of every node
+    cols = columns(cg.args, nodes)
     xs, plans = [], []
     for ids in cols:
         x, plan = gather(cg, be, ids, stats)
@@ -84,10 +118,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     t2 = time.perf_counter()
     bid = len(cg.blocks)
     cg.blocks.append(y)
-    blk, row = cg.blk, cg.row
-    for r, n in enumerate(nodes):  # a plain loop: list stores are specialised bytecodes, map() is not
-        blk[n] = bid
-        row[n] = r
+    place(cg.blk, cg.row, nodes, bid)
     cg.executed.append(ExecutedBatch(nodes, xs, bid, plans, cols, ctx))
     stats.kernel_calls += op.inner_kernels
     stats.batches += 1

@@ -1,5 +1,5 @@
-"""The recording fast path: compiled (dynagraph._recorder, kernels/cpython/recorder.c) when it
-was built, else the pure-Python twin below. Both do the same thing.
+"""The recording fast path: compiled (dynagraph._bookkeeping, kernels/cpython/recorder.c)
+when it was built, else the pure-Python twin below. Both do the same thing.
 
 Recording one node is bookkeeping only, but it runs once per op per sample: at H=64 it
 was half of a TreeLSTM training step in Python. The compiled path does the common case
@@ -14,7 +14,8 @@ message exist once, in Python.
                 form 1: f(x[, attrs[, data]])   2: f(x, y[, attrs])   3: f([x, ...][, attrs])
                 or, if an argument is not a live Expression of one graph, fallback(*args)
 
-DYNAGRAPH_RECORDER=python forces the pure-Python path (tests run both).
+DYNAGRAPH_BOOKKEEPING=python forces the pure-Python path here and in the executor
+(tests run both). NATIVE is the compiled module, or None.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ import os
 from typing import Any, Callable
 
 try:
-    if os.environ.get("DYNAGRAPH_RECORDER", "").lower() == "python":
-        raise ImportError("DYNAGRAPH_RECORDER=python")
-    from . import _recorder as _c
+    if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
+        raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
+    from . import _bookkeeping as _c
 except ImportError:
     _c = None
+NATIVE = _c
 
 COMPILED = _c is not None
 ONE, TWO, LIST = 1, 2, 3

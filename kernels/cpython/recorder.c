@@ -1,16 +1,13 @@
-/* dynagraph._recorder: the recording hot path in C (CPython API, not cffi).
+/* The recording hot path (part of dynagraph._bookkeeping; see bookkeeping.h).
 
-Why this file exists: recording a node is pure bookkeeping (a signature lookup and
-nine list appends), yet in Python it costs about 0.5 us, which at H=64 is half of a
-TreeLSTM training step. The compute kernels live behind cffi; this one module uses the
-CPython API because its work *is* Python objects, which cffi cannot hand to C.
+Recording a node is pure bookkeeping (a signature lookup and nine list appends), yet in
+Python it cost about 0.5 us, half of a TreeLSTM training step at H=64.
 
-It holds no logic of its own that Python does not also have. dynagraph/recording.py
-is the pure-Python twin (used when this module is not built), and
-ComputationGraph._add_py in graph.py is the reference for `add`: whenever the fast
-path meets anything unusual (a signature not seen yet, a failing check, an index
-slot, immediate_compute, odd argument types), it hands the whole call to Python
-before touching any list, so errors and rare cases have exactly one implementation.
+It holds no logic Python does not also have: ComputationGraph._add_py (graph.py) is
+the reference for `add`, and whenever the fast path meets anything unusual (a signature
+not seen yet, a failing check, an index slot, immediate_compute, odd argument types) it
+hands the whole call to Python before touching any list. So errors and rare cases have
+exactly one implementation.
 
 Types:
   GraphBase   base class of ComputationGraph: the node columns as C fields, and add()
@@ -18,8 +15,7 @@ Types:
   Recorder    a callable that records one op from Expression arguments, or calls its
               Python fallback with the same arguments
 */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "bookkeeping.h"
 #include <structmember.h>
 
 /* ------------------------------------------------------------------ GraphBase */
@@ -278,7 +274,7 @@ static PyMemberDef graph_members[] = {
 
 static PyTypeObject GraphBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dynagraph._recorder.GraphBase",
+    .tp_name = "dynagraph._bookkeeping.GraphBase",
     .tp_basicsize = sizeof(GraphObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The node columns of a ComputationGraph, and its add() fast path.",
@@ -337,7 +333,7 @@ static PyMemberDef expr_members[] = {
 
 static PyTypeObject ExprBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dynagraph._recorder.ExprBase",
+    .tp_name = "dynagraph._bookkeeping.ExprBase",
     .tp_basicsize = sizeof(ExprObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "A handle to one node of one graph: (cg, i).",
@@ -527,7 +523,7 @@ static PyGetSetDef recorder_getset[] = {
 
 static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dynagraph._recorder.Recorder",
+    .tp_name = "dynagraph._bookkeeping.Recorder",
     .tp_basicsize = sizeof(RecorderObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Recorder(op, form, fallback, attrs=()): records `op` from Expression arguments\n"
@@ -545,7 +541,7 @@ static PyTypeObject RecorderType = {
 };
 
 /* --------------------------------------------------------------------- module */
-static PyObject *configure(PyObject *self, PyObject *args) {
+PyObject *dg_configure(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *expr, *slot, *key;
     if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &expr, &PyType_Type, &slot, &key))
@@ -564,35 +560,19 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef module_methods[] = {
-    {"configure", configure, METH_VARARGS,
-     "configure(Expression, IndexSlot, RANDOM_KEY): the Python classes the fast path creates and checks."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef recorder_module = {
-    PyModuleDef_HEAD_INIT, "dynagraph._recorder",
-    "The recording hot path in C; dynagraph/recording.py has the pure-Python twin.", -1, module_methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__recorder(void) {
+int dg_recorder_add_types(PyObject *m) {
     if (PyType_Ready(&GraphBaseType) < 0 || PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
-        return NULL;
-    AddPyName = PyUnicode_InternFromString("_add_py");
-    if (!AddPyName)
-        return NULL;
-    PyObject *m = PyModule_Create(&recorder_module);
-    if (!m)
-        return NULL;
-    Py_INCREF(&GraphBaseType);
-    Py_INCREF(&ExprBaseType);
-    Py_INCREF(&RecorderType);
-    if (PyModule_AddObject(m, "GraphBase", (PyObject *)&GraphBaseType) < 0 ||
-        PyModule_AddObject(m, "ExprBase", (PyObject *)&ExprBaseType) < 0 ||
-        PyModule_AddObject(m, "Recorder", (PyObject *)&RecorderType) < 0) {
-        Py_DECREF(m);
-        return NULL;
+        return -1;
+    if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
+        return -1;
+    PyTypeObject *types[3] = {&GraphBaseType, &ExprBaseType, &RecorderType};
+    const char *names[3] = {"GraphBase", "ExprBase", "Recorder"};
+    for (int k = 0; k < 3; k++) {
+        Py_INCREF(types[k]);
+        if (PyModule_AddObject(m, names[k], (PyObject *)types[k]) < 0) {
+            Py_DECREF(types[k]);
+            return -1;
+        }
     }
-    return m;
+    return 0;
 }

@@ -1,0 +1,21 @@
+/* dynagraph._bookkeeping: the graph's per-node bookkeeping in C, through the CPython API.
+
+The compute kernels are plain C behind cffi (the kernel families in kernels/). These files are different:
+their work is Python objects (the graph's node lists), which cffi cannot hand to C.
+Each function here has a pure-Python twin that is the reference and the fallback:
+  recorder.c   dynagraph/recording.py and ComputationGraph._add_py
+  executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py)
+*/
+#ifndef DG_BOOKKEEPING_H
+#define DG_BOOKKEEPING_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+int dg_recorder_add_types(PyObject *module);
+PyObject *dg_configure(PyObject *self, PyObject *args);
+PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+
+#endif

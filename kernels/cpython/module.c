@@ -1,0 +1,29 @@
+/* dynagraph._bookkeeping: module definition (see bookkeeping.h). */
+#include "bookkeeping.h"
+
+#define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))dg_##name, METH_FASTCALL, doc}
+
+static PyMethodDef functions[] = {
+    {"configure", dg_configure, METH_VARARGS,
+     "configure(Expression, IndexSlot, RANDOM_KEY): the Python classes the recorder creates and checks."},
+    FAST(columns, "columns(args, nodes): the batch's argument columns, tuple(zip(*[args[n] for n in nodes]))."),
+    FAST(place, "place(blk, row, nodes, bid): blk[n] = bid, row[n] = r for the r-th node."),
+    FAST(locate, "locate(blk, row, ids): (1, b, r0) | (2, b, rows) | (3, blks, rows); see executor.gather."),
+    FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "dynagraph._bookkeeping",
+    "The graph's per-node bookkeeping in C; each function has a pure-Python twin (see bookkeeping.h).",
+    -1, functions, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__bookkeeping(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && dg_recorder_add_types(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
