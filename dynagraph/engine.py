@@ -10,9 +10,18 @@ from itertools import compress
 from . import autodiff, executor, graph, schedulers
 from .backends import get_backend
 from .config import config
+from .recording import NATIVE
 
 
 _ZERO = 0  # _ZERO.__gt__(b) is `0 > b`: the node has no value block yet
+
+
+def _pending_py(blk: list, lo: int, hi: int) -> list[int]:
+    """Nodes in [lo, hi) without a value block: compress() walks both sequences in C."""
+    return list(compress(range(lo, hi), map(_ZERO.__gt__, blk[lo:hi])))
+
+
+_pending = NATIVE.pending if NATIVE is not None else _pending_py
 
 
 class Engine:
@@ -20,8 +29,7 @@ class Engine:
         t0 = time.perf_counter()
         stats = cg.stats
         stats.t_record += t0 - cg._t_last
-        # Nodes without a value block: compress() walks both sequences in C.
-        pending = list(compress(range(cg.done, upto + 1), map(_ZERO.__gt__, cg.blk[cg.done:upto + 1])))
+        pending = _pending(cg.blk, cg.done, upto + 1)
         sched = schedulers.get(cg.scheduler)
         batches = sched.schedule(cg, pending)
         if config.debug or not getattr(sched, "trusted", False):

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..recording import NATIVE
 from .base import register
 
 
@@ -20,11 +21,20 @@ class NoBatching:
 
 
 class DepthBatching:
-    """Group by (depth, signature). Depth was computed while recording, so this is one pass."""
+    """Group by (depth, signature). Depth was computed while recording, so this is one pass
+    (in C when dynagraph._bookkeeping is built; schedule_py is its twin)."""
     name = "depth"
     trusted = True  # validated by the test suite, not on every evaluation
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
+        if NATIVE is not None:
+            batchable = [key[0].batchable for key in cg.signatures]
+            out = NATIVE.depth_batches(cg.depth, cg.sig, batchable, nodes)
+            if out is not None:
+                return out
+        return self.schedule_py(cg, nodes)
+
+    def schedule_py(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         groups: dict = {}
         out: list[tuple] = []
         depth, sig, op = cg.depth, cg.sig, cg.op
@@ -117,11 +127,8 @@ class PendingGraph:
         self.loc = np.asarray(nodes, dtype=np.int64) - lo
         pend = np.zeros(n + 1, dtype=bool)  # slot n stands for "not pending"
         pend[self.loc] = True
-        arg_lists = cg.args[lo:lo + n]
-        counts = np.fromiter(map(len, arg_lists), dtype=np.int64, count=n)
-        args = np.fromiter(chain.from_iterable(arg_lists), dtype=np.int64, count=int(counts.sum())) - lo
+        counts, args, self.sig, self.depth = (_node_arrays if NATIVE is None else _node_arrays_c)(cg, lo, n)
         owner = np.repeat(np.arange(n, dtype=np.int64), counts)
-        args = np.where(args < 0, n, args)
         keep = pend[args] & pend[owner]
         src, dst = args[keep], owner[keep]
         self.indeg = np.bincount(dst, minlength=n)
@@ -129,8 +136,6 @@ class PendingGraph:
         self.degree = np.bincount(src, minlength=n)  # users per node
         self.starts = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(self.degree, out=self.starts[1:])
-        self.sig = np.fromiter(cg.sig[lo:lo + n], dtype=np.int64, count=n)
-        self.depth = np.fromiter(cg.depth[lo:lo + n], dtype=np.float64, count=n)
 
     def release(self, batch: np.ndarray, indeg: np.ndarray):
         """Decrement the in-degree of the batch's users; return those that became ready
@@ -147,6 +152,24 @@ class PendingGraph:
         users = self.users[offsets]
         np.subtract.at(indeg, users, 1)
         return users[indeg[users] == 0]
+
+
+def _node_arrays(cg, lo: int, n: int) -> tuple:
+    """Nodes [lo, lo+n): argument counts, flat arguments relative to lo (n for any argument
+    outside the range: the "not pending" slot), signatures and depths."""
+    arg_lists = cg.args[lo:lo + n]
+    counts = np.fromiter(map(len, arg_lists), dtype=np.int64, count=n)
+    args = np.fromiter(chain.from_iterable(arg_lists), dtype=np.int64, count=int(counts.sum())) - lo
+    args[(args < 0) | (args >= n)] = n
+    return (counts, args, np.fromiter(cg.sig[lo:lo + n], dtype=np.int64, count=n),
+            np.fromiter(cg.depth[lo:lo + n], dtype=np.float64, count=n))
+
+
+def _node_arrays_c(cg, lo: int, n: int) -> tuple:
+    """_node_arrays in C (dynagraph._bookkeeping): numpy views of its buffers."""
+    c, a, s, d = NATIVE.node_arrays(cg.args, cg.sig, cg.depth, lo, n)
+    return (np.frombuffer(c, np.int64), np.frombuffer(a, np.int64), np.frombuffer(s, np.int64),
+            np.frombuffer(d, np.float64))
 
 
 def pending_graph(cg, nodes: Sequence[int]) -> PendingGraph:

@@ -190,7 +190,7 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     return Py_BuildValue("(iNN)", 3, blks, rows);
 }
 
-/* any_true(flags, ids): True in [flags[i] for i in ids] (identity with True, as `in` finds it first). */
+/* any_true(flags, ids): True in [flags[i] for i in ids]. Every id is checked, as the twin does. */
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (check_args("any_true", argv, nargs, 2, 1) < 0)
@@ -198,16 +198,18 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     PyObject *flags = argv[0], *nodes = argv[1];
     Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), n = PyList_GET_SIZE(flags);
     PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    int found = 0;
     for (Py_ssize_t j = 0; j < B; j++) {
         Py_ssize_t i = index_in(ids[j], n);
         if (i < 0)
             return NULL;
         PyObject *f = PyList_GET_ITEM(flags, i);
-        int t = f == Py_True ? 1 : f == Py_False ? 0 : PyObject_RichCompareBool(f, Py_True, Py_EQ);
-        if (t < 0)
-            return NULL;
-        if (t)
-            Py_RETURN_TRUE;
+        if (!found) {
+            int t = f == Py_True ? 1 : f == Py_False ? 0 : PyObject_RichCompareBool(f, Py_True, Py_EQ);
+            if (t < 0)
+                return NULL;
+            found = t;
+        }
     }
-    Py_RETURN_FALSE;
+    return PyBool_FromLong(found);
 }

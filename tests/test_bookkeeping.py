@@ -1,0 +1,249 @@
+"""dynagraph._bookkeeping (kernels/cpython/) against its pure-Python twins.
+
+Every compiled function must give exactly what its twin gives, and bad input must
+raise, never crash. Recording is compared column by column with a subprocess that
+runs with DYNAGRAPH_BOOKKEEPING=python, and a slice of the suite runs there too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dynagraph as dy
+from dynagraph import engine, executor, recording
+from dynagraph.errors import DynagraphError, DynagraphIndexError, StaleExpressionError
+from dynagraph.schedulers import simple
+
+NATIVE = recording.NATIVE
+needs_native = pytest.mark.skipif(NATIVE is None, reason="dynagraph._bookkeeping is not built")
+ROOT = Path(__file__).resolve().parents[1]
+_SETTINGS = dict(deadline=None, derandomize=True, database=None, max_examples=60,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
+import _random_graph as rg  # noqa: E402
+
+
+# ------------------------------------------------------------------ recording
+DUMP = r"""
+import json, sys
+sys.path.insert(0, {sched!r})
+import dynagraph as dy
+import _random_graph as rg
+def part(p, ids):  # a shared parameter's part holds id(p): number them in order of appearance
+    return repr((p[0], ids.setdefault(p[1], len(ids)), p[2]) if p and p[0] == "shared" else p)
+def dump(spec):
+    dy.config.set(random_seed=0, dtype="float64")
+    cg = dy.renew_cg()
+    losses = rg.record(dy.ParameterCollection(), spec)
+    total = dy.esum(losses)
+    value = total.value()
+    ids = {{}}
+    return dict(op=[o.name for o in cg.op], args=[list(a) for a in cg.args], attrs=[repr(a) for a in cg.attrs],
+                data=[repr(d) for d in cg.data], shape=[list(s) for s in cg.shape], depth=cg.depth, sig=cg.sig,
+                sig_part=[part(p, ids) for p in cg.sig_part], needs_grad=cg.needs_grad, value=value)
+specs = json.loads(sys.stdin.read())
+print(json.dumps([dump((tuple((list(map(tuple, p)), o) for p, o in s), r)) for s, r in specs]))
+"""
+
+
+def _dump(specs: list, pure: bool) -> list:
+    env = dict(os.environ)
+    env.pop("DYNAGRAPH_BOOKKEEPING", None)
+    if pure:
+        env["DYNAGRAPH_BOOKKEEPING"] = "python"
+    script = DUMP.format(sched=str(ROOT / "tests" / "schedulers"))
+    r = subprocess.run([sys.executable, "-c", script], input=json.dumps(specs), capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@needs_native
+def test_compiled_and_python_recording_build_the_same_graph():
+    """Every column of every node (ids, attrs, data including random keys, shapes, depths,
+    signatures, needs_grad) and the value, on graphs reaching every opcode and branch."""
+    import random
+    rnd = random.Random(7)
+    specs = [rg.every_branch_spec()]
+    for _ in range(6):
+        prog = [(rnd.choice(rg.OPCODES), rnd.randrange(64), rnd.randrange(64), rnd.randrange(64))
+                for _ in range(rnd.randrange(1, 20))]
+        specs.append(([(prog, [rnd.randrange(64) for _ in range(3)])], rnd.randrange(1, 3)))
+    specs = [([(list(map(list, p)), o) for p, o in s], r) for s, r in specs]
+    fast, pure = _dump(specs, pure=False), _dump(specs, pure=True)
+    assert len(fast) == len(pure) == len(specs)
+    for a, b in zip(fast, pure):
+        assert sum(map(len, (a["op"],))) > 0
+        assert a == b
+
+
+def test_the_python_twins_pass_the_graph_and_scheduler_tests():
+    """The pure-Python path is what runs where the extension is not built."""
+    env = dict(os.environ, DYNAGRAPH_BOOKKEEPING="python")
+    files = ["tests/test_graph.py", "tests/test_errors.py", "tests/schedulers/test_models.py",
+             "tests/test_autodiff.py"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout
+
+
+def test_the_environment_switch_disables_the_extension():
+    env = dict(os.environ, DYNAGRAPH_BOOKKEEPING="python")
+    code = "import dynagraph.recording as r, dynagraph as dy; print(r.NATIVE, type(dy.tanh).__name__)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["None", "function"]
+
+
+def test_recorders_fall_back_for_anything_but_live_expressions(pc):
+    W = pc.add_parameters((3, 3))
+    x = dy.inputVector([1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match="numpy array"):
+        dy.tanh(__import__("numpy").ones(3))
+    y = dy.cmult(x, x)
+    assert y.npvalue().tolist() == [1.0, 4.0, 9.0]
+    z = dy.affine_transform([dy.inputVector([0.0] * 3), W, x])  # parameters mixed with expressions
+    assert z.shape == (3,)
+    assert dy.esum((x, x)).npvalue().tolist() == [2.0, 4.0, 6.0]  # a tuple takes the general path
+    assert dy.esum(e for e in [x, y]).npvalue().tolist() == [2.0, 6.0, 12.0]
+    with pytest.raises(DynagraphError, match="at least one"):
+        dy.esum([])
+    old = x
+    dy.renew_cg()
+    with pytest.raises(StaleExpressionError):
+        dy.tanh(old)
+    with pytest.raises(StaleExpressionError):
+        dy.cmult(old, old)
+    with pytest.raises(StaleExpressionError):
+        dy.esum([old])
+    a = dy.inputVector([1.0])
+    with dy.ComputationGraph() as other:
+        b = dy.inputVector([2.0])
+    assert b.cg is other
+    with pytest.raises(DynagraphError, match="two different"):
+        dy.cmult(a, b)
+
+
+def test_recorders_look_like_functions():
+    assert dy.tanh.__name__ == "tanh" and "tanh" in dy.tanh.__doc__
+    assert dy.affine_transform.__name__ == "affine_transform"
+    assert dy.esum.__module__ == "dynagraph.expressions"
+
+    class Holder:
+        f = dy.tanh
+    x = dy.inputVector([0.5])
+    with pytest.raises(TypeError):
+        Holder().f(x)  # stored on a class, it binds like a function: Holder().f(x) is tanh(self, x)
+
+
+def test_fast_path_errors_are_the_python_ones():
+    """A failing per-node check in the compiled path is re-run by Python for its message."""
+    x = dy.inputVector([1.0, 2.0])
+    dy.pick(x, 1)  # the signature is known now: the next pick takes the fast path
+    with pytest.raises(DynagraphIndexError, match="pick") as e:
+        dy.pick(x, 5)
+    assert "test_bookkeeping.py" in str(e.value)
+    assert len(x.cg.op) == 2  # nothing half-recorded
+
+
+def test_immediate_compute_and_random_keys_go_through_add():
+    cg = dy.renew_cg(immediate_compute=True)
+    x = dy.inputVector([1.0, -1.0])
+    y = dy.tanh(x)
+    assert cg.done == len(cg.op)  # evaluated as recorded
+    d1, d2 = dy.dropout(y, 0.5), dy.dropout(y, 0.5)
+    assert cg.data[d1.i] != cg.data[d2.i]  # a distinct random key per node
+    assert d1.npvalue().shape == (2,)
+
+
+@needs_native
+def test_configure_rejects_expression_classes_with_fields():
+    class Fat(recording.ExprBase):
+        __slots__ = ("extra",)
+    with pytest.raises(TypeError):
+        NATIVE.configure(Fat, object, object())
+
+
+# ------------------------------------------------------------------ executor
+ids_st = st.lists(st.integers(0, 39), min_size=1, max_size=30)
+table_st = st.tuples(st.lists(st.integers(0, 3), min_size=40, max_size=40),
+                     st.lists(st.integers(0, 9), min_size=40, max_size=40))
+
+
+@needs_native
+@settings(**_SETTINGS)
+@given(table=table_st, ids=ids_st, start=st.integers(0, 30), run=st.integers(1, 10))
+def test_locate_matches_python(table, ids, start, run):
+    blk, row = table
+    assert NATIVE.locate(blk, row, ids) == executor._locate_py(blk, row, ids)
+    consecutive = list(range(start, min(start + run, 40)))
+    blk2 = [7] * 40
+    row2 = list(range(40))
+    assert NATIVE.locate(blk2, row2, consecutive) == executor._locate_py(blk2, row2, consecutive)
+    assert NATIVE.locate(blk2, row2, consecutive)[0] == executor.SLICE
+
+
+@needs_native
+@settings(**_SETTINGS)
+@given(ids=ids_st, arity=st.integers(0, 4), flags=st.lists(st.booleans(), min_size=40, max_size=40))
+def test_columns_place_any_true_match_python(ids, arity, flags):
+    args = [tuple((i * 7 + k) % 40 for k in range(arity)) for i in range(40)]
+    assert NATIVE.columns(args, ids) == executor._columns_py(args, ids)
+    assert NATIVE.any_true(flags, ids) == executor._any_true_py(flags, ids)
+    a, b = [-1] * 40, [0] * 40
+    c, d = [-1] * 40, [0] * 40
+    NATIVE.place(a, b, ids, 5)
+    executor._place_py(c, d, ids, 5)
+    assert (a, b) == (c, d)
+    assert NATIVE.pending(a, 0, 40) == engine._pending_py(c, 0, 40)
+
+
+@needs_native
+@pytest.mark.parametrize("bad", [[40], [-1], [3, 99], ["x"], [2 ** 70]])
+def test_bad_node_ids_raise_instead_of_reading_out_of_bounds(bad):
+    blk, row, args = [0] * 40, list(range(40)), [(1,)] * 40
+    for call in (lambda: NATIVE.locate(blk, row, bad), lambda: NATIVE.columns(args, bad),
+                 lambda: NATIVE.place(blk, row, bad, 1), lambda: NATIVE.any_true([True] * 40, bad),
+                 lambda: NATIVE.depth_batches([0] * 40, [0] * 40, [True], bad)):
+        with pytest.raises((IndexError, TypeError, OverflowError)):
+            call()
+    with pytest.raises(IndexError):
+        NATIVE.pending(blk, 0, 41)
+    with pytest.raises(IndexError):
+        NATIVE.node_arrays(args, [0] * 40, [0] * 40, 30, 20)
+    with pytest.raises(ValueError):
+        NATIVE.columns([(1,), (1, 2)], [0, 1])  # a batch's nodes share their arity
+    with pytest.raises(TypeError):
+        NATIVE.locate((0, 1), row, [0])  # lists only
+
+
+# ----------------------------------------------------------------- scheduling
+@needs_native
+@settings(**dict(_SETTINGS, max_examples=25))
+@given(spec=rg.graph_spec)
+def test_depth_batches_and_node_arrays_match_python(spec):
+    cg = dy.renew_cg()
+    rg.record(dy.ParameterCollection(), spec)
+    cg._sync_values()
+    nodes = engine._pending_py(cg.blk, 0, len(cg.op))
+    depth = simple.DepthBatching()
+    assert depth.schedule(cg, nodes) == depth.schedule_py(cg, nodes)
+    lo, n = nodes[0], nodes[-1] + 1 - nodes[0]
+    for a, b in zip(simple._node_arrays_c(cg, lo, n), simple._node_arrays(cg, lo, n)):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()
+
+
+@needs_native
+def test_depth_batches_defers_unknown_signatures_to_python():
+    assert NATIVE.depth_batches([1, 1], [0, -1], [True], [0, 1]) is None
+    assert NATIVE.depth_batches([1, 1, 2], [0, 0, 0], [True], [0, 1, 2]) == [[0, 1], [2]]
+    assert NATIVE.depth_batches([1, 1, 2], [0, 0, 0], [False], [0, 1, 2]) == [[0], [1], [2]]
