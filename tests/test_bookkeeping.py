@@ -213,7 +213,8 @@ def test_bad_node_ids_raise_instead_of_reading_out_of_bounds(bad):
     blk, row, args = [0] * 40, list(range(40)), [(1,)] * 40
     for call in (lambda: NATIVE.locate(blk, row, bad), lambda: NATIVE.columns(args, bad),
                  lambda: NATIVE.place(blk, row, bad, 1), lambda: NATIVE.any_true([True] * 40, bad),
-                 lambda: NATIVE.depth_batches([0] * 40, [0] * 40, [True], bad)):
+                 lambda: NATIVE.depth_batches([0] * 40, [0] * 40, [True], bad),
+                 lambda: NATIVE.agenda_batches(args, [0] * 40, [0] * 40, [True], [1], [0] + bad)):
         with pytest.raises((IndexError, TypeError, OverflowError)):
             call()
     with pytest.raises(IndexError):
@@ -230,13 +231,15 @@ def test_bad_node_ids_raise_instead_of_reading_out_of_bounds(bad):
 @needs_native
 @settings(**dict(_SETTINGS, max_examples=25))
 @given(spec=rg.graph_spec)
-def test_depth_batches_and_node_arrays_match_python(spec):
+def test_depth_agenda_and_node_arrays_match_python(spec):
     cg = dy.renew_cg()
     rg.record(dy.ParameterCollection(), spec)
     cg._sync_values()
     nodes = engine._pending_py(cg.blk, 0, len(cg.op))
-    depth = simple.DepthBatching()
-    assert depth.schedule(cg, nodes) == depth.schedule_py(cg, nodes)
+    for sched in (simple.DepthBatching(), simple.AgendaBatching()):
+        assert sched.schedule(cg, nodes) == sched.schedule_py(cg, nodes)
+        part = nodes[len(nodes) // 3:]  # a later chunk: arguments outside it count as evaluated
+        assert sched.schedule(cg, part) == sched.schedule_py(cg, part)
     lo, n = nodes[0], nodes[-1] + 1 - nodes[0]
     for a, b in zip(simple._node_arrays_c(cg, lo, n), simple._node_arrays(cg, lo, n)):
         assert a.dtype == b.dtype and a.tolist() == b.tolist()

@@ -63,6 +63,16 @@ class AgendaBatching:
     trusted = True  # validated by the test suite, not on every evaluation
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
+        """In C when dynagraph._bookkeeping is built; schedule_py is its twin."""
+        if NATIVE is not None and nodes:
+            ops = [key[0] for key in cg.signatures]
+            out = NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, [op.batchable for op in ops],
+                                        [op.cost for op in ops], nodes)
+            if out is not None:
+                return out
+        return self.schedule_py(cg, nodes)
+
+    def schedule_py(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         if not nodes:
             return []
         g = pending_graph(cg, nodes)

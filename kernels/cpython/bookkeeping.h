@@ -5,7 +5,8 @@ their work is Python objects (the graph's node lists), which cffi cannot hand to
 Each function here has a pure-Python twin that is the reference and the fallback:
   recorder.c   dynagraph/recording.py and ComputationGraph._add_py
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
-  schedule.c   DepthBatching.schedule_py, engine._pending_py, PendingGraph._arrays_py
+  schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
+               AgendaBatching.schedule_py
 */
 #ifndef DG_BOOKKEEPING_H
 #define DG_BOOKKEEPING_H
@@ -21,5 +22,6 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_node_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 
 #endif

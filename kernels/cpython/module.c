@@ -13,6 +13,7 @@ static PyMethodDef functions[] = {
     FAST(pending, "pending(blk, lo, hi): [i for i in range(lo, hi) if blk[i] < 0]."),
     FAST(depth_batches, "depth_batches(depth, sig, batchable, nodes): the depth scheduler's batches, or None."),
     FAST(node_arrays, "node_arrays(args, sig, depth, lo, n): (counts, flat args - lo, sig, depth) as raw buffers."),
+    FAST(agenda_batches, "agenda_batches(args, sig, depth, batchable, cost, nodes): the agenda scheduler's batches, or None."),
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,7 @@ Twins: DepthBatching.schedule_py (dynagraph/schedulers/simple.py), engine._pendi
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* pending(blk, lo, hi): [i for i in range(lo, hi) if blk[i] < 0], the nodes with no value yet. */
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -211,4 +212,257 @@ fail:
     Py_XDECREF(bs);
     Py_XDECREF(bd);
     return NULL;
+}
+
+/* ------------------------------------------------------------------ agenda */
+typedef struct {
+    double avg;
+    long cost;
+    Py_ssize_t first, sig;
+} Entry;
+
+static int entry_less(const Entry *a, const Entry *b) {
+    if (a->avg != b->avg)
+        return a->avg < b->avg;
+    if (a->cost != b->cost)
+        return a->cost < b->cost;
+    if (a->first != b->first)
+        return a->first < b->first;
+    return a->sig < b->sig;
+}
+
+static void heap_push(Entry *h, Py_ssize_t *n, Entry e) {
+    Py_ssize_t k = (*n)++;
+    while (k > 0) {
+        Py_ssize_t p = (k - 1) / 2;
+        if (!entry_less(&e, &h[p]))
+            break;
+        h[k] = h[p];
+        k = p;
+    }
+    h[k] = e;
+}
+
+static Entry heap_pop(Entry *h, Py_ssize_t *n) {
+    Entry top = h[0], last = h[--(*n)];
+    Py_ssize_t k = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * k + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && entry_less(&h[c + 1], &h[c]))
+            c++;
+        if (!entry_less(&h[c], &last))
+            break;
+        h[k] = h[c];
+        k = c;
+    }
+    if (*n > 0)
+        h[k] = last;
+    return top;
+}
+
+static int cmp_ssize(const void *a, const void *b) {
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {  /* every array the agenda needs, freed together */
+    Py_ssize_t *local_sig, *indeg, *start, *users, *fill, *bucket_len, *bucket_start, *bucket, *ready, *first;
+    double *depth_sum;
+    long *count, *cost;
+    char *pending, *batchable, *fresh;
+    Entry *heap;
+    PyObject **node;  /* the caller's int object per local id (borrowed): no new ints */
+} Agenda;
+
+static void agenda_free(Agenda *a) {
+    void *all[] = {a->local_sig, a->indeg, a->start, a->users, a->fill, a->bucket_len, a->bucket_start, a->bucket,
+                   a->ready, a->first, a->depth_sum, a->count, a->cost, a->pending, a->batchable, a->fresh, a->heap,
+                   a->node};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        PyMem_Free(all[k]);
+}
+
+/* Mark ready nodes: each joins its signature's bucket; a bucket that was empty gets a
+   heap entry keyed by its smallest new node (the Python twin's part[0]). */
+static void agenda_push(Agenda *a, const Py_ssize_t *ready, Py_ssize_t m, Entry *heap, Py_ssize_t *nheap) {
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t v = ready[k], s = a->local_sig[v];
+        if (a->bucket_len[s] == 0 && !a->fresh[s]) {
+            a->fresh[s] = 1;
+            a->first[s] = v;
+        } else if (a->fresh[s] && v < a->first[s]) {
+            a->first[s] = v;
+        }
+        a->bucket[a->bucket_start[s] + a->bucket_len[s]++] = v;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t s = a->local_sig[ready[k]];
+        if (a->fresh[s]) {
+            a->fresh[s] = 0;
+            Entry e = {a->depth_sum[s] / (double)a->count[s], a->cost[s], a->first[s], s};
+            heap_push(heap, nheap, e);
+        }
+    }
+}
+
+/* agenda_batches(args, sig, depth, batchable, cost, nodes): DyNet's agenda scheduler.
+   batchable[s], cost[s]: per signature id. Twin: AgendaBatching.schedule_py. Returns the
+   batches, or None when a node's signature is outside the tables (Python decides). */
+PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2]) ||
+        !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) ||
+        !(PyList_CheckExact(argv[5]) || PyTuple_CheckExact(argv[5]))) {
+        PyErr_SetString(PyExc_TypeError, "agenda_batches(args, sig, depth, batchable, cost: lists, nodes)");
+        return NULL;
+    }
+    PyObject *args = argv[0], *sig = argv[1], *depth = argv[2], *nodes = argv[5];
+    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), S = PyList_GET_SIZE(argv[3]), total = PyList_GET_SIZE(args);
+    PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    if (B == 0)
+        return PyList_New(0);
+    if (PyList_GET_SIZE(argv[4]) != S || PyList_GET_SIZE(sig) != total || PyList_GET_SIZE(depth) != total) {
+        PyErr_SetString(PyExc_ValueError, "agenda_batches: column or table lengths differ");
+        return NULL;
+    }
+    Py_ssize_t lo = PyLong_AsSsize_t(ids[0]), hi = PyLong_AsSsize_t(ids[B - 1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (lo < 0 || hi >= total || hi < lo) {
+        PyErr_Format(PyExc_IndexError, "agenda_batches: nodes [%zd, %zd] outside the graph or not increasing", lo, hi);
+        return NULL;
+    }
+    Py_ssize_t n = hi + 1 - lo;
+    Agenda a = {0};
+    PyObject *result = NULL;
+    a.local_sig = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    a.indeg = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    a.start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a.fill = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a.ready = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a.bucket = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a.pending = PyMem_Calloc((size_t)n, 1);
+    a.bucket_len = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
+    a.bucket_start = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
+    a.first = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
+    a.depth_sum = PyMem_Calloc((size_t)S + 1, sizeof(double));
+    a.count = PyMem_Calloc((size_t)S + 1, sizeof(long));
+    a.cost = PyMem_Calloc((size_t)S + 1, sizeof(long));
+    a.batchable = PyMem_Calloc((size_t)S + 1, 1);
+    a.fresh = PyMem_Calloc((size_t)S + 1, 1);
+    a.heap = PyMem_Calloc((size_t)S + 1, sizeof(Entry));
+    a.node = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    if (!a.node || !a.local_sig || !a.indeg || !a.start || !a.fill || !a.ready || !a.bucket || !a.pending || !a.bucket_len ||
+        !a.bucket_start || !a.first || !a.depth_sum || !a.count || !a.cost || !a.batchable || !a.fresh || !a.heap) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < S; s++) {
+        a.batchable[s] = PyList_GET_ITEM(argv[3], s) == Py_True;
+        a.cost[s] = PyLong_AsLong(PyList_GET_ITEM(argv[4], s));
+    }
+    if (PyErr_Occurred())
+        goto done;
+    /* pending nodes, their signatures and the mean depth per signature */
+    for (Py_ssize_t j = 0; j < B; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
+        if (i == -1 && PyErr_Occurred())
+            goto done;
+        if (i < lo || i > hi || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
+            PyErr_Format(PyExc_IndexError, "agenda_batches: node ids must increase within [%zd, %zd], got %zd", lo, hi, i);
+            goto done;
+        }
+        long s = PyLong_AsLong(PyList_GET_ITEM(sig, i));
+        PyObject *dv = PyList_GET_ITEM(depth, i);  /* depths are ints: skip float()'s slow path */
+        double d = PyLong_CheckExact(dv) ? (double)PyLong_AsLong(dv) : PyFloat_AsDouble(dv);
+        if (PyErr_Occurred())
+            goto done;
+        if (s < 0 || s >= S) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        a.pending[i - lo] = 1;
+        a.node[i - lo] = ids[j];
+        a.local_sig[i - lo] = s;
+        a.depth_sum[s] += d;
+        a.count[s]++;
+    }
+    /* users of each pending node among the pending nodes (CSR), and in-degrees */
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t v = 0; v < n; v++) {
+            if (!a.pending[v])
+                continue;
+            PyObject *t = PyList_GET_ITEM(args, lo + v);
+            if (!PyTuple_CheckExact(t)) {
+                PyErr_SetString(PyExc_TypeError, "agenda_batches: argument lists must be tuples");
+                goto done;
+            }
+            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
+                Py_ssize_t u = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k)) - lo;
+                if (PyErr_Occurred())
+                    goto done;
+                if (u < 0 || u >= n || !a.pending[u])
+                    continue;
+                if (pass == 0) {
+                    a.start[u + 1]++;
+                    a.indeg[v]++;
+                } else {
+                    a.users[a.fill[u]++] = v;
+                }
+            }
+        }
+        if (pass == 0) {
+            for (Py_ssize_t v = 0; v < n; v++)
+                a.start[v + 1] += a.start[v];
+            memcpy(a.fill, a.start, (size_t)(n + 1) * sizeof(Py_ssize_t));
+            if (!(a.users = PyMem_Calloc((size_t)a.start[n] + 1, sizeof(Py_ssize_t)))) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
+    }
+    /* bucket s holds at most count[s] nodes over the whole run: give each its own range */
+    for (Py_ssize_t s = 1; s <= S; s++)
+        a.bucket_start[s] = a.bucket_start[s - 1] + a.count[s - 1];
+    Py_ssize_t nready = 0, nheap = 0;
+    for (Py_ssize_t v = 0; v < n; v++)
+        if (a.pending[v] && a.indeg[v] == 0)
+            a.ready[nready++] = v;
+    if (!(result = PyList_New(0)))
+        goto done;
+    agenda_push(&a, a.ready, nready, a.heap, &nheap);
+    while (nheap > 0) {
+        Py_ssize_t s = heap_pop(a.heap, &nheap).sig;
+        Py_ssize_t *batch = a.bucket + a.bucket_start[s], m = a.bucket_len[s];
+        a.bucket_start[s] += m;  /* the range is used up: later arrivals go after it */
+        a.bucket_len[s] = 0;
+        qsort(batch, (size_t)m, sizeof(Py_ssize_t), cmp_ssize);  /* recording order */
+        PyObject *cur = NULL;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            if (!cur || !a.batchable[s]) {
+                if (!(cur = PyList_New(0)) || PyList_Append(result, cur) < 0) {
+                    Py_XDECREF(cur);
+                    Py_CLEAR(result);
+                    goto done;
+                }
+                Py_DECREF(cur);  /* result holds it */
+            }
+            if (PyList_Append(cur, a.node[batch[k]]) < 0) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        }
+        nready = 0;
+        for (Py_ssize_t k = 0; k < m; k++)
+            for (Py_ssize_t e = a.start[batch[k]]; e < a.start[batch[k] + 1]; e++)
+                if (--a.indeg[a.users[e]] == 0)
+                    a.ready[nready++] = a.users[e];
+        agenda_push(&a, a.ready, nready, a.heap, &nheap);
+    }
+done:
+    agenda_free(&a);
+    return result;
 }
