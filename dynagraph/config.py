@@ -89,9 +89,12 @@ def reset_random_seed(seed: int) -> None:
 
 
 def get() -> dict:
+    from .recording import COMPILED  # no import cycle: recording imports nothing of ours
     return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
             "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads,
-            "block_plan": config.block_plan}
+            "block_plan": config.block_plan,
+            # recording and per-node bookkeeping: "compiled" (dynagraph._bookkeeping) or "python"
+            "bookkeeping": "compiled" if COMPILED else "python"}
 
 
 if os.environ.get("DYNAGRAPH_THREADS"):

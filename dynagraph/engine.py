@@ -12,7 +12,6 @@ from .backends import get_backend
 from .config import config
 from .recording import NATIVE
 
-
 _ZERO = 0  # _ZERO.__gt__(b) is `0 > b`: the node has no value block yet
 
 

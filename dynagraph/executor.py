@@ -10,7 +10,6 @@ import time
 from operator import itemgetter
 from typing import NamedTuple, Sequence
 
-
 from .errors import NonFiniteError
 from .recording import NATIVE
 

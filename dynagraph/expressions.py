@@ -10,14 +10,21 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import DynagraphError, user_line
 from . import graph as _graph
-from .batched import BatchedExpression, batch_size_of, batched, map_record, sample, samples_of
-from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
-from .recording import LIST, ONE, TWO, recorder
-from .ops import OPS, as_shape
 from . import parameters as _params_module
+from .batched import (
+    BatchedExpression,
+    batch_size_of,
+    batched,
+    map_record,
+    sample,
+    samples_of,
+)
+from .errors import DynagraphError, user_line
+from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
+from .ops import OPS, as_shape
 from .parameters import LookupParameters
+from .recording import LIST, ONE, TWO, recorder
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
@@ -42,8 +49,8 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ recording
-# graph.record1/record2 with the same inlined fast path (so the common case costs what it
-# did), and a slow path that maps an op over the samples of BatchedExpression arguments.
+# Like graph.record1/record2, compiled recorders (dynagraph.recording) whose fallback is this
+# module's record(): it also maps an op over the samples of BatchedExpression arguments.
 _B = BatchedExpression
 
 

@@ -16,7 +16,13 @@ import numpy as np
 
 from . import parameters as _params
 from .config import config
-from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, op_error, user_line
+from .errors import (
+    DynagraphError,
+    DynagraphIndexError,
+    StaleExpressionError,
+    op_error,
+    user_line,
+)
 from .ops import OPS, OpDef
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
 from .parameters import LookupParameters, Parameters

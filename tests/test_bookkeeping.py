@@ -30,7 +30,6 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None, max_examples=60
 sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
 import _random_graph as rg  # noqa: E402
 
-
 # ------------------------------------------------------------------ recording
 DUMP = r"""
 import json, sys
@@ -102,6 +101,10 @@ def test_the_environment_switch_disables_the_extension():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["None", "function"]
+    code = "import dynagraph as dy; print(dy.config.get()['bookkeeping'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.stdout.split() == ["python"]
+    assert dy.config.get()["bookkeeping"] == ("compiled" if NATIVE is not None else "python")
 
 
 def test_recorders_fall_back_for_anything_but_live_expressions(pc):
