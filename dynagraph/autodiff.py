@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from .executor import LEAF, SLICE, TAKE, any_true, pick
-from .ops.base import DEFER, OuterSum, Sliced, SparseRows
+from .ops.base import Sliced, SparseRows
 
 
 class Grads(list):
@@ -21,12 +21,11 @@ class Grads(list):
     (an op's backward can return its output gradient unchanged for two arguments), so it
     is copy-on-write: `_grad_block` copies it before the first add into it."""
 
-    __slots__ = ("borrowed", "deferred")
+    __slots__ = ("borrowed",)
 
     def __init__(self, n: int):
         super().__init__([None] * n)
         self.borrowed: set = set()
-        self.deferred: dict = {}  # parameter block -> its OuterSums, multiplied once by flush()
 
     def adopt(self, b: int, g, shape: tuple, owned: bool) -> bool:
         """Take g as block b's gradient when b has none yet and g fits it exactly."""
@@ -48,30 +47,10 @@ def _grad_block(cg, xp, gb, b):
     return g
 
 
-def flush(cg, be, gb, stats) -> None:
-    """Each parameter's deferred gradient sum_b G_b^T X_b over every batch, as one GEMM."""
-    xp = be.xp
-    for b, parts in gb.deferred.items():
-        if len(parts) == 1:
-            g = parts[0].dense()
-        else:
-            G = xp.concatenate([p.G for p in parts])
-            X = xp.concatenate([p.X for p in parts])
-            g = (G.T @ X).reshape(parts[0].shape)
-        stats.kernel_calls += 1
-        scatter(cg, be, gb, (LEAF, b, None), g, stats)
-    gb.deferred = {}
-
-
 def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
     """Add gx to the rows its argument was gathered from (the forward's plan)."""
     xp = be.xp
     kind, b, rows = plan
-    if type(gx) is OuterSum:  # a shared weight's gradient: summed over batches by flush()
-        if kind == LEAF:
-            gb.deferred.setdefault(b, []).append(gx)
-            return
-        gx = gx.dense()
     if (kind == SLICE or kind == LEAF) and gb[b] is None and not isinstance(gx, (SparseRows, Sliced)) \
             and gx.dtype == cg.dtype:
         shape = cg.blocks[b].shape
@@ -129,8 +108,6 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
             need = tuple([any_true(needs_grad, ids) for ids in cols])
             if True not in need:
                 continue
-        if op.defers_leaf_grads:  # shared weights: gradients summed over batches, one GEMM
-            need = tuple([DEFER if n and plans[k][0] == LEAF else n for k, n in enumerate(need)])
         t0 = time.perf_counter()
         data = list(pick(cg.data, nodes)) if op.uses_data else None
         bw = be.backward_kernels.get(op.name, op.backward)
@@ -148,9 +125,6 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
                     gx = xp.broadcast_to(gx, (len(nodes),) + gx.shape[1:])
                 scatter(cg, be, gb, plan, gx, stats)
         stats.t_memory += time.perf_counter() - t1
-    t0 = time.perf_counter()
-    flush(cg, be, gb, stats)
-    stats.t_backward += time.perf_counter() - t0
     for leaf in cg._leaves.values():
         g = gb[cg.blk[leaf]]
         if g is not None and needs_grad[leaf]:

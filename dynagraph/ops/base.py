@@ -39,7 +39,6 @@ class OpDef:
     blocks_grad: bool = False   # nobackprop: the node never needs a gradient
     saves_ctx: bool = False     # forward returns (y, ctx); backward gets ctx= (static subgraphs)
     inner_kernels: int = 1      # kernels one batch of this op launches (a subgraph runs many)
-    defers_leaf_grads: bool = False  # backward may answer need[k] is DEFER with an OuterSum
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -75,37 +74,6 @@ class Sliced:
         out = xp.zeros(self.shape, dtype=self.vals.dtype)
         out[(slice(None),) + self.index] = self.vals
         return out
-
-
-class _Defer:
-    """need[k] for a shared parameter argument whose gradient the caller will sum over many
-    batches: an op with defers_leaf_grads may return an OuterSum for it. Truthy, so every
-    `if need[k]` reads it as True."""
-    __slots__ = ()
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "DEFER"
-
-
-DEFER = _Defer()
-
-
-class OuterSum:
-    """Gradient of a shared matrix, sum_b G_b^T X_b, left as its factors G (B, r) and X (B, c).
-
-    Autodiff collects a weight's OuterSums from every batch of a backward pass and multiplies
-    them once, concatenated: one GEMM with K = all rows instead of a small-K GEMM and a
-    full-matrix add per batch (TreeLSTM at H=256: 20 levels, about 60 rows each)."""
-    __slots__ = ("G", "X", "shape")
-
-    def __init__(self, G, X, shape: tuple):
-        self.G, self.X, self.shape = G, X, shape
-
-    def dense(self, xp=None):
-        return (self.G.T @ self.X).reshape(self.shape)
 
 
 class SparseRows:

@@ -2,7 +2,7 @@
 is a single GEMM, forward and backward: that is where batching pays most."""
 from __future__ import annotations
 
-from .base import DEFER, ELEMWISE, GEMM, OuterSum, broadcast_shape, op, pad_to, reduce_to
+from .base import GEMM, ELEMWISE, broadcast_shape, op, pad_to, reduce_to
 
 
 def _as_matrix(s: tuple) -> tuple:
@@ -43,9 +43,6 @@ def mm_grads(xp, A, X, G, need):
         G = G.sum(axis=0, keepdims=True)  # every node computed the same product
     gA = gX = None
     if X.ndim == 2:
-        if need[0] is DEFER and A.ndim == 3 and A.shape[0] == 1 and G.shape[0] == X.shape[0] > 1:
-            gA = OuterSum(G, X, A.shape)  # the caller sums these over batches as one GEMM
-            need = (False, need[1])
         if need[0]:
             gA = (G.T @ X)[None] if A3.shape[0] == 1 else G[:, :, None] * X[:, None, :]
         if need[1]:
@@ -60,14 +57,14 @@ def mm_grads(xp, A, X, G, need):
                 gA = xp.matmul(G, X.transpose(0, 2, 1))
         if need[1]:
             gX = mm(xp, A3.transpose(0, 2, 1), G)
-    if gA is not None and type(gA) is not OuterSum:
+    if gA is not None:
         gA = reduce_to(gA.reshape(gA.shape[0], *A.shape[1:]) if A.ndim == 2 else gA, A.shape)
     if gX is not None:
         gX = reduce_to(gX, X.shape)
     return gA, gX
 
 
-@op("matmul", mm_shape, cost=GEMM, defers_leaf_grads=True)
+@op("matmul", mm_shape, cost=GEMM)
 class MatMul:
     def forward(xp, a, data, A, X):
         return mm(xp, A, X)
@@ -90,7 +87,7 @@ def _affine_shape(a, sb, *rest):
     return broadcast_shape(sb, prod)
 
 
-@op("affine", _affine_shape, cost=GEMM, defers_leaf_grads=True)
+@op("affine", _affine_shape, cost=GEMM)
 class Affine:
     """b + W1 x1 + W2 x2 + ...: one GEMM per (shared W, batch of x)."""
     def forward(xp, a, data, b, *wx):
