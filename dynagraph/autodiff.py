@@ -95,7 +95,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     gb = Grads(len(cg.blocks))
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
-    needs_grad, args = cg.needs_grad, cg.args
+    needs_grad = cg.needs_grad
     for nodes, xs, bid, plans, cols, ctx in reversed(cg.executed):
         g = gb[bid]
         n0 = nodes[0]
