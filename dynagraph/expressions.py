@@ -74,13 +74,13 @@ def record(op, args: Sequence = (), attrs: tuple = (), data=None):
     return _graph.record(op, args, attrs, data)
 
 
-def _list_recorder(name: str, what: str | None = None, doc: str = ""):
+def _list_recorder(name: str, what: str | None = None, doc: str = "", attrs: tuple = ()):
     """dy.<what>(xs): records op `name` from a list of expressions (compiled fast path)."""
     op, what = _O[name], what or name
 
-    def slow(xs, attrs: tuple = ()):
+    def slow(xs, attrs: tuple = attrs):
         return record(op, _list(xs, what), attrs)
-    return _named(recorder(op, LIST, slow), what, doc)
+    return _named(recorder(op, LIST, slow, attrs), what, doc)
 
 
 def _named(f, name: str, doc: str):
@@ -270,8 +270,8 @@ def concatenate(xs: Sequence[Expression], d: int = 0) -> Expression:
     return _concatenate(xs, (d if type(d) is int else int(d),))
 
 
-def concatenate_cols(xs: Sequence[Expression]) -> Expression:
-    return _concatenate(xs, (1,))
+concatenate_cols = _list_recorder("concatenate", "concatenate_cols", "concatenate_cols([x, ...]): side by side "
+                                  "as columns.", attrs=(1,))
 
 
 affine_transform = _list_recorder(

@@ -120,7 +120,8 @@ class ComputationGraph(GraphBase):
                     check(attrs, data, *[self.shape[i] for i in ids])
             except (IndexError, ValueError) as e:
                 raise self._op_error(op, ids, e) from None
-        sid, shape, attrs = known[0], known[1], known[2]  # the interned attrs: equal, and one fewer object kept per node
+        # known[2], the interned attrs: equal, and one fewer object kept per node
+        sid, shape, attrs = known[0], known[1], known[2]
         nid = len(self.op)
         self.op.append(op)
         self.args.append(ids)

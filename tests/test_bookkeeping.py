@@ -80,7 +80,7 @@ def test_compiled_and_python_recording_build_the_same_graph():
     fast, pure = _dump(specs, pure=False), _dump(specs, pure=True)
     assert len(fast) == len(pure) == len(specs)
     for a, b in zip(fast, pure):
-        assert sum(map(len, (a["op"],))) > 0
+        assert a["op"]
         assert a == b
 
 

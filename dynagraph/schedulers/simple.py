@@ -11,6 +11,12 @@ from ..recording import NATIVE
 from .base import register
 
 
+def _per_signature(cg, field: str) -> list:
+    """An op field per signature id (the op is a signature key's first part): the compiled
+    schedulers' tables."""
+    return [getattr(key[0], field) for key in cg.signatures]
+
+
 class NoBatching:
     """One node per batch, in recording order: the reference schedule."""
     name = "none"
@@ -28,8 +34,7 @@ class DepthBatching:
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         if NATIVE is not None:
-            batchable = [key[0].batchable for key in cg.signatures]
-            out = NATIVE.depth_batches(cg.depth, cg.sig, batchable, nodes)
+            out = NATIVE.depth_batches(cg.depth, cg.sig, _per_signature(cg, "batchable"), nodes)
             if out is not None:
                 return out
         return self.schedule_py(cg, nodes)
@@ -65,9 +70,8 @@ class AgendaBatching:
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         """In C when dynagraph._bookkeeping is built; schedule_py is its twin."""
         if NATIVE is not None and nodes:
-            ops = [key[0] for key in cg.signatures]
-            out = NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, [op.batchable for op in ops],
-                                        [op.cost for op in ops], nodes)
+            out = NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, _per_signature(cg, "batchable"),
+                                        _per_signature(cg, "cost"), nodes)
             if out is not None:
                 return out
         return self.schedule_py(cg, nodes)
