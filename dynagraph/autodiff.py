@@ -8,8 +8,9 @@ tables receive one sparse row update per batch.
 from __future__ import annotations
 
 import time
-from .executor import LEAF, SLICE, TAKE, any_true, pick
+from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
 from .ops.base import Sliced, SparseRows
+from .runs import backward_run
 
 
 class Grads(list):
@@ -96,7 +97,12 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
     needs_grad = cg.needs_grad
-    for nodes, xs, bid, plans, cols, ctx in reversed(cg.executed):
+    grad_block = lambda b: _grad_block(cg, xp, gb, b)  # noqa: E731
+    for record in reversed(cg.executed):
+        if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
+            backward_run(cg, be, gb, record, full, grad_block)
+            continue
+        nodes, xs, bid, plans, cols, ctx = record
         g = gb[bid]
         n0 = nodes[0]
         op = cg.op[n0]

@@ -10,6 +10,8 @@ import time
 from operator import itemgetter
 from typing import NamedTuple, Sequence
 
+from . import runs
+from .config import config
 from .errors import NonFiniteError
 from .recording import NATIVE
 
@@ -129,7 +131,29 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
 
 
 def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
+    if not (config.fuse and runs.enabled(cg, be)):
+        for nodes in batches:
+            run_batch(cg, be, nodes)
+        return
+    stretch: list = []  # consecutive batches that can be steps of one run
+    spec = runs.step_spec
     for nodes in batches:
+        if spec(cg, nodes[0]) is not None:
+            stretch.append(nodes)
+            continue
+        if stretch:
+            _flush(cg, be, stretch)
+            stretch = []
+        run_batch(cg, be, nodes)
+    if stretch:
+        _flush(cg, be, stretch)
+
+
+def _flush(cg, be, stretch: list) -> None:
+    # a lone batch gains nothing from a run: numpy's ufuncs are as fast for one op
+    if len(stretch) > 1 and runs.execute_run(cg, be, stretch, place):
+        return
+    for nodes in stretch:
         run_batch(cg, be, nodes)
 
 

@@ -12,6 +12,7 @@ class Stats:
     nodes: int = 0               # nodes evaluated (parameters excluded)
     batches: int = 0             # forward kernel launches that came from the scheduler
     kernel_calls: int = 0        # forward + backward op kernels
+    runs: int = 0                # stretches of elementwise batches run by one C call (runs.py)
     gathers: int = 0             # argument copies (a contiguous argument costs none)
     gather_bytes: int = 0
     scatters: int = 0            # gradient scatter-adds that were not in-place slices

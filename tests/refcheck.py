@@ -30,12 +30,12 @@ FD_STEP = 1e-5  # central differences in float64: truncation ~h^2, round-off ~ep
 @contextlib.contextmanager
 def using(dtype: str = "float64", seed: int | None = 0, scheduler: str | None = None) -> Iterator[None]:
     """Set dtype/seed/scheduler for the block, then restore the previous global settings."""
-    saved = (config.dtype, config.scheduler, config.seed, config.rng)
+    saved = (config.dtype, config.scheduler, config.seed, config.rng, config.fuse)
     dy.config.set(dtype=dtype, random_seed=seed, scheduler=scheduler)
     try:
         yield
     finally:
-        config.dtype, config.scheduler, config.seed, config.rng = saved
+        config.dtype, config.scheduler, config.seed, config.rng, config.fuse = saved
 
 
 # --------------------------------------------------------------------- inputs
@@ -216,14 +216,19 @@ def assert_same_run(a: Run | tuple, b: Run | tuple, rtol: float = 1e-12, atol: f
         np.testing.assert_allclose(ga[k], gb[k], rtol=rtol, atol=atol, err_msg=f"gradient of {k}")
 
 
+def executed_batches(cg) -> list:
+    """The node list of every executed forward batch, a run's steps one by one."""
+    return [nodes for e in cg.executed for nodes in getattr(e, "steps", [e.nodes])]
+
+
 def batch_sizes(cg, op_name: str) -> list[int]:
     """Sizes of the executed forward batches of one op (to prove batching happened)."""
-    return [len(e.nodes) for e in cg.executed if cg.op[e.nodes[0]].name == op_name]
+    return [len(nodes) for nodes in executed_batches(cg) if cg.op[nodes[0]].name == op_name]
 
 
 def batch_of(cg, nid: int) -> list[int]:
     """The executed forward batch that computed node nid."""
-    for e in cg.executed:
-        if nid in e.nodes:
-            return list(e.nodes)
+    for nodes in executed_batches(cg):
+        if nid in nodes:
+            return list(nodes)
     raise KeyError(f"node {nid} was not executed")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import dynagraph as dy
-from refcheck import assert_same_run, run_graph
+from refcheck import assert_same_run, executed_batches, run_graph
 
 H = 3
 SCHEDULERS = dy.schedulers.available()
@@ -88,7 +88,7 @@ def test_blocked_tree_equals_op_level_and_batches_calls(scheduler):
     got = run_graph(scheduler, _trees(True))
     assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
     if scheduler != "none":
-        sizes = [len(e.nodes) for e in got.cg.executed if e.nodes and got.cg.op[e.nodes[0]].name == "block:leaf"]
+        sizes = [len(b) for b in executed_batches(got.cg) if b and got.cg.op[b[0]].name == "block:leaf"]
         assert max(sizes) >= 8  # all leaves of all trees in one call of the leaf plan
 
 
@@ -211,7 +211,7 @@ def test_blocked_builder_matches_unblocked(name, scheduler):
     ref = run_graph("none", build(False))
     got = run_graph(scheduler, build(True))
     assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
-    names = {got.cg.op[e.nodes[0]].name for e in got.cg.executed}
+    names = {got.cg.op[b[0]].name for b in executed_batches(got.cg)}
     assert any(n.startswith("block:") for n in names)
 
 
@@ -223,4 +223,4 @@ def test_blocked_builder_falls_back_with_dropout():
     cg = dy.renew_cg()
     outs = rnn.initial_state().transduce([dy.inputVector([1.0, 2.0, 3.0])] * 3)
     outs[-1].value()
-    assert not any(cg.op[e.nodes[0]].name.startswith("block:") for e in cg.executed)
+    assert not any(cg.op[b[0]].name.startswith("block:") for b in executed_batches(cg))

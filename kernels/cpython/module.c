@@ -10,6 +10,9 @@ static PyMethodDef functions[] = {
     FAST(place, "place(blk, row, nodes, bid): blk[n] = bid, row[n] = r for the r-th node."),
     FAST(locate, "locate(blk, row, ids): (1, b, r0) | (2, b, rows) | (3, blks, rows); see executor.gather."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
+    FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "
+                    "reads its arguments; see dynagraph/runs.py."),
+    FAST(addresses, "addresses(arrays, format): int64 data address of each C-contiguous array (0 for None)."),
     FAST(pending, "pending(blk, lo, hi): [i for i in range(lo, hi) if blk[i] < 0]."),
     FAST(depth_batches, "depth_batches(depth, sig, batchable, nodes): the depth scheduler's batches, or None."),
     FAST(node_arrays, "node_arrays(args, sig, depth, lo, n): (counts, flat args - lo, sig, depth) as raw buffers."),

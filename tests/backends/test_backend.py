@@ -111,6 +111,7 @@ def _loss_and_grads(scheduler: str):
     grads = {q.name(): q.grad_as_array() for q in pc.parameters_list()}
     E = p["E"]
     grads["E"] = E.grad_as_array() * E.touched[:, None]
+    _loss_and_grads.runs = loss.cg.stats.runs
     return value, grads
 
 
@@ -127,12 +128,16 @@ def _all_kernels_backend(monkeypatch):
 @pytest.mark.parametrize("scheduler", dy.schedulers.available())
 @pytest.mark.parametrize("variant", ["installed", "all-kernels"])
 def test_treelstm_like_graph_same_on_numpy_and_cpu(scheduler, variant, float64, fresh_backends, monkeypatch):
+    """"installed": the cpu backend as shipped, elementwise stretches in runs (runs.py);
+    "all-kernels": runs off and every op's own C kernel, whatever the batch size."""
     kernels()
     from dynagraph.backends import cpu
     dy.config.set(backend="numpy")
     ref_value, ref_grads = _loss_and_grads(scheduler)
+    assert _loss_and_grads.runs == 0  # the reference backend runs op by op
     if variant == "all-kernels":
         fresh_backends["cpu"] = _all_kernels_backend(monkeypatch)
+        dy.config.set(fuse=False)
     called = []
     real_fn = cpu._fn
     monkeypatch.setattr(cpu, "_fn", lambda name, dt: called.append(name) or real_fn(name, dt))
@@ -143,7 +148,9 @@ def test_treelstm_like_graph_same_on_numpy_and_cpu(scheduler, variant, float64, 
     assert grads.keys() == ref_grads.keys()
     for k in grads:
         np.testing.assert_allclose(grads[k], ref_grads[k], rtol=1e-10, atol=1e-12, err_msg=k)
-    if variant == "all-kernels":  # the C kernels really ran, forward and backward
+    if variant == "installed":
+        assert _loss_and_grads.runs > 0
+    else:  # the C kernels really ran, forward and backward
         assert {"dg_unary_fwd", "dg_unary_bwd", "dg_binary_fwd", "dg_binary_bwd", "dg_pnls_fwd",
                 "dg_pnls_bwd", "dg_softmax_fwd", "dg_log_softmax_bwd", "dg_row_sums"} <= set(called)
         if scheduler != "none":

@@ -1,0 +1,275 @@
+"""Runs: consecutive elementwise batches of a schedule executed by one C call.
+
+Op-level code records a cell as a dozen small elementwise ops (gate slices,
+logistic, tanh, products, sums). Scheduled, they are a dozen batches per tree
+level, and each pays tens of microseconds of Python for its argument gathers, its
+bookkeeping and its kernel call, forward and again backward. A run takes the
+scheduler's batches as they come: consecutive batches whose op is elementwise over
+equal shapes (or a contiguous pick_range) become the steps of one program for
+dg_run_fwd/dg_run_bwd (kernels/fused.inc), which read every argument row in place
+through a table of row pointers: no gathers, no temporaries, one call.
+
+Each step keeps its own output block and its nodes their (block, row), so autodiff,
+gradient(), revert() and later batches see exactly what batch-by-batch execution
+leaves. The pointers are formed here from (block, row) pairs that are checked
+against each block's size first: the C code never sees an index.
+
+Runs are used on the cpu backend when the compiled kernels are present (the numpy
+backend is the op-by-op reference they are tested against); `dy.config.set(fuse=False)`
+or DYNAGRAPH_FUSE=0 turns them off.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .errors import NonFiniteError
+from .fusion import _constant, fusable
+from .ops.base import OPS, size_of
+from .recording import NATIVE
+
+try:
+    from ._kernels import ffi, lib
+    HAVE_KERNEL = hasattr(lib, "dg_run_fwd_f32")  # an extension built before runs lacks it
+except ImportError:
+    ffi = lib = None
+    HAVE_KERNEL = False
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+_PTR = {F32: "float **", F64: "double **"}
+if HAVE_KERNEL:
+    from .fusion import OPCODE
+    COPY, MAX_ARGS = lib.DG_RUN_COPY, lib.DG_RUN_MAX_ARGS
+    _FWD = {F32: lib.dg_run_fwd_f32, F64: lib.dg_run_fwd_f64}
+    _BWD = {F32: lib.dg_run_bwd_f32, F64: lib.dg_run_bwd_f64}
+else:
+    OPCODE, COPY, MAX_ARGS = {}, 100, 64
+_PICK_RANGE = OPS["pick_range"]
+
+
+class StepSpec(NamedTuple):
+    """How one batch's op runs as a run step (the same for every batch of a signature)."""
+    code: int          # enum dg_fused_op, or COPY
+    nargs: int
+    const: float       # the op's scalar (addc's c, 1/k for average, ...)
+    width: int         # output elements per node
+    offs: tuple        # per argument: first element read (a pick_range's start)
+    reach: tuple       # per argument: elements a source row must hold (off + width)
+
+
+def _spec(cg, n: int) -> StepSpec | None:
+    op, attrs, shape = cg.op[n], cg.attrs[n], cg.shape[n]
+    arg_shapes = [cg.shape[a] for a in cg.args[n]]
+    width = size_of(shape)
+    if width == 0 or not arg_shapes or len(arg_shapes) > MAX_ARGS:
+        return None
+    if op is _PICK_RANGE:
+        start, _, d = attrs
+        src = arg_shapes[0]
+        if d != 0 or not src:  # only a range of the first axis is contiguous in a row
+            return None
+        off = start * size_of(src[1:])
+        return StepSpec(COPY, 1, 0.0, width, (off,), (off + width,))
+    if op.uses_data or op.name not in OPCODE or not fusable(op, attrs, arg_shapes, shape):
+        return None
+    k = len(arg_shapes)
+    return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k)
+
+
+def step_spec(cg, n: int) -> StepSpec | None:
+    """The step spec of node n's batch, or None when its op cannot be a run step.
+    Cached per graph and signature: this is asked once per scheduled batch."""
+    specs = cg.__dict__.get("_run_specs")
+    if specs is None:
+        specs = cg.__dict__["_run_specs"] = {}
+    sid = cg.sig[n]
+    if sid not in specs:
+        specs[sid] = _spec(cg, n) if sid >= 0 else None
+    return specs[sid]
+
+
+def enabled(cg, be) -> bool:
+    return HAVE_KERNEL and getattr(be, "name", None) == "cpu" and cg.dtype in _PTR
+
+
+def _table_py(blk: list, row: list, args: list, needs_grad: list, steps: list, blocks: list, offs: list,
+              reach: list, fmt: str):
+    """Twin of _bookkeeping.run_table (see kernels/cpython/executor.c for the fields):
+    where every argument row of a run is read, checked against its block's size."""
+    dt = np.dtype(fmt)
+    slot_of, views, slots = {}, [], []
+    pair_slot, pair_off, need = [], [], bytearray()
+    j = 0
+    for nodes in steps:
+        k = len(args[nodes[0]])
+        if any(len(args[n]) != k for n in nodes):
+            raise ValueError("run_table: a node's arguments differ from its step's")
+        for c in range(k):
+            col = [args[n][c] for n in nodes]
+            for x in col:
+                b = blk[x]
+                if not 0 <= b < len(blocks):
+                    raise ValueError(f"run_table: argument node {x} has no value (block {b})")
+                if b not in slot_of:
+                    a = blocks[b]
+                    if type(a) is not np.ndarray or a.dtype != dt or a.ndim < 1 or not a.flags.c_contiguous \
+                            or not a.size:
+                        return None
+                    slot_of[b] = len(slots)
+                    slots.append(b)
+                    views.append(a)
+                a = views[slot_of[b]]
+                width = a.size // a.shape[0]
+                if not 0 <= row[x] < a.shape[0] or reach[j + c] > width:
+                    raise ValueError(f"run_table: node {x} reads row {row[x]} of a block of {a.shape[0]} rows")
+                pair_slot.append(slot_of[b])
+                pair_off.append((row[x] * width + offs[j + c]) * dt.itemsize)
+            need.append(any(needs_grad[x] for x in col))
+        j += k
+    pair_slot, pair_off = np.array(pair_slot, np.int64), np.array(pair_off, np.int64)
+    base = np.array([a.ctypes.data for a in views], np.int64)
+    src = base[pair_slot] + pair_off if len(pair_slot) else pair_off
+    flags = np.repeat(np.frombuffer(bytes(need), np.uint8).astype(bool),
+                      [len(nodes) for nodes in steps for _ in range(len(args[nodes[0]]))])
+    slot_need = np.zeros(len(slots), np.uint8)
+    slot_need[pair_slot[flags]] = 1
+    return src.tobytes(), pair_slot.tobytes(), pair_off.tobytes(), slots, bytes(need), slot_need.tobytes()
+
+
+def _addresses_py(arrays: list, fmt: str) -> bytes:
+    """Twin of _bookkeeping.addresses: each array's data address (0 for None), checked
+    to be a writable C-contiguous array of `fmt` elements."""
+    out = []
+    for a in arrays:
+        if a is None:
+            out.append(0)
+            continue
+        if type(a) is not np.ndarray or a.dtype.char != fmt or not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError(f"addresses: array {len(out)} is not a writable C-contiguous '{fmt}' array")
+        out.append(a.ctypes.data)
+    return np.array(out, np.int64).tobytes()
+
+
+_addresses = NATIVE.addresses if NATIVE is not None and hasattr(NATIVE, "addresses") else _addresses_py
+_table = NATIVE.run_table if NATIVE is not None and hasattr(NATIVE, "run_table") else _table_py
+_FORMAT = {F32: "f", F64: "d"}
+
+
+class ExecutedRun:
+    """What backward needs from one run (cg.executed holds it beside ExecutedBatch)."""
+    __slots__ = ("steps", "bids", "code", "consts", "rows", "width", "slots", "keep", "pair_slot", "pair_off",
+                 "src", "need", "slot_need")
+
+    def __init__(self, steps, bids, code, consts, rows, width, slots, keep, table):
+        self.steps, self.bids, self.code, self.consts = steps, bids, code, consts
+        self.rows, self.width, self.slots, self.keep = rows, width, slots, keep
+        self.src, self.pair_slot, self.pair_off, _, self.need, self.slot_need = table
+
+    @property
+    def nodes(self) -> list:
+        return [n for nodes in self.steps for n in nodes]
+
+
+def _arr(buf, dtype=np.int64) -> np.ndarray:
+    return np.frombuffer(buf, dtype)
+
+
+def execute_run(cg, be, steps: list, place) -> bool:
+    """Run `steps` (scheduled node lists, in order) as one program; place(blk, row,
+    nodes, bid) is the executor's. False, with the graph untouched, when some
+    argument's block cannot be read in place."""
+    t0 = time.perf_counter()
+    specs = [step_spec(cg, nodes[0]) for nodes in steps]
+    dt = cg.dtype
+    blocks = cg.blocks
+    first = len(blocks)
+    for nodes in steps:
+        bid = len(blocks)
+        blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
+        place(cg.blk, cg.row, nodes, bid)
+    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks,
+                   [o for s in specs for o in s.offs], [r for s in specs for r in s.reach], _FORMAT[dt])
+    if table is None:
+        for nodes in steps:
+            for n in nodes:
+                cg.blk[n] = -1
+        del blocks[first:]
+        return False
+    bids = range(first, len(blocks))
+    outs = _addresses([blocks[b] for b in bids], _FORMAT[dt])
+    code = np.array([v for s in specs for v in (s.code, s.nargs)], np.int64)
+    consts = np.array([s.const for s in specs], np.float64)
+    rows = np.array([len(nodes) for nodes in steps], np.int64)
+    widths = np.array([s.width for s in specs], np.int64)
+    t1 = time.perf_counter()
+    ptr = _PTR[dt]
+    _FWD[dt](ffi.from_buffer("int64_t[]", code), ffi.from_buffer("double[]", consts), len(steps),
+             ffi.from_buffer("int64_t[]", rows), ffi.from_buffer("int64_t[]", widths),
+             ffi.cast(ptr, ffi.from_buffer(outs)), ffi.cast(ptr, ffi.from_buffer(table[0])))
+    t2 = time.perf_counter()
+    if cg.check_validity:
+        for m, nodes in enumerate(steps):
+            if not np.isfinite(blocks[first + m]).all():
+                raise NonFiniteError(f"{cg.op[nodes[0]].name} produced a non-finite value "
+                                     f"(nodes {list(nodes)[:5]}...)")
+    slots = table[3]
+    # the blocks the row addresses point into, held so that no rebinding frees one before backward
+    keep = [blocks[b] for b in slots]
+    cg.executed.append(ExecutedRun(steps, bids, code, consts, rows, widths, slots, keep, table))
+    stats = cg.stats
+    stats.runs += 1
+    stats.kernel_calls += 1
+    stats.batches += len(steps)
+    stats.nodes += int(rows.sum())
+    stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
+    stats.t_execute += t2 - t1
+    if stats.batch_log is not None and len(stats.batch_log) < 100_000:
+        stats.batch_log.extend((cg.op[nodes[0]].name, len(nodes)) for nodes in steps)
+    return True
+
+
+def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
+    """Reverse mode over one run: gradients are added straight into the gradient
+    blocks of every row the run read (grad_block(b) makes block b's writable)."""
+    t0 = time.perf_counter()
+    need = run.need if not full else b"\x01" * len(run.need)
+    if 1 not in need:
+        return
+    slot_need = run.slot_need if not full else b"\x01" * len(run.slots)
+    blocks, dt = cg.blocks, cg.dtype
+    # The run's own blocks that receive gradient from a later step and have none yet:
+    # zeroed in one allocation rather than one per block.
+    first = run.bids[0]
+    fresh = [b for s, b in enumerate(run.slots) if slot_need[s] and b >= first and gb[b] is None]
+    if fresh:
+        buf = np.zeros(sum(blocks[b].size for b in fresh), dt)
+        at = 0
+        for b in fresh:
+            size = blocks[b].size
+            gb[b] = buf[at:at + size].reshape(blocks[b].shape)
+            at += size
+    written = [grad_block(b) if slot_need[s] else None for s, b in enumerate(run.slots)]
+    gouts = [gb[b] for b in run.bids]
+    for b, g in zip(run.slots + list(run.bids), written + gouts):
+        if g is not None and g.shape != blocks[b].shape:
+            raise RuntimeError("run: a gradient block is shaped unlike its value block")
+    fmt = _FORMAT[dt]
+    at = np.frombuffer(_addresses(written, fmt), np.int64)[_arr(run.pair_slot)]
+    gsrc = np.where(at != 0, at + _arr(run.pair_off), 0)  # rows of unneeded arguments: never read
+    gout = _addresses(gouts, fmt)
+    outs = _addresses([blocks[b] for b in run.bids], fmt)
+    work = np.empty(int(run.width.max()), dt)
+    t1 = time.perf_counter()
+    ptr = _PTR[dt]
+    _BWD[dt](ffi.from_buffer("int64_t[]", run.code), ffi.from_buffer("double[]", run.consts), len(run.bids),
+             ffi.from_buffer("int64_t[]", run.rows), ffi.from_buffer("int64_t[]", run.width),
+             ffi.cast(ptr, ffi.from_buffer(outs)), ffi.cast(ptr, ffi.from_buffer(gout)),
+             ffi.cast(ptr, ffi.from_buffer(run.src)), ffi.cast(ptr, ffi.from_buffer(gsrc)),
+             ffi.from_buffer("unsigned char[]", need), ffi.cast(ptr[:-1], ffi.from_buffer(work)))
+    t2 = time.perf_counter()
+    stats = cg.stats
+    stats.kernel_calls += 1
+    stats.t_backward += t2 - t1
+    stats.t_memory += t1 - t0
