@@ -8,6 +8,7 @@ tables receive one sparse row update per batch.
 from __future__ import annotations
 
 import time
+
 from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
 from .ops.base import Sliced, SparseRows
 from .runs import backward_run

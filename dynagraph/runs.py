@@ -21,7 +21,7 @@ or DYNAGRAPH_FUSE=0 turns them off.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
