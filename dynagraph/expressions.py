@@ -24,7 +24,7 @@ from .errors import DynagraphError, user_line
 from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
-from .recording import LIST, ONE, TWO, recorder
+from .recording import INTS, LIST, ONE, TWO, recorder
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
@@ -312,9 +312,12 @@ def pick(x, index: int = 0, dim: int = 0) -> Expression:
 
 
 def pick_range(x, s: int, e: int, d: int = 0) -> Expression:
-    if type(s) is not int or type(e) is not int or type(d) is not int:  # int() costs a call per node
-        s, e, d = int(s), int(e), int(d)
-    return record1(_PICK_RANGE, x, (s, e, d))
+    return record1(_PICK_RANGE, x, (int(s), int(e), int(d)))
+
+
+# Exact ints take the compiled path with no Python frame (a gate slice per gate per cell).
+pick_range = _named(recorder(_PICK_RANGE, INTS, pick_range, (None, None, 0)), "pick_range",
+                    "pick_range(x, s, e, d=0): elements [s, e) of x along dimension d.")
 
 
 pickrange = pick_range

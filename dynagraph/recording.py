@@ -31,7 +31,7 @@ except ImportError:
 NATIVE = _c
 
 COMPILED = _c is not None
-ONE, TWO, LIST = 1, 2, 3
+ONE, TWO, LIST, INTS = 1, 2, 3, 4
 
 
 class _PyGraphBase:
@@ -61,6 +61,8 @@ def configure(expression: type, index_slot: type, random_key: object) -> None:
 def recorder(op, form: int, fallback: Callable, attrs: tuple = ()) -> Callable:
     if COMPILED:
         return _c.Recorder(op, form, fallback, attrs)
+    if form == INTS:  # f(x, i, ...): the Python function is its own twin
+        return fallback
     return (_bound if op is not None else _unbound)[form](op, fallback, attrs)
 
 

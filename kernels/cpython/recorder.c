@@ -371,7 +371,7 @@ static GraphObject *live_graph(PyObject *x) {
 }
 
 /* ------------------------------------------------------------------- Recorder */
-enum { ONE = 1, TWO = 2, LIST = 3 };
+enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4 };
 
 typedef struct {
     PyObject_HEAD
@@ -432,6 +432,23 @@ static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t 
         res = record_exprs(op, a, 1, na > 1 ? a[1] : r->attrs, na > 2 ? a[2] : Py_None, &slow);
     } else if (r->form == TWO && (na == 2 || na == 3)) {
         res = record_exprs(op, a, 2, na > 2 ? a[2] : r->attrs, Py_None, &slow);
+    } else if (r->form == INTS && na >= 1 && na - 1 <= PyTuple_GET_SIZE(r->attrs)) {
+        /* f(x, i, j, ...): the ints fill attrs' prefix, the rest keep their defaults
+           (None: required); anything but exact ints goes to the fallback */
+        Py_ssize_t K = PyTuple_GET_SIZE(r->attrs);
+        PyObject *at = PyTuple_New(K);
+        if (!at)
+            return NULL;
+        int ok = 1;
+        for (Py_ssize_t k = 0; k < K && ok; k++) {
+            PyObject *v = k < na - 1 ? a[1 + k] : PyTuple_GET_ITEM(r->attrs, k);
+            ok = PyLong_CheckExact(v);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(at, k, v);
+        }
+        if (ok)
+            res = record_exprs(op, a, 1, at, Py_None, &slow);
+        Py_DECREF(at);
     } else if (r->form == LIST && (na == 1 || na == 2) && PyList_CheckExact(a[0])) {
         /* the list may change under a call into Python: hold it */
         PyObject *xs = a[0];
@@ -452,8 +469,9 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     static char *names[] = {"op", "form", "fallback", "attrs", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!", names, &op, &form, &fallback, &PyTuple_Type, &attrs))
         return NULL;
-    if (form < ONE || form > LIST) {
-        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two) or 3 (a list)");
+    if (form < ONE || form > INTS) {
+        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list) or 4 (an "
+                                          "expression and ints)");
         return NULL;
     }
     if (!PyCallable_Check(fallback)) {
@@ -512,7 +530,7 @@ static PyObject *recorder_get(PyObject *self, PyObject *obj, PyObject *type) {
 
 static PyMemberDef recorder_members[] = {
     {"fallback", T_OBJECT, offsetof(RecorderObject, fallback), READONLY, "called when an argument is not a live Expression"},
-    {"form", T_INT, offsetof(RecorderObject, form), READONLY, "1: f(x), 2: f(x, y), 3: f([x, ...])"},
+    {"form", T_INT, offsetof(RecorderObject, form), READONLY, "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...)"},
     {NULL, 0, 0, 0, NULL},
 };
 
