@@ -131,11 +131,12 @@ def _table_py(blk: list, row: list, args: list, needs_grad: list, steps: list, b
     pair_slot, pair_off = np.array(pair_slot, np.int64), np.array(pair_off, np.int64)
     base = np.array([a.ctypes.data for a in views], np.int64)
     src = base[pair_slot] + pair_off if len(pair_slot) else pair_off
-    flags = np.repeat(np.frombuffer(bytes(need), np.uint8).astype(bool),
-                      [len(nodes) for nodes in steps for _ in range(len(args[nodes[0]]))])
-    slot_need = np.zeros(len(slots), np.uint8)
-    slot_need[pair_slot[flags]] = 1
-    return src.tobytes(), pair_slot.tobytes(), pair_off.tobytes(), slots, bytes(need), slot_need.tobytes()
+    counts = [len(nodes) for nodes in steps for _ in range(len(args[nodes[0]]))]
+    flags = np.repeat(np.frombuffer(bytes(need), np.uint8).astype(bool), counts)
+    step_of = np.repeat([m for m, nodes in enumerate(steps) for _ in range(len(args[nodes[0]]))], counts)
+    slot_last = np.full(len(slots), -1, np.int64)
+    np.maximum.at(slot_last, pair_slot[flags], step_of[flags])
+    return src.tobytes(), pair_slot.tobytes(), pair_off.tobytes(), slots, bytes(need), slot_last.tobytes()
 
 
 def _addresses_py(arrays: list, fmt: str) -> bytes:
@@ -160,16 +161,25 @@ _FORMAT = {F32: "f", F64: "d"}
 class ExecutedRun:
     """What backward needs from one run (cg.executed holds it beside ExecutedBatch)."""
     __slots__ = ("steps", "bids", "code", "consts", "rows", "width", "slots", "keep", "pair_slot", "pair_off",
-                 "src", "need", "slot_need")
+                 "src", "need", "slot_last")
 
     def __init__(self, steps, bids, code, consts, rows, width, slots, keep, table):
         self.steps, self.bids, self.code, self.consts = steps, bids, code, consts
         self.rows, self.width, self.slots, self.keep = rows, width, slots, keep
-        self.src, self.pair_slot, self.pair_off, _, self.need, self.slot_need = table
+        self.src, self.pair_slot, self.pair_off, _, self.need, slot_last = table
+        self.slot_last = np.frombuffer(slot_last, np.int64)
 
     @property
     def nodes(self) -> list:
         return [n for nodes in self.steps for n in nodes]
+
+    def slot_last_all(self) -> np.ndarray:
+        """slot_last as if every argument needed its gradient (backward(full=True))."""
+        nargs = self.code[1::2]
+        step_of = np.repeat(np.repeat(np.arange(len(self.steps)), nargs), np.repeat(self.rows, nargs))
+        last = np.full(len(self.slots), -1, np.int64)
+        np.maximum.at(last, np.frombuffer(self.pair_slot, np.int64), step_of)
+        return last
 
 
 def _arr(buf, dtype=np.int64) -> np.ndarray:
@@ -237,20 +247,23 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
     need = run.need if not full else b"\x01" * len(run.need)
     if 1 not in need:
         return
-    slot_need = run.slot_need if not full else b"\x01" * len(run.slots)
+    # full: every argument needs its gradient, so each slot's last reader is the last step reading it at all
+    last = run.slot_last if not full else run.slot_last_all()
     blocks, dt = cg.blocks, cg.dtype
-    # The run's own blocks that receive gradient from a later step and have none yet:
-    # zeroed in one allocation rather than one per block.
+    # The run's own blocks that receive gradient only from later steps: one uninitialised
+    # buffer, each zeroed by the kernel when its last reader begins (-1: keep as is).
     first = run.bids[0]
-    fresh = [b for s, b in enumerate(run.slots) if slot_need[s] and b >= first and gb[b] is None]
+    zero_at = np.full(len(run.bids), -1, np.int64)
+    fresh = [(s, b) for s, b in enumerate(run.slots) if last[s] >= 0 and b >= first and gb[b] is None]
     if fresh:
-        buf = np.zeros(sum(blocks[b].size for b in fresh), dt)
+        buf = np.empty(sum(blocks[b].size for _, b in fresh), dt)
         at = 0
-        for b in fresh:
+        for s, b in fresh:
             size = blocks[b].size
             gb[b] = buf[at:at + size].reshape(blocks[b].shape)
+            zero_at[b - first] = last[s]
             at += size
-    written = [grad_block(b) if slot_need[s] else None for s, b in enumerate(run.slots)]
+    written = [grad_block(b) if last[s] >= 0 else None for s, b in enumerate(run.slots)]
     gouts = [gb[b] for b in run.bids]
     for b, g in zip(run.slots + list(run.bids), written + gouts):
         if g is not None and g.shape != blocks[b].shape:
@@ -267,7 +280,8 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
              ffi.from_buffer("int64_t[]", run.rows), ffi.from_buffer("int64_t[]", run.width),
              ffi.cast(ptr, ffi.from_buffer(outs)), ffi.cast(ptr, ffi.from_buffer(gout)),
              ffi.cast(ptr, ffi.from_buffer(run.src)), ffi.cast(ptr, ffi.from_buffer(gsrc)),
-             ffi.from_buffer("unsigned char[]", need), ffi.cast(ptr[:-1], ffi.from_buffer(work)))
+             ffi.from_buffer("unsigned char[]", need), ffi.from_buffer("int64_t[]", zero_at),
+             ffi.cast(ptr[:-1], ffi.from_buffer(work)))
     t2 = time.perf_counter()
     stats = cg.stats
     stats.kernel_calls += 1

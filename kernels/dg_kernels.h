@@ -228,7 +228,8 @@ void dg_fused_bwd_f64(const int64_t *code, const double *consts, int64_t nsteps,
 /* Runs: consecutive op-level batches of elementwise ops in one call (see fused.inc).
  * code: per step, opcode (enum dg_fused_op, or DG_RUN_COPY: a contiguous slice copy)
  * and nargs (<= DG_RUN_MAX_ARGS); src/gsrc: per step, per argument, per row, a pointer
- * to that row's value / gradient; need: per step and argument (gsrc unused where 0). */
+ * to that row's value / gradient; need: per step and argument (gsrc unused where 0);
+ * zero_at[e]: the step whose start zeroes step e's gout first (-1: none). */
 enum dg_run_limits { DG_RUN_COPY = 100, DG_RUN_MAX_ARGS = 64 };
 
 void dg_run_fwd_f32(const int64_t *code, const double *consts, int64_t nsteps, const int64_t *rows,
@@ -237,9 +238,11 @@ void dg_run_fwd_f64(const int64_t *code, const double *consts, int64_t nsteps, c
                     const int64_t *width, double *const *out, const double *const *src);
 void dg_run_bwd_f32(const int64_t *code, const double *consts, int64_t nsteps, const int64_t *rows,
                     const int64_t *width, const float *const *out, float *const *gout,
-                    const float *const *src, float *const *gsrc, const unsigned char *need, float *work);
+                    const float *const *src, float *const *gsrc, const unsigned char *need,
+                    const int64_t *zero_at, float *work);
 void dg_run_bwd_f64(const int64_t *code, const double *consts, int64_t nsteps, const int64_t *rows,
                     const int64_t *width, const double *const *out, double *const *gout,
-                    const double *const *src, double *const *gsrc, const unsigned char *need, double *work);
+                    const double *const *src, double *const *gsrc, const unsigned char *need,
+                    const int64_t *zero_at, double *work);
 
 #endif

@@ -266,10 +266,11 @@ def test_run_table_matches_its_python_twin():
     got, ref = NATIVE.run_table(*args), runs._table_py(*args)
     assert [bytes(x) if not isinstance(x, list) else x for x in got] == \
         [bytes(x) if not isinstance(x, list) else x for x in ref]
-    src, pslot, poff, slots, need, slot_need = got
-    # both steps need a gradient: each has a parameter's slice upstream; so does every slot
-    assert len(np.frombuffer(src, np.int64)) == 8 and need == b"\x01\x01" and slot_need == b"\x01" * len(slots)
-    assert len(slots) == 5  # three inputs, the parameter, the first step's block
+    src, pslot, poff, slots, need, slot_last = got
+    # both steps need a gradient (a parameter's slice is upstream of each); the inputs and
+    # the parameter are last read by step 0, the first step's block by step 1
+    assert len(np.frombuffer(src, np.int64)) == 8 and need == b"\x01\x01"
+    assert len(slots) == 5 and list(np.frombuffer(slot_last, np.int64)) == [0, 0, 0, 0, 1]
     # the pick_range of input k reads its row at element 2
     first = np.frombuffer(poff, np.int64)[0]
     assert first == 2 * 8
@@ -324,3 +325,21 @@ def test_addresses_checks_what_it_hands_out(twin):
     ro.flags.writeable = False
     with pytest.raises((ValueError, BufferError)):
         addresses([ro], "d")
+
+
+def test_full_backward_gives_every_run_node_its_gradient():
+    """backward(full=True): gradients reach nodes that need none (inputs), through runs too."""
+    def grads(backend):
+        with _backend(backend), using("float64"):
+            dy.renew_cg()
+            xs = [dy.inputTensor(np.linspace(-1, 1, N) * (k + 1)) for k in range(3)]
+            mids = [dy.tanh(x) for x in xs]
+            outs = [dy.cmult(dy.logistic(m), m) + 0.5 for m in mids]
+            loss = dy.sum_elems(dy.esum(outs))
+            loss.backward(full=True)
+            return [x.gradient() for x in xs] + [m.gradient() for m in mids], loss.cg.stats.runs
+    (mine, runs_on), (ref, runs_off) = grads("cpu"), grads("numpy")
+    assert runs_on > 0 and runs_off == 0
+    assert all(np.abs(g).sum() > 0 for g in mine)
+    for a, b in zip(mine, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

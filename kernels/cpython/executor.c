@@ -246,7 +246,7 @@ static int run_slot(RunSlot *s, PyObject *block, const char *format, Py_ssize_t 
      pair_off   bytearray of int64: its byte offset from the slot's start;
      slots      the blocks read (ids), in order of first use;
      need       bytes per step and argument: whether any of its nodes needs a gradient;
-     slot_need  bytes per slot: whether a needed argument reads it.
+     slot_last  bytearray of int64 per slot: the last step whose needed argument reads it, or -1.
    Every node id, block id, row and width is checked against the block's own size. */
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
@@ -385,22 +385,23 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         at += k * B;
         j += k;
     }
-    PyObject *slot_need = PyBytes_FromStringAndSize(NULL, nslots);
-    if (!slot_need)
+    PyObject *slot_last = PyByteArray_FromStringAndSize(NULL, nslots * (Py_ssize_t)sizeof(int64_t));
+    if (!slot_last)
         goto done;
-    char *sn = PyBytes_AS_STRING(slot_need);
-    memset(sn, 0, (size_t)nslots);
+    int64_t *sn = (int64_t *)PyByteArray_AS_STRING(slot_last);
+    for (Py_ssize_t q = 0; q < nslots; q++)
+        sn[q] = -1;
     at = j = 0;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {
+    for (Py_ssize_t m = 0; m < nsteps; m++) {  /* steps in order: the last reader wins */
         PyObject *s = PyList_GET_ITEM(steps, m);
         Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
         Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(PySequence_Fast_ITEMS(s)[0])));
         for (Py_ssize_t c = 0; c < k; c++, j++)
             for (Py_ssize_t r = 0; r < B && nd[j]; r++)
-                sn[o_slot[at + c * B + r]] = 1;
+                sn[o_slot[at + c * B + r]] = m;
         at += k * B;
     }
-    res = Py_BuildValue("(OOOOON)", src, pslot, poff, slots, need, slot_need);
+    res = Py_BuildValue("(OOOOON)", src, pslot, poff, slots, need, slot_last);
 done:
     for (Py_ssize_t q = 0; sl && q < nslots; q++)
         if (sl[q].held)
