@@ -18,7 +18,8 @@ dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), torch
 (bench/numpy_batched.py: hand-batched, all nodes of one tree height in one GEMM, the
 practical upper bound for batching; "vs numpy" is each system's ratio to it).
 A dynagraph system takes a backend after "@" (dynagraph:agenda@numpy: the numpy
-reference backend instead of the compiled cpu one, in a process of its own).
+reference backend instead of the compiled cpu one, in a process of its own;
+@cpu-nofuse: the cpu backend with runs turned off, DYNAGRAPH_FUSE=0).
 --threads 0 means the library default (no BLAS thread cap).
 
 Reported per system: samples/s (best round), ratio to DyNet's best autobatch mode,
@@ -151,6 +152,7 @@ def setup(system: str, threads: int) -> dict:
             dynagraph.config.set(threads=threads)
         versions["dynagraph"] = dynagraph.__version__
         versions["backend"] = dynagraph.get_backend().name  # the one actually running
+        versions["fuse"] = dynagraph.config.get()["fuse"]
     return versions
 
 
@@ -281,8 +283,9 @@ class Worker:
             env["DYNAGRAPH_THREADS"] = str(self.threads)
         else:
             env.pop("DYNAGRAPH_THREADS", None)
-        if self.backend:
-            env["DYNAGRAPH_BACKEND"] = self.backend
+        if self.backend:  # numpy | cpu | cpu-nofuse (the cpu backend without runs, for A/B)
+            env["DYNAGRAPH_BACKEND"] = self.backend.split("-")[0]
+            env["DYNAGRAPH_FUSE"] = "0" if self.backend.endswith("-nofuse") else "1"
         cmd = [sys.executable, "-m", "bench.cavs_bench", "--worker", "--system", self.system,
                "--variant", self.variant, "--threads", str(self.threads)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

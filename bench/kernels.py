@@ -242,11 +242,54 @@ def bench_treelstm(hidden=(64, 256), n_trees: int = 256, batch: int = 64, rounds
         print(f"{H:>5}{best['numpy']:>10.3f}{best['cpu']:>10.3f}{best['numpy'] / best['cpu']:>11.2f}", flush=True)
 
 
+def _run_step(name: str, xs: list, out: np.ndarray) -> Callable:
+    """One run of one step (dg_run_fwd) of op `name` over the rows of xs, as
+    dynagraph.runs calls it (the row-pointer table built once, outside the timing)."""
+    from dynagraph import runs
+    from dynagraph.fusion import OPCODE
+    B, n = out.shape
+    code = np.array([runs.COPY if name == "copy" else OPCODE[name], len(xs)], np.int64)
+    consts, rows, width = np.zeros(1), np.array([B], np.int64), np.array([n], np.int64)
+    src = np.concatenate([x.ctypes.data + np.arange(B, dtype=np.int64) * x.strides[0] for x in xs])
+    outs = np.array([out.ctypes.data], np.int64)
+    ptr = "float **" if out.dtype == np.float32 else "double **"
+    ffi, fwd = runs.ffi, runs._FWD[out.dtype]
+    args = (ffi.from_buffer("int64_t[]", code), ffi.from_buffer("double[]", consts), 1,
+            ffi.from_buffer("int64_t[]", rows), ffi.from_buffer("int64_t[]", width),
+            ffi.cast(ptr, outs.ctypes.data), ffi.cast(ptr, src.ctypes.data))
+    keep = (xs, out, src, outs, code, consts, rows, width)  # the pointers above are into these
+
+    def call(keep=keep):
+        fwd(*args)
+    return call
+
+
+def bench_runs(t: Table, rng, dt, batches, hidden) -> None:
+    """A run's per-element cost against the op's own numpy code, one step at a time: a
+    run wins by the Python per batch it removes, not by faster loops (runs.py)."""
+    from dynagraph import runs
+    if not runs.HAVE_KERNEL:
+        print("runs: compiled kernels not built")
+        return
+    npb = NumpyBackend(np)
+    for name in ("logistic", "tanh", "cmult", "add", "copy"):
+        for B in batches:
+            for H in hidden:
+                xs = [rng.standard_normal((B, H)).astype(dt) for _ in range(2 if name in ("cmult", "add") else 1)]
+                out = np.empty((B, H), dt)
+                if name == "copy":
+                    f_np = xs[0].copy
+                else:
+                    op = OPS[name]
+                    f_np = (lambda op=op, xs=xs: op.forward(npb.xp, (), None, *xs))
+                t.add(f"run step {name}", f"B={B} H={H}", f_np, _run_step(name, xs, out))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--quick", action="store_true", help="B in {1, 64}, H in {64, 256}")
-    ap.add_argument("--only", default="", help="comma list of: rows,elementwise,softmax,cells,trainers")
+    ap.add_argument("--only", default="", help="comma list of: rows,elementwise,softmax,cells,trainers,runs")
     ap.add_argument("--treelstm", action="store_true", help="also time TreeLSTM training per backend")
     ap.add_argument("--treelstm-only", action="store_true")
     args = ap.parse_args(argv)
@@ -256,7 +299,8 @@ def main(argv=None) -> None:
         return
     dt = np.dtype(args.dtype).type
     batches, hidden = ((1, 64), (64, 256)) if args.quick else (BATCHES, HIDDEN)
-    only = set(args.only.split(",")) if args.only else {"rows", "elementwise", "softmax", "cells", "trainers"}
+    only = set(args.only.split(",")) if args.only else {"rows", "elementwise", "softmax", "cells", "trainers",
+                                                         "runs"}
     rng = np.random.default_rng(0)
     t = Table()
     if "rows" in only:
@@ -269,6 +313,8 @@ def main(argv=None) -> None:
         bench_cells(t, rng, dt, batches, hidden)
     if "trainers" in only:
         bench_trainers(t, rng, dt, hidden)
+    if "runs" in only:
+        bench_runs(t, rng, dt, batches, hidden)
     t.summary()
     if args.treelstm:
         bench_treelstm()

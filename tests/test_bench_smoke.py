@@ -88,3 +88,14 @@ def test_table_lists_every_run(doc):
         assert r["label"] in text
     assert "samples/s" in text.splitlines()[0]
 
+
+
+def test_kernel_table_runs_section(capsys):
+    """bench/kernels.py's runs rows call the run kernel through pointers it must keep alive."""
+    from bench import kernels
+    from dynagraph import runs
+    if not runs.HAVE_KERNEL:
+        pytest.skip("compiled kernels (with runs) not built")
+    kernels.bench_runs(kernels.Table(), np.random.default_rng(0), np.float32, (1, 16), (8,))
+    out = capsys.readouterr().out
+    assert out.count("run step") == 10
