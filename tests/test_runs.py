@@ -138,10 +138,11 @@ def test_float32_runs_are_close_to_the_reference(scheduler):
 
 def test_fuse_off_runs_batch_by_batch():
     build = _model([[("tanh", 0), ("cmult", 1)]] * 3, False)
+    before = dy.config.get()["fuse"]
     off = _run("cpu", "agenda", build, fuse=False)
     on = _run("cpu", "agenda", build)
     assert off.cg.stats.runs == 0 and on.cg.stats.runs > 0
-    assert dy.config.get()["fuse"] is True
+    assert dy.config.get()["fuse"] is before  # the setting is restored
     _same(on, off, 1e-12, 1e-14)
 
 
