@@ -273,3 +273,38 @@ def test_depth_batches_defers_unknown_signatures_to_python():
     assert NATIVE.depth_batches([1, 1], [0, -1], [True], [0, 1]) is None
     assert NATIVE.depth_batches([1, 1, 2], [0, 0, 0], [True], [0, 1, 2]) == [[0, 1], [2]]
     assert NATIVE.depth_batches([1, 1, 2], [0, 0, 0], [False], [0, 1, 2]) == [[0], [1], [2]]
+
+
+@needs_native
+def test_signature_cache_agrees_with_the_dictionary(pc):
+    """The compiled recorder remembers recent signature lookups by identity. A node must get
+    the signature the dictionary gives: for equal attrs of another identity or type, after
+    revert() drops the nodes a cached entry was made from, and after _sig_id is replaced."""
+    import gc
+    cg = dy.renew_cg()
+    x = dy.inputVector([0.0, 1.0, 2.0, 3.0])
+    a, b = dy.pick_range(x, 1, 3), dy.pick_range(x, 1, 3)
+    c = graph_record1(x, (1.0, 3.0, 0))  # equal to (1, 3, 0): the same signature, as in a dict
+    d = dy.pick_range(x, 0, 2)
+    assert cg.sig[a.i] == cg.sig[b.i] == cg.sig[c.i] != cg.sig[d.i]
+    assert not gc.is_tracked(cg.args[b.i])  # a tuple of node ids is not scanned by the collector
+    p1 = pc.add_parameters((4,))
+    cg.checkpoint()
+    u = dy.cmult(dy.parameter(p1), x)
+    cg.revert()  # u and p1's leaf are gone; the cache still holds what it compared against
+    p2 = pc.add_parameters((4,))
+    v = dy.cmult(dy.parameter(p2), x)
+    w = dy.cmult(dy.parameter(p2), x)
+    assert cg.sig_part[cg.args[v.i][0]] == ("shared", id(p2), True)
+    assert cg.sig[v.i] == cg.sig[w.i] and cg.signatures[cg.sig[v.i]][2][0] == ("shared", id(p2), True)
+    del u
+    cg._sig_id = {}  # a replaced dictionary: nothing cached from the old one may be used
+    e = dy.pick_range(x, 1, 3)
+    assert cg.sig[e.i] != cg.sig[a.i] and cg._sig_id
+    np.testing.assert_allclose(e.npvalue(), [1.0, 2.0])
+
+
+def graph_record1(x, attrs):
+    from dynagraph.graph import record1
+    from dynagraph.ops import OPS
+    return record1(OPS["pick_range"], x, attrs)

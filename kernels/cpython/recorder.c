@@ -19,13 +19,41 @@ Types:
 #include <structmember.h>
 
 /* ------------------------------------------------------------------ GraphBase */
+/* A recent signature lookup, by identity: the same op, the same argument parts (the
+   interned shape or shared-parameter tuples of the graph's nodes) and equal attrs have
+   the same signature, so the key tuple need not be built, hashed and compared again.
+   Entries hold references, so no address they compare against can be reused. */
+enum { SIG_CACHE = 256, SIG_CACHE_ARGS = 8 };
+typedef struct {
+    PyObject *op, *attrs, *known, *parts[SIG_CACHE_ARGS];
+    Py_ssize_t n;
+} SigEntry;
+
 typedef struct {
     PyObject_HEAD
     PyObject *op, *args, *attrs, *data, *shape, *depth, *sig, *sig_part, *needs_grad;
     PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
     PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
+    SigEntry *cache;      /* SIG_CACHE entries, filled from sig_id (cache_of), or NULL */
+    PyObject *cache_of;
     char retired, immediate;
 } GraphObject;
+
+static void sig_entry_clear(SigEntry *e) {
+    Py_CLEAR(e->op);
+    Py_CLEAR(e->attrs);
+    Py_CLEAR(e->known);
+    for (int k = 0; k < SIG_CACHE_ARGS; k++)
+        Py_CLEAR(e->parts[k]);
+    e->n = 0;
+}
+
+static void sig_cache_clear(GraphObject *g) {
+    if (g->cache)
+        for (int i = 0; i < SIG_CACHE; i++)
+            sig_entry_clear(&g->cache[i]);
+    Py_CLEAR(g->cache_of);
+}
 
 static PyObject *ExprType = NULL;      /* Expression (a Python subclass of ExprBase) */
 static PyObject *IndexSlotType = NULL;
@@ -42,19 +70,99 @@ static PyObject **graph_column(GraphObject *g, int k) {
 static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_VISIT(*graph_column(g, k));
+    Py_VISIT(g->cache_of);
+    for (int i = 0; g->cache && i < SIG_CACHE; i++) {
+        SigEntry *e = &g->cache[i];
+        Py_VISIT(e->op);
+        Py_VISIT(e->attrs);
+        Py_VISIT(e->known);
+        for (int k = 0; k < SIG_CACHE_ARGS; k++)
+            Py_VISIT(e->parts[k]);
+    }
     return 0;
 }
 
 static int graph_clear(GraphObject *g) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_CLEAR(*graph_column(g, k));
+    sig_cache_clear(g);
     return 0;
 }
 
 static void graph_dealloc(GraphObject *g) {
     PyObject_GC_UnTrack(g);
     graph_clear(g);
+    PyMem_Free(g->cache);
+    g->cache = NULL;
     Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static size_t sig_slot(PyObject *op, PyObject *const *parts, Py_ssize_t n) {
+    size_t h = (size_t)op >> 4;
+    for (Py_ssize_t k = 0; k < n; k++)
+        h = h * 1000003u ^ ((size_t)parts[k] >> 4);
+    return (h ^ (h >> 11)) % SIG_CACHE;
+}
+
+/* The cached `known` tuple for (op, attrs, parts), or NULL (borrowed). */
+static PyObject *sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n) {
+    if (!g->cache || g->cache_of != g->sig_id || n > SIG_CACHE_ARGS)
+        return NULL;
+    SigEntry *e = &g->cache[sig_slot(op, parts, n)];
+    if (e->n != n || e->op != op || !e->known)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (e->parts[k] != parts[k])
+            return NULL;
+    if (e->attrs != attrs) {  /* equal values share the signature, as in the dict */
+        if (!PyTuple_CheckExact(attrs) || !PyTuple_CheckExact(e->attrs) ||
+            PyTuple_GET_SIZE(attrs) != PyTuple_GET_SIZE(e->attrs))
+            return NULL;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
+            PyObject *a = PyTuple_GET_ITEM(attrs, k), *b = PyTuple_GET_ITEM(e->attrs, k);
+            /* only exact ints and floats compare here: anything else takes the dict */
+            if (a == b)
+                continue;
+            if (!(PyLong_CheckExact(a) && PyLong_CheckExact(b)) && !(PyFloat_CheckExact(a) && PyFloat_CheckExact(b)))
+                return NULL;
+            int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+            if (eq != 1) {
+                if (eq < 0)
+                    PyErr_Clear();
+                return NULL;
+            }
+        }
+    }
+    return e->known;
+}
+
+static void sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n,
+                          PyObject *known) {
+    if (n > SIG_CACHE_ARGS)
+        return;
+    if (!g->cache) {
+        g->cache = PyMem_Calloc(SIG_CACHE, sizeof(SigEntry));
+        if (!g->cache)
+            return;  /* no cache: every lookup takes the dict */
+    }
+    if (g->cache_of != g->sig_id) {  /* sig_id was replaced: nothing cached still holds */
+        sig_cache_clear(g);
+        Py_INCREF(g->sig_id);
+        g->cache_of = g->sig_id;
+    }
+    SigEntry *e = &g->cache[sig_slot(op, parts, n)];
+    sig_entry_clear(e);
+    Py_INCREF(op);
+    Py_INCREF(attrs);
+    Py_INCREF(known);
+    e->op = op;
+    e->attrs = attrs;
+    e->known = known;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_INCREF(parts[k]);
+        e->parts[k] = parts[k];
+    }
+    e->n = n;
 }
 
 /* The slow path: ComputationGraph._add_py(op, ids, attrs, data). */
@@ -136,38 +244,17 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     /* The signature key, built exactly as _add_py builds it (so equal keys hash alike). */
     long depth = 0;
     int needs = 0;
-    PyObject *parts;
-    Py_ssize_t first = -1, second = -1;
-    if (n == 1) {
-        if ((first = node_index(PyTuple_GET_ITEM(ids, 0), nodes)) < 0)
-            return NULL;
-        parts = PyList_GET_ITEM(g->sig_part, first);
-        Py_INCREF(parts);
-    } else {
-        parts = PyTuple_New(n);
-        if (!parts) {
-            *slow = 0;
-            return NULL;
-        }
-        for (Py_ssize_t k = 0; k < n; k++) {
-            Py_ssize_t i = node_index(PyTuple_GET_ITEM(ids, k), nodes);
-            if (i < 0) {
-                Py_DECREF(parts);
-                return NULL;
-            }
-            if (k == 0) first = i; else if (k == 1) second = i;
-            PyObject *p = PyList_GET_ITEM(g->sig_part, i);
-            Py_INCREF(p);
-            PyTuple_SET_ITEM(parts, k, p);
-        }
-    }
+    PyObject *part[SIG_CACHE_ARGS];  /* borrowed: the arguments' sig_part, for the cache */
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t i = k == 0 ? first : k == 1 ? second : PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k));
+        Py_ssize_t i = node_index(PyTuple_GET_ITEM(ids, k), nodes);
+        if (i < 0)
+            return NULL;
+        if (k < SIG_CACHE_ARGS)
+            part[k] = PyList_GET_ITEM(g->sig_part, i);
         PyObject *d = PyList_GET_ITEM(g->depth, i);
         long dv = PyLong_CheckExact(d) ? PyLong_AsLong(d) : -1;
         if (dv < 0) {
             PyErr_Clear();
-            Py_DECREF(parts);
             return NULL;
         }
         if (dv > depth)
@@ -175,20 +262,38 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
         if (PyList_GET_ITEM(g->needs_grad, i) == Py_True)
             needs = 1;
     }
-    PyObject *key = PyTuple_Pack(3, op, attrs, parts);
-    Py_DECREF(parts);
-    if (!key) {
-        *slow = 0;
-        return NULL;
-    }
-    PyObject *known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
-    Py_DECREF(key);
+    PyObject *known = sig_cache_get(g, op, attrs, part, n);
     if (!known) {
-        if (PyErr_Occurred()) {
+        PyObject *parts;
+        if (n == 1) {
+            parts = part[0];
+            Py_INCREF(parts);
+        } else if (!(parts = PyTuple_New(n))) {
+            *slow = 0;
+            return NULL;
+        } else {
+            for (Py_ssize_t k = 0; k < n; k++) {
+                PyObject *p = PyList_GET_ITEM(g->sig_part, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));  /* checked */
+                Py_INCREF(p);
+                PyTuple_SET_ITEM(parts, k, p);
+            }
+        }
+        PyObject *key = PyTuple_Pack(3, op, attrs, parts);
+        Py_DECREF(parts);
+        if (!key) {
             *slow = 0;
             return NULL;
         }
-        return NULL;  /* a new signature: Python runs the shape rule */
+        known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
+        Py_DECREF(key);
+        if (!known) {
+            if (PyErr_Occurred()) {
+                *slow = 0;
+                return NULL;
+            }
+            return NULL;  /* a new signature: Python runs the shape rule */
+        }
+        sig_cache_put(g, op, attrs, part, n, known);
     }
     if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
         return NULL;
@@ -223,6 +328,9 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
         Py_DECREF(nid);  /* out of memory between appends: the columns may disagree now */
         return NULL;
     }
+    /* node ids only (checked above): no cycle can pass through it, and the collector need
+       not scan one tuple per node at every collection */
+    PyObject_GC_UnTrack(ids);
     return nid;
 }
 
