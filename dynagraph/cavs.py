@@ -1071,6 +1071,11 @@ class _HoistSaved:
         self.X, self.act, self.W, self.shape = X, act, W, shape
 
 
+def _apart(outs: list, ins: list) -> bool:
+    """No array of outs shares memory with any of ins (None entries ignored)."""
+    return not any(o is not None and x is not None and np.shares_memory(o, x) for o in outs for x in ins)
+
+
 class _Ctx(dict):
     """A pass's saved state. Its big buffers come from the shared workspace (numpy only:
     CuPy pools its own memory) and go back to it when the context is garbage."""
@@ -1231,6 +1236,9 @@ class _Run:
             ctx["KIDS"].append(ctx.empty("KIDS", nv * cl.n * cl.H, dt) if cl is not None else None)
             ctx["PRE"].append(ctx.empty("PRE", sch.widest[f] * cl.G, dt) if cl is not None else None)
             ctx["W"].append(cl.weights(xp, self._leafvals(c.rec, leafv)) if cl is not None else None)
+        ctx["disjoint"] = [cl is not None and _apart([*S, ctx["LZ"][f], ctx["ACT"][f]],
+                                                     [ctx["PRE"][f], ctx["KIDS"][f], *ctx["W"][f][:2]])
+                           for f, cl in enumerate(cells)]
         for t, (f, s0, e0, l0, cr) in enumerate(sch.tasks):
             c = self.comps[f]
             if c.rec is None:
@@ -1326,7 +1334,7 @@ class _Run:
         kids = ctx["KIDS"][f][cl.n * cl.H * l0:cl.n * cl.H * (l0 + M)].reshape(cl.n, M, cl.H)
         xp.take(ctx["S"][cl.jc], rows_c, axis=0, out=kids, mode="clip")  # (N, M, H): the kernel's layout
         act = ctx["ACT"][f][l0:l0 + M]
-        self._cell_run(cl, pre, kids, b, act, self._dests(f, t, ctx))
+        self._cell_run(cl, pre, kids, b, act, self._dests(f, t, ctx), ctx["disjoint"][f])
         return X, kids, act
 
     @staticmethod
@@ -1336,14 +1344,17 @@ class _Run:
         return buf[:M * width].reshape(M, width) if M * width <= len(buf) else None
 
     @staticmethod
-    def _cell_run(cl: _CellRec, pre, kids, b, act, dests: list) -> None:
+    def _cell_run(cl: _CellRec, pre, kids, b, act, dests: list, disjoint: bool = False) -> None:
         """The compiled cell, writing h and c into the first destination of each; any
         further destination of the same output gets a copy."""
         from .backends import cpu
         first = {}
         for kind, dst in zip(cl.outs, dests):
             first.setdefault(kind, dst)
-        h, c, _ = cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act))
+        # disjoint: the run's output buffers (states, push rows, act) share no memory with
+        # pre, kids or the weights, checked once per pass on the whole buffers (forward)
+        h, c, _ = cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act),
+                                       disjoint=disjoint)
         for kind, dst in zip(cl.outs, dests):
             if dst is not first[kind]:
                 dst[...] = h if kind == "h" else c
@@ -1382,6 +1393,10 @@ class _Run:
               for f, cl in enumerate(cells)]
         sums: list = [[None, None] for _ in cells]
         ctx["need"] = need
+        # dP's rows are written by the cell backward, which reads act, kids and the
+        # gradients in gS / gLZ (or fresh sums of them): checked once here, not per task
+        ctx["dP_apart"] = [dP[f] is not None and _apart([dP[f]], [ctx["ACT"][f], ctx["KIDS"][f], *gS, gLZ[f]])
+                           for f in range(len(cells))]
         for t in range(len(sch.tasks) - 1, -1, -1):
             f = sch.tasks[t][0]
             if ctx["rec"][t] is None:
@@ -1453,7 +1468,8 @@ class _Run:
         if dh is None:
             dh = xp.zeros((M, cl.H), dtype=act.dtype)
         # into dP's rows when the weight gradient is one GEMM at the end: no copy
-        dpre, dkids = cpu.treelstm_backward(act, kids, dh, dc, dpre=None if dP is None else dP[l0:l0 + M])
+        dpre, dkids = cpu.treelstm_backward(act, kids, dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
+                                            disjoint=ctx["dP_apart"][f])
         gx = xp.matmul(dpre, ctx["W"][f][1], out=self._scratch(ctx, f, M, cl.n * cl.D))
         rows_h, rows_c = self.cell_rows[t]
         cpu.add_rows(gS[cl.jh], rows_h.reshape(-1), gx.reshape(-1, cl.D))  # one pass, repeated rows too

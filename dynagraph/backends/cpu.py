@@ -580,13 +580,16 @@ def _disjoint(outs: list, ins: list, what: str) -> None:
                 raise ValueError(f"{what}: an output overlaps another argument")
 
 
-def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None) -> tuple:
+def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint: bool = False) -> tuple:
     """N-ary TreeLSTM step: pre (B, (N+3)H) = [i f_1..f_N o u], c_kids (N, B, H) or a
     list of N (B, H) arrays (N = 0 for a leaf). Returns (h, c, act).
 
     bias ((N+3)H,), if given, is added to pre inside the kernel (the same rounding as
     pre + bias first). out = (h, c, act), any of them None, are written in place: h and
-    c may be row blocks of wider arrays (unit column stride), act must be C-contiguous."""
+    c may be row blocks of wider arrays (unit column stride), act must be C-contiguous.
+    disjoint=True: the caller allocated out in buffers of its own that no input shares
+    (dy.cavs's workspace), so the per-call overlap check is skipped; shapes, dtypes and
+    strides are still checked."""
     pre = np.asarray(pre)
     dt = _real(pre.dtype, "treelstm_forward")
     N = len(c_kids) if c_kids is not None else 0
@@ -603,7 +606,7 @@ def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None) -> tuple:
     if act.shape != (B, (N + 4) * H):
         raise ValueError(f"treelstm_forward: act must have shape {(B, (N + 4) * H)}, got {act.shape}")
     ldh, ldc = _rows_out(h, dt, (B, H), "treelstm_forward h"), _rows_out(c, dt, (B, H), "treelstm_forward c")
-    if out is not None:
+    if out is not None and not disjoint:
         _disjoint([h, c, act], [pre, kids, bias], "treelstm_forward")
     _fn("dg_treelstm_fwd", dt)(_p(pre), _opt(bias), _p(kids), N, _rows_p(c), ldc, _rows_p(h), ldh, _p(act), B, H)
     return h, c, act
@@ -616,9 +619,10 @@ def _rows_p(a: np.ndarray):
     return ffi.cast(_BUF[a.dtype].replace("[]", "*"), a.ctypes.data)
 
 
-def treelstm_backward(act, c_kids, dh, dc=None, dpre=None) -> tuple:
+def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = False) -> tuple:
     """(dpre (B, (N+3)H), dc_kids (N, B, H)). dpre, if given, is a C-contiguous array
-    written in place (rows of a larger per-run buffer: no copy afterwards)."""
+    written in place (rows of a larger per-run buffer: no copy afterwards); disjoint as
+    in treelstm_forward."""
     act = np.asarray(act)
     dt = _real(act.dtype, "treelstm_backward")
     N = len(c_kids) if c_kids is not None else 0
@@ -630,7 +634,7 @@ def treelstm_backward(act, c_kids, dh, dc=None, dpre=None) -> tuple:
         dpre = np.empty((B, (N + 3) * H), dt)
     elif _out(dpre, dt, "treelstm_backward dpre").shape != (B, (N + 3) * H):
         raise ValueError(f"treelstm_backward: dpre must have shape {(B, (N + 3) * H)}, got {dpre.shape}")
-    else:
+    elif not disjoint:
         _disjoint([dpre], [act, kids, dh, dc], "treelstm_backward")
     dkids = np.empty((N, B, H), dt)
     _fn("dg_treelstm_bwd", dt)(_p(act), _p(kids), N, _p(dh), _opt(dc), _p(dpre), _p(dkids), B, H)

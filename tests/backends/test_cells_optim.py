@@ -135,6 +135,19 @@ def test_treelstm_outputs_in_place_are_checked():
         cpu.treelstm_backward(act, kids, np.zeros((3, 4)), dpre=np.zeros((3, 15)))
     with pytest.raises(ValueError, match="overlaps"):
         cpu.treelstm_backward(act, kids, np.zeros((3, 4)), dpre=act.reshape(-1)[:48].reshape(3, 16))
+    # disjoint=True (dy.cavs, which checks its whole buffers once a pass) skips only the
+    # overlap test: shapes, strides and dtypes are still checked
+    with pytest.raises(ValueError, match="unit-stride"):
+        cpu.treelstm_forward(pre, kids, out=(np.zeros((3, 8))[:, ::2], None, None), disjoint=True)
+    with pytest.raises(ValueError, match="dpre"):
+        cpu.treelstm_backward(act, kids, np.zeros((3, 4)), dpre=np.zeros((3, 15)), disjoint=True)
+
+
+def test_cavs_checks_its_buffers_apart_once_a_pass():
+    from dynagraph.cavs import _apart
+    big = np.zeros((6, 8))
+    assert _apart([big[:3], None], [big[3:], np.zeros(4), None])
+    assert not _apart([big[:, :4]], [np.zeros(3), big[2:4, 3:5]])
 
 
 @pytest.mark.parametrize("N", [0, 2, 3])
