@@ -1322,7 +1322,6 @@ class _Run:
     def _cell_forward(self, xp, cl: _CellRec, t: int, ctx: dict):
         """One task as the TreeLSTM kernel: take, GEMM, cell (bias added inside, h and c
         written straight into their state or push rows)."""
-        from .backends import cpu
         f, s0, e0, l0, cr = self.sched.tasks[t]
         M = e0 - s0
         rows_h, rows_c = self.cell_rows[t]
@@ -1540,7 +1539,6 @@ class _Run:
         saved = ctx["rec"][t]
         if saved is None:
             return 0
-        xp = be.xp
         M, l1 = e0 - s0, l0 + e0 - s0
         gouts = [gS[j][s0:e0] if kind == "s" else gLZ[f][l0:l1, a:b] for kind, a, b, j in c.rec_out]
         pairs: list | None = [] if self.defer[f] else None

@@ -756,7 +756,7 @@ def _binary_fits(x, y, B: int) -> bool:
 
 
 def _binary_forward(name: str, min_size: int):
-    op, code = OPS[name], BINARY[name]
+    op = OPS[name]
 
     def forward(xp, a, data, x, y):
         if not _is_real(x, y) or max(x.size, y.size) < min_size \

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from refcheck import numeric_grad
 
 import dynagraph as dy
-
-from refcheck import numeric_grad
 
 from ._util import DTYPES, close, kernels
 
