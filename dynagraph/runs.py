@@ -186,6 +186,14 @@ def _arr(buf, dtype=np.int64) -> np.ndarray:
     return np.frombuffer(buf, dtype)
 
 
+def _unplace(cg, steps: list, first: int) -> None:
+    """Undo execute_run's placement: the steps' nodes have no value, their blocks go."""
+    for nodes in steps:
+        for n in nodes:
+            cg.blk[n] = -1
+    del cg.blocks[first:]
+
+
 def execute_run(cg, be, steps: list, place) -> bool:
     """Run `steps` (scheduled node lists, in order) as one program; place(blk, row,
     nodes, bid) is the executor's. False, with the graph untouched, when some
@@ -202,10 +210,7 @@ def execute_run(cg, be, steps: list, place) -> bool:
     table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks,
                    [o for s in specs for o in s.offs], [r for s in specs for r in s.reach], _FORMAT[dt])
     if table is None:
-        for nodes in steps:
-            for n in nodes:
-                cg.blk[n] = -1
-        del blocks[first:]
+        _unplace(cg, steps, first)
         return False
     bids = range(first, len(blocks))
     outs = _addresses([blocks[b] for b in bids], _FORMAT[dt])
@@ -222,6 +227,7 @@ def execute_run(cg, be, steps: list, place) -> bool:
     if cg.check_validity:
         for m, nodes in enumerate(steps):
             if not np.isfinite(blocks[first + m]).all():
+                _unplace(cg, steps, first)  # as batch by batch: no value is left for any of them
                 raise NonFiniteError(f"{cg.op[nodes[0]].name} produced a non-finite value "
                                      f"(nodes {list(nodes)[:5]}...)")
     slots = table[3]

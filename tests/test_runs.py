@@ -211,6 +211,9 @@ def test_check_validity_names_the_op_inside_a_run():
         y = dy.log(dy.tanh(x) * 2.0)
         with pytest.raises(NonFiniteError, match="log"), np.errstate(all="ignore"):
             y.value()
+        cg = y.cg
+        assert all(cg.blk[i] < 0 for i in range(x.i + 1, y.i + 1))  # as batch by batch: no value kept
+        assert len(cg.blocks) == cg.blk[x.i] + 1
 
 
 def test_a_block_that_cannot_be_read_in_place_falls_back():
