@@ -302,3 +302,17 @@ def test_rule_validation():
         cpu.sgd_update(w, np.zeros((4, 2)), 0.1, rows=[1, 1])
     with pytest.raises(ValueError):
         cpu.sgd_update(w, np.zeros((3, 2)), 0.1)
+
+
+@pytest.mark.parametrize("rows, ok", [([0, 2, 3], True), ([3, 0, 2], True), ([2, 0, 2], False), ([1, 1], False)])
+def test_sparse_rule_rows_must_be_distinct(rows, ok):
+    """A row listed twice would be updated twice: rejected, whether or not the rows are sorted."""
+    w, g = np.ones((4, 3)), np.full((4, 3), 0.5)
+    if not ok:
+        with pytest.raises(ValueError, match="distinct"):
+            cpu.sgd_update(w, g, 0.1, rows=np.array(rows))
+        assert (w == 1).all()
+        return
+    cpu.sgd_update(w, g, 0.1, rows=np.array(rows))
+    np.testing.assert_allclose(w[rows], 0.95)
+    assert (w[[r for r in range(4) if r not in rows]] == 1).all()
