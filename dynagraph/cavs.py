@@ -879,14 +879,19 @@ class _CellRec:
         return r
 
     def weights(self, xp, lv: list):
-        """(bias row, W = [W_1 .. W_n] side by side, W^T as a view), once per pass.
-        Measured (OpenBLAS, one thread, M = 20..1152 rows): X @ W.T runs within 5% of X
-        against a contiguous copy of W^T at H=256 and 512, while making that copy cost
-        17 ms per pass at H=512 (numpy's transposing copy is cache-hostile)."""
+        """(bias row, W = [W_1 .. W_n] side by side, W^T), once per pass.
+        Measured (OpenBLAS, one thread, a TreeLSTM's twelve task sizes M = 2..398): against
+        a contiguous copy of W^T, X @ W.T (a view) costs 762 against 634 us at H=64 and
+        2911 against 2446 us at H=128, where the copy costs 39 and 163 us; at H=256 the
+        two are within 3% while the copy costs 3 ms (numpy's transposing copy is
+        cache-hostile; 17 ms at H=512). So small weights are copied, large ones viewed."""
         ws = [lv[k][0] for k in self.w]
         W = ws[0] if len(ws) == 1 else xp.concatenate(ws, axis=1)
-        return lv[self.b].reshape(1, self.G), W, W.T
+        WT = xp.ascontiguousarray(W.T) if W.size <= _COPY_WT_MAX else W.T
+        return lv[self.b].reshape(1, self.G), W, WT
 
+
+_COPY_WT_MAX = 200_000  # elements: H=128's (640, 256) is copied, H=256's (1280, 512) viewed
 
 _PICK_RANGE, _CMULT, _ADD, _ESUM, _TANH, _LOGISTIC, _AFFINE, _MATMUL = (
     OPS[n] for n in ("pick_range", "cmult", "add", "esum", "tanh", "logistic", "affine", "matmul"))
