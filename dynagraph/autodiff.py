@@ -91,6 +91,22 @@ def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
     stats.scatter_bytes += gx.nbytes
 
 
+def _one_row_run(cg, plans: list, gxs, need: tuple, B: int) -> bool:
+    """One node whose arguments are consecutive rows of one block, all needing the same
+    (1, ...) gradient (esum or average over a list of losses): one add instead of one
+    scatter per argument."""
+    g0 = gxs[0]
+    if B != 1 or g0 is None or isinstance(g0, (SparseRows, Sliced)) or g0.shape[0] != 1 or g0.dtype != cg.dtype:
+        return False
+    kind, b, r0 = plans[0]
+    if kind != SLICE or False in need:
+        return False
+    for j, (plan, gx) in enumerate(zip(plans, gxs)):
+        if gx is not g0 or plan[0] != SLICE or plan[1] != b or plan[2] != r0 + j:
+            return False
+    return True
+
+
 def backward(cg, be, nid: int, full: bool = False) -> None:
     stats = cg.stats
     xp = be.xp
@@ -125,6 +141,13 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
         t1 = time.perf_counter()
         stats.kernel_calls += op.inner_kernels
         stats.t_backward += t1 - t0
+        if len(plans) > 8 and _one_row_run(cg, plans, gxs, need, len(nodes)):
+            _, b, r0 = plans[0]  # dy.esum(losses): one add of g into the losses' rows
+            _grad_block(cg, xp, gb, b)[r0:r0 + len(plans)] += gxs[0]
+            stats.scatters += 1
+            stats.scatter_bytes += gxs[0].nbytes * len(plans)
+            stats.t_memory += time.perf_counter() - t1
+            continue
         for k, plan in enumerate(plans):
             if need[k] and gxs[k] is not None:
                 gx = gxs[k]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import dynagraph as dy
-from refcheck import loss_weights, run_graph
+from refcheck import assert_same_run, loss_weights, run_graph
 
 RNG = np.random.default_rng(11)
 W0, U0 = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
@@ -42,3 +42,22 @@ def test_shared_output_gradient_is_not_corrupted(scheduler):
         gU += np.outer(dz, V)
     np.testing.assert_allclose(run.grads["/W"], gW, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(run.grads["/U"], gU, rtol=1e-10, atol=1e-12)
+
+
+def test_esum_over_a_batch_of_losses_adds_its_gradient_once(monkeypatch):
+    """dy.esum(losses) whose losses are consecutive rows of one batch: one add of the
+    gradient into those rows (not one scatter per loss), the same gradients as unbatched."""
+    from dynagraph import autodiff
+    calls = []
+    real = autodiff.scatter
+    monkeypatch.setattr(autodiff, "scatter", lambda *a: calls.append(a[3]) or real(*a))
+
+    def build(pc):
+        W = pc.add_parameters((3, 4), name="W")
+        xs = [dy.inputVector(np.linspace(-1, 1, 4) * (k + 1) / 20) for k in range(20)]
+        return [dy.esum([dy.pickneglogsoftmax(W * x, k % 3) for k, x in enumerate(xs)])]
+    plain = run_graph("none", build)
+    n_plain, calls[:] = len(calls), []
+    batched = run_graph("agenda", build)
+    assert_same_run(batched, plain, rtol=1e-12, atol=1e-14)
+    assert n_plain >= 20 and len(calls) < 5  # the 20 losses' rows: one add, no per-loss scatter
