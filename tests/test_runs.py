@@ -347,3 +347,17 @@ def test_full_backward_gives_every_run_node_its_gradient():
     assert all(np.abs(g).sum() > 0 for g in mine)
     for a, b in zip(mine, ref):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_runs_read_matrices_lookup_tables_and_looked_up_rows():
+    """Run steps over whole matrices: a dense lookup table, a looked-up row, a matrix slice."""
+    def build(pc):
+        E = pc.add_lookup_parameters((6, 4), name="E")
+        M = pc.add_parameters((3, 4), name="M")
+        dense = dy.tanh(dy.parameter(E)) * 2.0 + 0.5            # (6, 4): the whole table
+        rows = dy.pick_range(dy.logistic(dy.parameter(M)), 1, 3)  # (2, 4): rows 1-2, contiguous
+        looked = [dy.cmult(dy.tanh(dy.lookup(E, k)), dy.lookup(E, k + 1)) for k in range(4)]
+        return [dense, dy.square(rows) - rows] + looked
+    got, ref = _run("cpu", "agenda", build), _run("numpy", "agenda", build)
+    assert got.cg.stats.runs > 0
+    _same(got, ref, 1e-12, 1e-14)
