@@ -215,6 +215,39 @@ def bench_trainers(t: Table, rng, dt, hidden) -> None:
         t.add("adagrad update", sizes, np_adagrad, lambda: cpu.adagrad_update(w, g, h, 0.05, 1e-20, 0.5))
         t.add("adam update", sizes, np_adam, lambda: cpu.adam_update(w, g, m, v, 0.9, 0.999, 1e-8, 0.001, 0.5))
         t.add("sgd update", sizes, lambda: w.__isub__(g * 0.05), lambda: cpu.sgd_update(w, g, 0.05))
+    # a lookup table's sparse update: the touched rows (sorted, as touched_rows() gives),
+    # numpy's gather / apply / scatter against the compiled rule on those rows only
+    for H in hidden:
+        E, gE = rng.standard_normal((10000, H)).astype(dt), rng.standard_normal((10000, H)).astype(dt)
+        rows = np.flatnonzero(rng.random(10000) < 0.1)
+
+        def np_sparse(E=E, gE=gE, rows=rows):
+            w = E[rows]
+            w -= gE[rows] * 0.05
+            E[rows] = w
+        t.add("sgd sparse rows", f"10000x{H} {len(rows)} rows", np_sparse,
+              lambda E=E, gE=gE, rows=rows: cpu.sgd_update(E, gE, 0.05, rows))
+
+
+def bench_cell_gemm(t: Table, rng, dt, hidden) -> None:
+    """dy.cavs's TreeLSTM cell GEMM X @ W^T over a step's twelve task sizes (M = 2..398):
+    W^T as a view (the "numpy" column) against a contiguous copy made once a pass, the copy
+    included (the "C" column); cavs._CellRec.weights copies only where this wins."""
+    sizes = (398, 244, 157, 103, 78, 62, 40, 25, 14, 8, 4, 2)
+    for H in hidden:
+        W = rng.standard_normal((5 * H, 2 * H)).astype(dt)
+        Xs = [rng.standard_normal((M, 2 * H)).astype(dt) for M in sizes]
+        outs = [np.empty((M, 5 * H), dt) for M in sizes]
+
+        def view(W=W, Xs=Xs, outs=outs):
+            for X, o in zip(Xs, outs):
+                np.matmul(X, W.T, out=o)
+
+        def copied(W=W, Xs=Xs, outs=outs):
+            WT = np.ascontiguousarray(W.T)
+            for X, o in zip(Xs, outs):
+                np.matmul(X, WT, out=o)
+        t.add("cell GEMM, W^T copied", f"H={H} 12 tasks", view, copied)
 
 
 # ---------------------------------------------------------------- TreeLSTM training
@@ -289,7 +322,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--quick", action="store_true", help="B in {1, 64}, H in {64, 256}")
-    ap.add_argument("--only", default="", help="comma list of: rows,elementwise,softmax,cells,trainers,runs")
+    ap.add_argument("--only", default="",
+                    help="comma list of: rows,elementwise,softmax,cells,trainers,runs,cellgemm")
     ap.add_argument("--treelstm", action="store_true", help="also time TreeLSTM training per backend")
     ap.add_argument("--treelstm-only", action="store_true")
     args = ap.parse_args(argv)
@@ -300,7 +334,7 @@ def main(argv=None) -> None:
     dt = np.dtype(args.dtype).type
     batches, hidden = ((1, 64), (64, 256)) if args.quick else (BATCHES, HIDDEN)
     only = set(args.only.split(",")) if args.only else {"rows", "elementwise", "softmax", "cells", "trainers",
-                                                         "runs"}
+                                                         "runs", "cellgemm"}
     rng = np.random.default_rng(0)
     t = Table()
     if "rows" in only:
@@ -315,6 +349,8 @@ def main(argv=None) -> None:
         bench_trainers(t, rng, dt, hidden)
     if "runs" in only:
         bench_runs(t, rng, dt, batches, hidden)
+    if "cellgemm" in only:
+        bench_cell_gemm(t, rng, dt, (32, 64, 128, 256))
     t.summary()
     if args.treelstm:
         bench_treelstm()

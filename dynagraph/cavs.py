@@ -880,11 +880,11 @@ class _CellRec:
 
     def weights(self, xp, lv: list):
         """(bias row, W = [W_1 .. W_n] side by side, W^T), once per pass.
-        Measured (OpenBLAS, one thread, a TreeLSTM's twelve task sizes M = 2..398): against
-        a contiguous copy of W^T, X @ W.T (a view) costs 762 against 634 us at H=64 and
-        2911 against 2446 us at H=128, where the copy costs 39 and 163 us; at H=256 the
-        two are within 3% while the copy costs 3 ms (numpy's transposing copy is
-        cache-hostile; 17 ms at H=512). So small weights are copied, large ones viewed."""
+        `python bench/kernels.py --only cellgemm` (OpenBLAS, one thread, a TreeLSTM step's
+        twelve task sizes M = 2..398): X @ W.T with W^T a view takes 776 us at H=64 and
+        2943 us at H=128, against 675 and 2642 us with a contiguous copy of W^T made once,
+        the copy included; at H=256 the copy loses (11851 against 13962 us: numpy's
+        transposing copy is cache-hostile). So small weights are copied, large ones viewed."""
         ws = [lv[k][0] for k in self.w]
         W = ws[0] if len(ws) == 1 else xp.concatenate(ws, axis=1)
         WT = xp.ascontiguousarray(W.T) if W.size <= _COPY_WT_MAX else W.T

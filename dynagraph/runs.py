@@ -182,8 +182,8 @@ class ExecutedRun:
         return last
 
 
-def _arr(buf, dtype=np.int64) -> np.ndarray:
-    return np.frombuffer(buf, dtype)
+def _arr(buf) -> np.ndarray:
+    return np.frombuffer(buf, np.int64)
 
 
 def _unplace(cg, steps: list, first: int) -> None:

@@ -107,5 +107,11 @@ static void dg_fz_scan(const int64_t *code, int64_t nsteps, const int64_t *istri
     }
 }
 
+/* A run step's arguments are registers 0..na-1 of the n-ary helpers: the identity map. */
+static const int64_t dg_run_ids[DG_RUN_MAX_ARGS] = {
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,
+    30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56,
+    57, 58, 59, 60, 61, 62, 63};
+
 #define DG_BODY "fused.inc"
 #include "dg_instantiate.h"

@@ -99,3 +99,14 @@ def test_kernel_table_runs_section(capsys):
     kernels.bench_runs(kernels.Table(), np.random.default_rng(0), np.float32, (1, 16), (8,))
     out = capsys.readouterr().out
     assert out.count("run step") == 10
+
+
+def test_kernel_table_trainer_and_cell_gemm_rows(capsys):
+    from bench import kernels
+    if not hasattr(kernels.cpu, "sgd_update"):
+        pytest.skip("compiled kernels not built")
+    t = kernels.Table()
+    kernels.bench_trainers(t, np.random.default_rng(0), np.float32, (8,))
+    kernels.bench_cell_gemm(t, np.random.default_rng(0), np.float32, (8,))
+    out = capsys.readouterr().out
+    assert "sgd sparse rows" in out and out.count("cell GEMM") == 1
