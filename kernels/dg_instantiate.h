@@ -7,6 +7,7 @@
 #define T float
 #define EXP(x) dg_expf(x)
 #define TANH(x) dg_tanhf(x)
+#define SIGM(x) dg_sigmf(x)
 #define LOG(x) logf(x)
 #define SQRT(x) sqrtf(x)
 #include DG_BODY
@@ -14,6 +15,7 @@
 #undef T
 #undef EXP
 #undef TANH
+#undef SIGM
 #undef LOG
 #undef SQRT
 
@@ -21,6 +23,8 @@
 #define T double
 #define EXP(x) dg_exp(x)
 #define TANH(x) dg_tanh(x)
+/* float64: numpy's overflow-free form, 0.5 tanh(x/2) + 0.5, as the numpy op computes it */
+#define SIGM(x) (0.5 * dg_tanh(0.5 * (x)) + 0.5)
 #define LOG(x) log(x)
 #define SQRT(x) sqrt(x)
 #include DG_BODY
@@ -28,5 +32,6 @@
 #undef T
 #undef EXP
 #undef TANH
+#undef SIGM
 #undef LOG
 #undef SQRT

@@ -82,12 +82,15 @@ DG_INLINE double dg_fz_vtanh_f64(double x) {
     return x < 0 ? -t : x > 0 ? t : x;
 }
 
-/* The per-type exp and tanh of the fused kernels: float32 the shared vectorized
- * ones, float64 the above. */
+/* The per-type exp, tanh and logistic of the fused kernels: float32 the shared
+ * vectorized ones, float64 the above. */
 DG_INLINE float dg_fz_exp_f32(float x) { return dg_expf(x); }
 DG_INLINE double dg_fz_exp_f64(double x) { return dg_fz_vexp_f64(x); }
 DG_INLINE float dg_fz_tanh_f32(float x) { return dg_tanhf(x); }
 DG_INLINE double dg_fz_tanh_f64(double x) { return dg_fz_vtanh_f64(x); }
+DG_INLINE float dg_fz_sigm_f32(float x) { return dg_sigmf(x); }
+/* float64: numpy's overflow-free form, 0.5 tanh(x/2) + 0.5 */
+DG_INLINE double dg_fz_sigm_f64(double x) { return 0.5 * dg_fz_vtanh_f64(0.5 * x) + 0.5; }
 
 /* Where each instruction starts in `code`, and which registers are shared by the
  * whole batch (inputs of stride 0, and instructions whose arguments all are). */

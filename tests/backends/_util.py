@@ -9,7 +9,7 @@ DTYPES = [np.float32, np.float64]
 
 def tol(dt) -> dict:
     """Tolerances for comparing a C kernel with numpy: float32 kernels use their own
-    vectorized exp/tanh (<= 2 ulp), float64 kernels call libm like numpy does."""
+    vectorized exp/tanh/logistic (<= 2.25 ulp), float64 kernels call libm like numpy does."""
     return dict(rtol=2e-5, atol=2e-6) if np.dtype(dt) == np.float32 else dict(rtol=1e-12, atol=1e-13)
 
 
