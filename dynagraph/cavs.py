@@ -1158,9 +1158,11 @@ class _Run:
     def _task_rows(self) -> None:
         """Per task, the state rows its gathers read, in the layout each path takes: once per
         run, not per pass. kid_rows: (M, used children); cell_rows: the x's (M, n) and the
-        cells, child-major (N, M), as the compiled cell reads them."""
+        cells, child-major (N, M), as the compiled cell reads them (checked into a
+        cpu.KidRows at the first pass that needs it: cell_kids)."""
         self.kid_rows: list = [None] * len(self.sched.tasks)
         self.cell_rows: list = [None] * len(self.sched.tasks)
+        self.cell_kids: list = [None] * len(self.sched.tasks)
         for t, (f, s0, e0, l0, cr) in enumerate(self.sched.tasks):
             c = self.comps[f]
             cl = self.cell[f]
@@ -1191,6 +1193,26 @@ class _Run:
             else:
                 acc[k] += g
 
+    def _kids_of(self, t: int):
+        """Task t's children as a cpu.KidRows into the cell state table (rows 0..N). The
+        cell kernel reads them while it writes rows s0:e0 of that same table, and adds
+        their gradients while it reads rows s0:e0 of the gradient table: a child has a
+        lower height, so it is an earlier task's row (< s0), or row N (none)."""
+        kr = self.cell_kids[t]
+        if kr is None:  # every cell task's at once: one check over all of them
+            from .backends import cpu
+            ts = [u for u, r in enumerate(self.cell_rows) if r is not None]
+            blocks = [self.cell_rows[u][1] for u in ts]
+            N = self.sched.N
+            rows = np.concatenate([b.reshape(-1) for b in blocks])
+            s0 = np.repeat([self.sched.tasks[u][1] for u in ts], [b.size for b in blocks])
+            if not ((rows < s0) | (rows == N)).all():
+                raise AssertionError("dy.cavs: a task's child is not an earlier task's row")
+            for u, k in zip(ts, cpu.KidRows.many(blocks, N + 1)):
+                self.cell_kids[u] = k
+            kr = self.cell_kids[t]
+        return kr
+
     @staticmethod
     def _view(buf, spec, r0: int, r1: int, shape):
         return buf[r0:r1, spec[-2]:spec[-1]].reshape((r1 - r0,) + shape)
@@ -1210,7 +1232,7 @@ class _Run:
             s[sch.N] = 0
         cells = [cl if be.name == "cpu" else None for cl in self.cell]
         ctx.update({"S": S, "XH": [], "LZ": [], "hoist": [], "rec": [None] * len(sch.tasks), "lazy": [],
-                    "cells": cells, "XG": [], "W": [], "ACT": [], "KIDS": [], "PRE": []})
+                    "cells": cells, "XG": [], "W": [], "ACT": [], "PRE": []})
         for f, c in enumerate(self.comps):
             nv = sch.count[f]
             XH = hs = None
@@ -1235,14 +1257,14 @@ class _Run:
             cl = cells[f]
             # the gathered x's of every task, rows in f's order: the weight gradient's GEMM input
             ctx["XG"].append(ctx.empty("XG", (nv, len(cl.w), cl.D), dt) if cl is not None else None)
-            # the cell's per-run rows (act, children's cells; kept for backward) and one
-            # GEMM output the size of the largest task, reused task after task
+            # the cell's per-run rows (act, kept for backward; the children's cells are read
+            # in place from the state) and one GEMM output the size of the largest task,
+            # reused task after task
             ctx["ACT"].append(ctx.empty("ACT", (nv, cl.G + cl.H), dt) if cl is not None else None)
-            ctx["KIDS"].append(ctx.empty("KIDS", nv * cl.n * cl.H, dt) if cl is not None else None)
             ctx["PRE"].append(ctx.empty("PRE", sch.widest[f] * cl.G, dt) if cl is not None else None)
             ctx["W"].append(cl.weights(xp, self._leafvals(c.rec, leafv)) if cl is not None else None)
         ctx["disjoint"] = [cl is not None and _apart([*S, ctx["LZ"][f], ctx["ACT"][f]],
-                                                     [ctx["PRE"][f], ctx["KIDS"][f], *ctx["W"][f][:2]])
+                                                     [ctx["PRE"][f], *ctx["W"][f][:2]])
                            for f, cl in enumerate(cells)]
         for t, (f, s0, e0, l0, cr) in enumerate(sch.tasks):
             c = self.comps[f]
@@ -1329,17 +1351,16 @@ class _Run:
         written straight into their state or push rows)."""
         f, s0, e0, l0, cr = self.sched.tasks[t]
         M = e0 - s0
-        rows_h, rows_c = self.cell_rows[t]
+        rows_h = self.cell_rows[t][0]
         X = ctx["XG"][f][l0:l0 + M]
         xp.take(ctx["S"][cl.jh], rows_h, axis=0, out=X, mode="clip")  # rows are in range: row N is zeros
         X = X.reshape(M, -1)
         b, _, WT = ctx["W"][f]
         pre = xp.matmul(X, WT, out=self._scratch(ctx, f, M, cl.G))
-        kids = ctx["KIDS"][f][cl.n * cl.H * l0:cl.n * cl.H * (l0 + M)].reshape(cl.n, M, cl.H)
-        xp.take(ctx["S"][cl.jc], rows_c, axis=0, out=kids, mode="clip")  # (N, M, H): the kernel's layout
         act = ctx["ACT"][f][l0:l0 + M]
-        self._cell_run(cl, pre, kids, b, act, self._dests(f, t, ctx), ctx["disjoint"][f])
-        return X, kids, act
+        kr = self._kids_of(t)  # the children's cells: read in place from the state
+        self._cell_run(cl, pre, ctx["S"][cl.jc], b, act, self._dests(f, t, ctx), ctx["disjoint"][f], kr)
+        return X, kr, act
 
     @staticmethod
     def _scratch(ctx: dict, f: int, M: int, width: int):
@@ -1348,17 +1369,19 @@ class _Run:
         return buf[:M * width].reshape(M, width) if M * width <= len(buf) else None
 
     @staticmethod
-    def _cell_run(cl: _CellRec, pre, kids, b, act, dests: list, disjoint: bool = False) -> None:
+    def _cell_run(cl: _CellRec, pre, kids, b, act, dests: list, disjoint: bool = False, kid_rows=None) -> None:
         """The compiled cell, writing h and c into the first destination of each; any
-        further destination of the same output gets a copy."""
+        further destination of the same output gets a copy. kids: (N, M, H), or with
+        kid_rows the state table they index."""
         from .backends import cpu
         first = {}
         for kind, dst in zip(cl.outs, dests):
             first.setdefault(kind, dst)
         # disjoint: the run's output buffers (states, push rows, act) share no memory with
-        # pre, kids or the weights, checked once per pass on the whole buffers (forward)
+        # pre or the weights, checked once per pass on the whole buffers (forward), and the
+        # children are rows the outputs do not write (_kids_of)
         h, c, _ = cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act),
-                                       disjoint=disjoint)
+                                       disjoint=disjoint, kid_rows=kid_rows)
         for kind, dst in zip(cl.outs, dests):
             if dst is not first[kind]:
                 dst[...] = h if kind == "h" else c
@@ -1397,10 +1420,12 @@ class _Run:
               for f, cl in enumerate(cells)]
         sums: list = [[None, None] for _ in cells]
         ctx["need"] = need
-        # dP's rows are written by the cell backward, which reads act, kids and the
-        # gradients in gS / gLZ (or fresh sums of them): checked once here, not per task
-        ctx["dP_apart"] = [dP[f] is not None and _apart([dP[f]], [ctx["ACT"][f], ctx["KIDS"][f], *gS, gLZ[f]])
-                           for f in range(len(cells))]
+        # the cell backward writes dP's rows (or a fresh dpre) and adds into gS, reading act,
+        # the state and the gradients in gS / gLZ (or fresh sums of them): checked once
+        # here, not per task
+        ctx["dP_apart"] = [cl is not None and _apart(gS, [ctx["ACT"][f], *ctx["S"]]) and
+                           (dP[f] is None or _apart([dP[f]], [ctx["ACT"][f], *ctx["S"], *gS, gLZ[f]]))
+                           for f, cl in enumerate(cells)]
         for t in range(len(sch.tasks) - 1, -1, -1):
             f = sch.tasks[t][0]
             if ctx["rec"][t] is None:
@@ -1471,13 +1496,12 @@ class _Run:
                 dc = g if dc is None else dc + g
         if dh is None:
             dh = xp.zeros((M, cl.H), dtype=act.dtype)
-        # into dP's rows when the weight gradient is one GEMM at the end: no copy
-        dpre, dkids = cpu.treelstm_backward(act, kids, dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
-                                            disjoint=ctx["dP_apart"][f])
+        # into dP's rows when the weight gradient is one GEMM at the end: no copy; the
+        # children's cell gradients are added straight into their rows of gS
+        dpre, _ = cpu.treelstm_backward(act, ctx["S"][cl.jc], dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
+                                        disjoint=ctx["dP_apart"][f], kid_rows=kids, dc_table=gS[cl.jc])
         gx = xp.matmul(dpre, ctx["W"][f][1], out=self._scratch(ctx, f, M, cl.n * cl.D))
-        rows_h, rows_c = self.cell_rows[t]
-        cpu.add_rows(gS[cl.jh], rows_h.reshape(-1), gx.reshape(-1, cl.D))  # one pass, repeated rows too
-        cpu.add_rows(gS[cl.jc], rows_c.reshape(-1), dkids.reshape(-1, cl.H))
+        cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
         if dP is not None:
             return
         if sums[0] is not None or sums[1] is not None:  # [dW, db] of the tasks so far

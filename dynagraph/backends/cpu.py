@@ -580,10 +580,79 @@ def _disjoint(outs: list, ins: list, what: str) -> None:
                 raise ValueError(f"{what}: an output overlaps another argument")
 
 
-def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint: bool = False) -> tuple:
+class KidRows:
+    """The children of a TreeLSTM batch as rows of a state table: rows (N, B), child k of
+    batch row b at rows[k, b]. Checked once here, against `bound` (a table passed with
+    it must have at least that many rows), so a caller that reuses it every pass pays
+    the check once. A private read-only copy: nobody can change a checked index."""
+
+    __slots__ = ("rows", "bound", "N", "B", "ptr")
+
+    def __init__(self, rows, bound: int):
+        (self.rows, self.bound, self.N, self.B, self.ptr), = self._checked([rows], bound)
+
+    @classmethod
+    def many(cls, blocks: Sequence, bound: int) -> list:
+        """One KidRows per (N, B) block, checked in one pass over all of them (views of
+        one private copy): what a caller with many small blocks a pass wants."""
+        out = []
+        for fields in cls._checked(blocks, bound):
+            k = cls.__new__(cls)
+            k.rows, k.bound, k.N, k.B, k.ptr = fields
+            out.append(k)
+        return out
+
+    @staticmethod
+    def _checked(blocks: Sequence, bound: int) -> list:
+        arrs = [np.asarray(b) for b in blocks]
+        for a in arrs:
+            if a.ndim != 2:
+                raise ValueError(f"KidRows: rows must be (N, B), got shape {a.shape}")
+        flat = np.concatenate([a.reshape(-1) for a in arrs]).astype(np.int64, copy=False) if arrs else \
+            np.zeros(0, np.int64)
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= bound):
+            bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
+            raise IndexError(f"KidRows: row {bad} out of range [0, {bound})")
+        flat.flags.writeable = False  # concatenate made it ours: nobody else can change it
+        fields, at = [], 0
+        for a in arrs:
+            r = flat[at:at + a.size].reshape(a.shape)
+            at += a.size
+            fields.append((r, int(bound), a.shape[0], a.shape[1], ffi.from_buffer("int64_t[]", r)))
+        return fields
+
+
+def _kid_table(table, rows: KidRows, dt, H: int, B: int, what: str, out: bool = False) -> np.ndarray:
+    """A (R, H) state table (or its gradient) that rows index: R >= rows.bound."""
+    if type(table) is not np.ndarray or table.dtype != dt or not table.flags.c_contiguous or \
+            (out and not table.flags.writeable):
+        got = f"{table.dtype} contiguous={table.flags.c_contiguous}" if isinstance(table, np.ndarray) \
+            else type(table).__name__
+        raise ValueError(f"{what} must be a{' writeable' if out else ''} C-contiguous {dt} array, got {got}")
+    if table.ndim != 2 or table.shape[1] != H or table.shape[0] < rows.bound or rows.B != B:
+        raise ValueError(f"{what}: a table of >= {rows.bound} rows of {H} for {rows.B} batch rows, "
+                         f"got shape {table.shape} for {B}")
+    return table
+
+
+def _kids_arg(c_kids, kid_rows, B: int, H: int, dt, what: str, grad: bool = False) -> tuple:
+    """(N, kids array, row pointer or NULL): dense (N, B, H) kids, or a table and KidRows."""
+    if kid_rows is None:
+        N = len(c_kids) if c_kids is not None else 0
+        return N, _kids(c_kids, N, B, H, dt), ffi.NULL
+    if type(kid_rows) is not KidRows:
+        raise TypeError(f"{what}: kid_rows must be a cpu.KidRows, got {type(kid_rows).__name__}")
+    return kid_rows.N, _kid_table(c_kids, kid_rows, dt, H, B, f"{what} c_kids"), kid_rows.ptr
+
+
+def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint: bool = False,
+                     kid_rows: "KidRows | None" = None) -> tuple:
     """N-ary TreeLSTM step: pre (B, (N+3)H) = [i f_1..f_N o u], c_kids (N, B, H) or a
     list of N (B, H) arrays (N = 0 for a leaf). Returns (h, c, act).
 
+    kid_rows (a KidRows), if given: c_kids is a state table (R, H) and child k of row b
+    is its row kid_rows.rows[k, b], read in place (no gathered copy). The rows must not
+    be rows that c or h write (dy.cavs's children are earlier tasks' rows).
     bias ((N+3)H,), if given, is added to pre inside the kernel (the same rounding as
     pre + bias first). out = (h, c, act), any of them None, are written in place: h and
     c may be row blocks of wider arrays (unit column stride), act must be C-contiguous.
@@ -592,9 +661,9 @@ def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint:
     strides are still checked."""
     pre = np.asarray(pre)
     dt = _real(pre.dtype, "treelstm_forward")
-    N = len(c_kids) if c_kids is not None else 0
+    N = len(c_kids) if kid_rows is None and c_kids is not None else getattr(kid_rows, "N", 0)
     pre, B, H = _gates(pre, N + 3, "treelstm_forward")
-    kids = _kids(c_kids, N, B, H, dt)
+    N, kids, rows_p = _kids_arg(c_kids, kid_rows, B, H, dt, "treelstm_forward")
     if bias is not None:
         bias = _in(bias, dt)
         if bias.shape not in (((N + 3) * H,), (1, (N + 3) * H)):
@@ -607,9 +676,25 @@ def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint:
         raise ValueError(f"treelstm_forward: act must have shape {(B, (N + 4) * H)}, got {act.shape}")
     ldh, ldc = _rows_out(h, dt, (B, H), "treelstm_forward h"), _rows_out(c, dt, (B, H), "treelstm_forward c")
     if out is not None and not disjoint:
-        _disjoint([h, c, act], [pre, kids, bias], "treelstm_forward")
-    _fn("dg_treelstm_fwd", dt)(_p(pre), _opt(bias), _p(kids), N, _rows_p(c), ldc, _rows_p(h), ldh, _p(act), B, H)
+        _disjoint([h, c, act], [pre, bias] + ([kids] if kid_rows is None else []), "treelstm_forward")
+        if kid_rows is not None:
+            _disjoint([act], [kids], "treelstm_forward")
+            for o in (h, c):
+                _not_a_kid_row(o, kids, kid_rows, "treelstm_forward")
+    _fn("dg_treelstm_fwd", dt)(_p(pre), _opt(bias), _p(kids), rows_p, N, _rows_p(c), ldc, _rows_p(h), ldh, _p(act),
+                               B, H)
     return h, c, act
+
+
+def _not_a_kid_row(o: np.ndarray, table: np.ndarray, rows: KidRows, what: str) -> None:
+    """An output that shares the kids' table may only write rows that are nobody's child."""
+    if not o.size or not np.shares_memory(o, table):
+        return
+    off = o.__array_interface__["data"][0] - table.__array_interface__["data"][0]
+    r0 = off // table.strides[0]
+    r1 = (off + (o.shape[0] - 1) * o.strides[0] + o.shape[1] * o.itemsize - 1) // table.strides[0] + 1
+    if ((rows.rows >= r0) & (rows.rows < r1)).any():
+        raise ValueError(f"{what}: an output row is also a child's row of the kids' table")
 
 
 def _rows_p(a: np.ndarray):
@@ -619,15 +704,21 @@ def _rows_p(a: np.ndarray):
     return ffi.cast(_BUF[a.dtype].replace("[]", "*"), a.ctypes.data)
 
 
-def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = False) -> tuple:
+def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = False,
+                      kid_rows: "KidRows | None" = None, dc_table=None) -> tuple:
     """(dpre (B, (N+3)H), dc_kids (N, B, H)). dpre, if given, is a C-contiguous array
     written in place (rows of a larger per-run buffer: no copy afterwards); disjoint as
-    in treelstm_forward."""
+    in treelstm_forward.
+
+    kid_rows, as in treelstm_forward: c_kids is the state table, and the children's
+    cell gradients are ADDED to the same rows of dc_table (R, H), which is returned in
+    place of dc_kids (None without dc_table). dh and dc may be rows of dc_table that
+    are nobody's child."""
     act = np.asarray(act)
     dt = _real(act.dtype, "treelstm_backward")
-    N = len(c_kids) if c_kids is not None else 0
+    N = len(c_kids) if kid_rows is None and c_kids is not None else getattr(kid_rows, "N", 0)
     act, B, H = _gates(act, N + 4, "treelstm_backward")
-    kids = _kids(c_kids, N, B, H, dt)
+    N, kids, rows_p = _kids_arg(c_kids, kid_rows, B, H, dt, "treelstm_backward")
     dh = _state(dh, dt, (B, H), "dh")
     dc = _state(dc, dt, (B, H), "dc", optional=True)
     if dpre is None:
@@ -636,8 +727,18 @@ def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = Fals
         raise ValueError(f"treelstm_backward: dpre must have shape {(B, (N + 3) * H)}, got {dpre.shape}")
     elif not disjoint:
         _disjoint([dpre], [act, kids, dh, dc], "treelstm_backward")
-    dkids = np.empty((N, B, H), dt)
-    _fn("dg_treelstm_bwd", dt)(_p(act), _p(kids), N, _p(dh), _opt(dc), _p(dpre), _p(dkids), B, H)
+    if kid_rows is None:
+        dkids = np.empty((N, B, H), dt)
+    elif dc_table is None:
+        dkids = None
+    else:
+        dkids = _kid_table(dc_table, kid_rows, dt, H, B, "treelstm_backward dc_table", out=True)
+        if not disjoint:
+            _disjoint([dkids], [act, kids, dpre], "treelstm_backward")
+            for g in (dh, dc):
+                if g is not None:
+                    _not_a_kid_row(g, dkids, kid_rows, "treelstm_backward")
+    _fn("dg_treelstm_bwd", dt)(_p(act), _p(kids), rows_p, N, _p(dh), _opt(dc), _p(dpre), _opt(dkids), B, H)
     return dpre, dkids
 
 
@@ -701,9 +802,10 @@ def adam_update(w: np.ndarray, g, m: np.ndarray, v: np.ndarray, beta1: float, be
 # What the measurements say (2-core AVX-512 machine, numpy 2.4, float32): numpy's
 # ufuncs cost ~0.5-1 us a call and run AVX-512 loops, so a single-pass C kernel
 # (tanh, exp, add, cmult forward) never wins; a kernel wins where it fuses several
-# numpy passes (softmax family, unary backward, shared-operand gradients, row sums)
-# on enough elements to amortise the ~2 us cffi call, or where numpy needs one call
-# per source block or an unbuffered add.at (the row movers).
+# numpy passes (float32 logistic, which numpy computes as 0.5 tanh(x/2) + 0.5; the
+# softmax family, unary backward, shared-operand gradients, row sums) on enough
+# elements to amortise the ~2 us cffi call, or where numpy needs one call per source
+# block or an unbuffered add.at (the row movers).
 def _is_real(*arrs) -> bool:
     dt = arrs[0].dtype if type(arrs[0]) is np.ndarray else None
     return dt in _BUF and all(type(a) is np.ndarray and a.dtype == dt for a in arrs)
@@ -716,8 +818,10 @@ def _exp_worth(x: np.ndarray, n: int) -> bool:
     return n < 1000 if x.dtype == F32 else x.size <= 1024
 
 
-# Minimum batch elements for the C path, from the benchmark table.
-UNARY_FWD_MIN = {"rectify": 8192}
+# Minimum batch elements for the C path, from the benchmark table. The logistic wins in
+# float32 only (float64 calls libm's tanh per element: 5-8x slower than numpy).
+UNARY_FWD_MIN = {"rectify": 8192, "logistic": 1024}
+UNARY_FWD_F32_ONLY = {"logistic"}
 UNARY_BWD_MIN = {"tanh": 16384, "logistic": 16384, "rectify": 16384}
 CMULT_SHARED_BWD_MIN = 16384
 ROW_SUMS_MIN = 4096
@@ -726,9 +830,10 @@ SOFTMAX_BWD_MIN = 1024
 
 def _unary_forward(name: str, min_size: int):
     op, code = OPS[name], UNARY[name]
+    f32_only = name in UNARY_FWD_F32_ONLY
 
     def forward(xp, a, data, x):
-        if not _is_real(x) or x.size < min_size:
+        if not _is_real(x) or x.size < min_size or f32_only and x.dtype != F32:
             return op.forward(xp, a, data, x)
         x = _in(x, x.dtype)
         y = np.empty_like(x)

@@ -142,6 +142,80 @@ def test_treelstm_outputs_in_place_are_checked():
         cpu.treelstm_backward(act, kids, np.zeros((3, 4)), dpre=np.zeros((3, 15)), disjoint=True)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("N", [1, 2, 3])
+@pytest.mark.parametrize("B", [1, 4, 0])
+def test_treelstm_children_read_from_a_state_table(dt, N, B):
+    """kid_rows: the children are rows of a state table, read in place; the backward adds
+    their cell gradients into those rows of a gradient table (repeated rows too), which
+    is the dense kernel plus np.add.at. The outputs may be other rows of the same table."""
+    rng = np.random.default_rng(11)
+    H, R = 5, 9
+    table = rng.standard_normal((R, H)).astype(dt)
+    rows = rng.integers(0, 4, (N, B))  # rows 0..3: children; rows 4.. are written
+    if B > 1:
+        rows[0, 1] = rows[0, 0]  # a repeated child
+    kr = cpu.KidRows(rows, R)
+    pre = rng.standard_normal((B, (N + 3) * H)).astype(dt)
+    bias = rng.standard_normal((N + 3) * H).astype(dt)
+    h0, c0, a0 = cpu.treelstm_forward(pre, table[rows], bias=bias)
+    act = np.empty_like(a0)
+    h, c, _ = cpu.treelstm_forward(pre, table, bias=bias, kid_rows=kr,
+                                   out=(table[4:4 + B], table[4 + B:4 + 2 * B] if B < 3 else None, act))
+    np.testing.assert_array_equal(h, h0)
+    np.testing.assert_array_equal(c, c0)
+    np.testing.assert_array_equal(act, a0)
+    gtable = rng.standard_normal((R, H)).astype(dt)
+    dh, dc = gtable[5:5 + B].copy(), rng.standard_normal((B, H)).astype(dt)
+    dpre0, dk0 = cpu.treelstm_backward(a0, table[rows], dh, dc)
+    want = gtable.copy()
+    np.add.at(want, rows.reshape(-1), dk0.reshape(-1, H))
+    dpre, got = cpu.treelstm_backward(a0, table, gtable[5:5 + B], dc, kid_rows=kr, dc_table=gtable)
+    assert got is gtable
+    np.testing.assert_array_equal(dpre, dpre0)
+    close(gtable, want, dt)
+    dpre2, none = cpu.treelstm_backward(a0, table, dh, dc, kid_rows=kr)  # no cell gradients wanted
+    assert none is None
+    np.testing.assert_array_equal(dpre2, dpre0)
+
+
+def test_treelstm_kid_rows_are_checked():
+    table, pre = np.zeros((4, 3)), np.zeros((2, 15))  # N = 2, H = 3
+    with pytest.raises(IndexError, match="out of range"):
+        cpu.KidRows([[0, 4], [1, 2]], 4)
+    with pytest.raises(IndexError, match="out of range"):
+        cpu.KidRows([[0, -1], [1, 2]], 4)
+    with pytest.raises(ValueError, match="N, B"):
+        cpu.KidRows([0, 1], 4)
+    kr = cpu.KidRows(np.array([[0, 1], [1, 3]]), 4)
+    assert not kr.rows.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        kr.rows[0, 0] = 100
+    with pytest.raises(ValueError, match=">= 4 rows"):
+        cpu.treelstm_forward(pre, np.zeros((3, 3)), kid_rows=kr)  # a table shorter than the check
+    with pytest.raises(ValueError, match="rows of 3"):
+        cpu.treelstm_forward(pre, np.zeros((4, 4)), kid_rows=kr)
+    with pytest.raises(ValueError, match="batch rows"):
+        cpu.treelstm_forward(np.zeros((3, 15)), table, kid_rows=kr)
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu.treelstm_forward(pre, np.zeros((4, 6))[:, ::2], kid_rows=kr)
+    with pytest.raises(TypeError, match="KidRows"):
+        cpu.treelstm_forward(pre, table, kid_rows=np.array([[0, 1], [1, 3]]))
+    with pytest.raises(ValueError, match="child's row"):  # c written over a child it reads
+        cpu.treelstm_forward(pre, table, kid_rows=kr, out=(None, table[2:4], None))
+    cpu.treelstm_forward(pre, table, kid_rows=kr, out=(None, table[2:4], None), disjoint=True)  # caller's word
+    _, _, act = cpu.treelstm_forward(pre, table, kid_rows=kr)
+    with pytest.raises(ValueError, match="overlaps"):  # the gradients added into the values read
+        cpu.treelstm_backward(act, table, np.zeros((2, 3)), kid_rows=kr, dc_table=table)
+    gtable = np.zeros((4, 3))
+    with pytest.raises(ValueError, match="child's row"):  # dh read from rows the adds change
+        cpu.treelstm_backward(act, table, gtable[0:2], kid_rows=kr, dc_table=gtable)
+    with pytest.raises(ValueError, match="writeable"):
+        ro = np.zeros((4, 3))
+        ro.flags.writeable = False
+        cpu.treelstm_backward(act, table, np.zeros((2, 3)), kid_rows=kr, dc_table=ro)
+
+
 def test_cavs_checks_its_buffers_apart_once_a_pass():
     from dynagraph.cavs import _apart
     big = np.zeros((6, 8))

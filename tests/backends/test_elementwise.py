@@ -167,3 +167,18 @@ def test_installed_adapters_keep_small_batches_on_numpy(monkeypatch):
     fwd["rectify"](np, (), None, x)
     bwd["tanh"](np, (), None, (x,), x, x, (True,))
     assert calls == []
+
+
+def test_installed_logistic_forward_is_float32_only(monkeypatch):
+    """The float32 logistic kernel beats numpy's three passes; float64 (libm per element)
+    does not, so a float64 batch stays on numpy however large."""
+    fwd, _ = cpu.installed_kernels()
+    calls = []
+    real = cpu._fn
+    monkeypatch.setattr(cpu, "_fn", lambda *a: calls.append(a) or real(*a))
+    x = np.linspace(-8, 8, 64 * 64).reshape(64, 64)
+    np.testing.assert_allclose(fwd["logistic"](np, (), None, x.astype(np.float32)),
+                               OPS["logistic"].forward(np, (), None, x), rtol=2e-6, atol=1e-7)
+    assert [name for name, _ in calls] == ["dg_unary_fwd"]
+    fwd["logistic"](np, (), None, x)
+    assert len(calls) == 1
