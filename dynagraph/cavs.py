@@ -50,10 +50,10 @@ chains run op by op.
 
 Task kernel: where a recursive part is exactly pre = b + sum_k W_k x_k over gathered
 states, then that fused cell (a TreeLSTM node), each task runs as: one take of the
-x's, one GEMM against the W's side by side, one take of the children's cells in the
-kernel's layout, the cell; backward: the cell, one GEMM for the x gradients, one
-scatter-add per state symbol, and the weight gradients of all tasks as one GEMM at
-the end (`_CellRec`). A leaf function's hoisted part (the same cell on W pull()) runs
+x's, one GEMM against the W's side by side, the cell, which reads the children's cells
+in place from the state (cpu.KidRows); backward: the cell, which adds the children's
+cell gradients into their rows, one GEMM for the x gradients, one scatter-add of them,
+and the weight gradients of all tasks as one GEMM at the end (`_CellRec`). A leaf function's hoisted part (the same cell on W pull()) runs
 the same way. The state is one buffer per symbol, so each take is contiguous.
 """
 from __future__ import annotations
@@ -816,11 +816,12 @@ def _fuse(T: ComputationGraph, roots: list) -> tuple[ComputationGraph, dict, int
 class _CellRec:
     """The recursive part of an N-ary TreeLSTM vertex as one task kernel:
     pre = b + sum_k W_k x_k over gathered states x_k (all of one state symbol), then the
-    fused cell over gathered cells c_1..c_N, scattering h and/or c.
+    fused cell over the children's cells c_1..c_N, scattering h and/or c.
 
     Per task: ONE take of the x's into a (M, n*D) block, ONE GEMM against [W_1 .. W_n]
-    (the weights side by side, built once per pass), the compiled cell, and in backward
-    ONE GEMM for the x gradients and one scatter-add per state symbol. The weight
+    (the weights side by side, built once per pass), the compiled cell reading the c_k
+    in place from the state, and in backward the cell (adding the c_k's gradients into
+    their rows), ONE GEMM for the x gradients and one scatter-add of them. The weight
     gradients of all tasks are one GEMM at the end (the tasks' rows are contiguous in
     per-function buffers, so nothing is copied together). Same maths as the op steps;
     only the summation order inside the products differs (rounding level)."""
@@ -1272,7 +1273,7 @@ class _Run:
                 continue
             if cells[f] is not None:
                 ctx["rec"][t] = self._cell_forward(xp, cells[f], t, ctx)
-                nk += 5  # take, GEMM, take, cell, the scatter
+                nk += 4  # take, GEMM, cell, the scatter
             else:
                 ctx["rec"][t] = self._task_forward(be, t, leafv, ctx)
                 nk += c.rec.n_kernels + 1 + len(c.gsyms)
@@ -1432,7 +1433,7 @@ class _Run:
                 continue
             if cells[f] is not None:
                 self._cell_backward(xp, cells[f], t, gS, gLZ, ctx, dP[f], sums[f])
-                nk += 4 + (dP[f] is None)
+                nk += 3 + (dP[f] is None)  # cell, GEMM, scatter-add (+ the dW GEMM)
             else:
                 nk += self._task_backward(be, t, gS, gLZ, gXH, acc, need, ctx, deferred)
         for f, cl in enumerate(cells):
@@ -1791,8 +1792,8 @@ def _kernel_estimate(comps: list, sched: _Schedule) -> int:
             n += sum(p.n_kernels + 1 for p in (c.hoist, c.lazy) if p is not None)
     for f, *_ in sched.tasks:
         c = comps[f]
-        if c.cell is not None and CELL_TASKS:  # take, GEMM, take, cell, the scatter
-            n += 5
+        if c.cell is not None and CELL_TASKS:  # take, GEMM, cell, the scatter
+            n += 4
         elif c.rec is not None:
             n += c.rec.n_kernels + 1 + len(c.gsyms)  # + the scatter, one gather per state symbol
     return max(1, n)
