@@ -53,8 +53,10 @@ states, then that fused cell (a TreeLSTM node), each task runs as: one take of t
 x's, one GEMM against the W's side by side, the cell, which reads the children's cells
 in place from the state (cpu.KidRows); backward: the cell, which adds the children's
 cell gradients into their rows, one GEMM for the x gradients, one scatter-add of them,
-and the weight gradients of all tasks as one GEMM at the end (`_CellRec`). A leaf function's hoisted part (the same cell on W pull()) runs
-the same way. The state is one buffer per symbol, so each take is contiguous.
+and the weight gradients of all tasks as one GEMM at the end (`_CellRec`). The cell
+calls of a pass go through one cpu.TreeCellPlan, which checks the pass's buffers once.
+A leaf function's hoisted part (the same cell on W pull()) runs the same way. The state
+is one buffer per symbol, so each take is contiguous.
 """
 from __future__ import annotations
 
@@ -1164,6 +1166,7 @@ class _Run:
         self.kid_rows: list = [None] * len(self.sched.tasks)
         self.cell_rows: list = [None] * len(self.sched.tasks)
         self.cell_kids: list = [None] * len(self.sched.tasks)
+        self.cell_xrows: list = [None] * len(self.sched.tasks)
         for t, (f, s0, e0, l0, cr) in enumerate(self.sched.tasks):
             c = self.comps[f]
             cl = self.cell[f]
@@ -1209,8 +1212,9 @@ class _Run:
             s0 = np.repeat([self.sched.tasks[u][1] for u in ts], [b.size for b in blocks])
             if not ((rows < s0) | (rows == N)).all():
                 raise AssertionError("dy.cavs: a task's child is not an earlier task's row")
-            for u, k in zip(ts, cpu.KidRows.many(blocks, N + 1)):
-                self.cell_kids[u] = k
+            checked = cpu.KidRows.many(blocks + [self.cell_rows[u][0] for u in ts], N + 1)
+            for i, u in enumerate(ts):  # the cells' rows, and the x's (their gradients' rows)
+                self.cell_kids[u], self.cell_xrows[u] = checked[i], checked[len(ts) + i]
             kr = self.cell_kids[t]
         return kr
 
@@ -1264,9 +1268,8 @@ class _Run:
             ctx["ACT"].append(ctx.empty("ACT", (nv, cl.G + cl.H), dt) if cl is not None else None)
             ctx["PRE"].append(ctx.empty("PRE", sch.widest[f] * cl.G, dt) if cl is not None else None)
             ctx["W"].append(cl.weights(xp, self._leafvals(c.rec, leafv)) if cl is not None else None)
-        ctx["disjoint"] = [cl is not None and _apart([*S, ctx["LZ"][f], ctx["ACT"][f]],
-                                                     [ctx["PRE"][f], *ctx["W"][f][:2]])
-                           for f, cl in enumerate(cells)]
+        # each cell function's buffers checked once a pass: a task then checks only its rows
+        ctx["plan"] = [self._cell_plan(cl, f, ctx) for f, cl in enumerate(cells)]
         for t, (f, s0, e0, l0, cr) in enumerate(sch.tasks):
             c = self.comps[f]
             if c.rec is None:
@@ -1360,8 +1363,34 @@ class _Run:
         pre = xp.matmul(X, WT, out=self._scratch(ctx, f, M, cl.G))
         act = ctx["ACT"][f][l0:l0 + M]
         kr = self._kids_of(t)  # the children's cells: read in place from the state
-        self._cell_run(cl, pre, ctx["S"][cl.jc], b, act, self._dests(f, t, ctx), ctx["disjoint"][f], kr)
+        plan = ctx["plan"][f]
+        if plan is None:
+            self._cell_run(cl, pre, ctx["S"][cl.jc], b, act, self._dests(f, t, ctx), False, kr)
+            return X, kr, act
+        first: dict = {}  # h and c go to the first destination of each: (table, row, column)
+        for kind, (k, a, _, j) in zip(cl.outs, self.comps[f].rec_out):
+            first.setdefault(kind, (j, s0, 0) if k == "s" else (len(ctx["S"]), l0, a))
+        plan.forward(l0, M, kr, first["h"], first["c"])  # pre is at the scratch's start
+        if len(cl.outs) > len(first):  # a further destination of h or c gets a copy
+            seen: dict = {}
+            for kind, dst in zip(cl.outs, self._dests(f, t, ctx)):
+                if kind in seen:
+                    dst[...] = seen[kind]
+                else:
+                    seen[kind] = dst
         return X, kr, act
+
+    def _cell_plan(self, cl: "_CellRec | None", f: int, ctx: dict):
+        """A cpu.TreeCellPlan over f's buffers for this pass's tasks, or None (no cell, or
+        an output that the plan cannot address: the tasks then go through _cell_run)."""
+        if cl is None or not {"h", "c"} <= set(cl.outs):
+            return None
+        from .backends import cpu
+        lz = ctx["LZ"][f]
+        if lz is not None and not (lz.flags.c_contiguous and lz.flags.writeable):
+            return None
+        return cpu.TreeCellPlan(cl.n, cl.H, ctx["PRE"][f], ctx["W"][f][0], ctx["S"][cl.jc], ctx["ACT"][f],
+                                [*ctx["S"]] + ([lz] if lz is not None else []))
 
     @staticmethod
     def _scratch(ctx: dict, f: int, M: int, width: int):
@@ -1421,12 +1450,8 @@ class _Run:
               for f, cl in enumerate(cells)]
         sums: list = [[None, None] for _ in cells]
         ctx["need"] = need
-        # the cell backward writes dP's rows (or a fresh dpre) and adds into gS, reading act,
-        # the state and the gradients in gS / gLZ (or fresh sums of them): checked once
-        # here, not per task
-        ctx["dP_apart"] = [cl is not None and _apart(gS, [ctx["ACT"][f], *ctx["S"]]) and
-                           (dP[f] is None or _apart([dP[f]], [ctx["ACT"][f], *ctx["S"], *gS, gLZ[f]]))
-                           for f, cl in enumerate(cells)]
+        # each cell function's backward buffers checked once a pass, not per task
+        ctx["bplan"] = [self._cell_bplan(cl, f, ctx, dP[f], gS, gLZ[f]) for f, cl in enumerate(cells)]
         for t in range(len(sch.tasks) - 1, -1, -1):
             f = sch.tasks[t][0]
             if ctx["rec"][t] is None:
@@ -1499,10 +1524,18 @@ class _Run:
             dh = xp.zeros((M, cl.H), dtype=act.dtype)
         # into dP's rows when the weight gradient is one GEMM at the end: no copy; the
         # children's cell gradients are added straight into their rows of gS
-        dpre, _ = cpu.treelstm_backward(act, ctx["S"][cl.jc], dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
-                                        disjoint=ctx["dP_apart"][f], kid_rows=kids, dc_table=gS[cl.jc])
-        gx = xp.matmul(dpre, ctx["W"][f][1], out=self._scratch(ctx, f, M, cl.n * cl.D))
-        cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
+        plan = ctx["bplan"][f]
+        if plan is not None:
+            dpre = plan.backward(l0, M, kids, dh, dc)
+        else:
+            dpre, _ = cpu.treelstm_backward(act, ctx["S"][cl.jc], dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
+                                            kid_rows=kids, dc_table=gS[cl.jc])
+        scratch = self._scratch(ctx, f, M, cl.n * cl.D)
+        gx = xp.matmul(dpre, ctx["W"][f][1], out=scratch)
+        if scratch is not None and plan is not None and plan.gx is not None:
+            plan.add_inputs_grad(self.cell_xrows[t])  # gx is at the scratch's start
+        else:
+            cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
         if dP is not None:
             return
         if sums[0] is not None or sums[1] is not None:  # [dW, db] of the tasks so far
@@ -1512,6 +1545,17 @@ class _Run:
         else:
             sums[0] = dpre.T @ X if self._cell_need_w(cl, f, ctx["need"]) else None
             sums[1] = dpre.sum(axis=0)
+
+    @staticmethod
+    def _cell_bplan(cl: "_CellRec | None", f: int, ctx: dict, dP, gS: list, gLZ):
+        """A cpu.TreeCellPlan for f's cell backward this pass, or None. It writes dP's rows
+        (or fresh arrays) and adds into gS, reading act, the state and the gradients in
+        gS / gLZ (or fresh sums of them): dP apart from those, checked once here."""
+        if cl is None or dP is not None and not _apart([dP], [*gS, gLZ]):
+            return None
+        from .backends import cpu
+        return cpu.TreeCellPlan(cl.n, cl.H, ctx["PRE"][f], None, ctx["S"][cl.jc], ctx["ACT"][f], [], dpre=dP,
+                                gkids=gS[cl.jc], gx=gS[cl.jh] if cl.jh != cl.jc else None)
 
     def _cell_need_w(self, cl: _CellRec, f: int, need: tuple) -> bool:
         pos = self.leaf_pos[id(self.comps[f].rec)]

@@ -742,6 +742,122 @@ def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = Fals
     return dpre, dkids
 
 
+class TreeCellPlan:
+    """Many TreeLSTM cell calls over the same buffers (a dy.cavs pass: a task per tree
+    level): the buffers are checked once here, and each call checks only its integer
+    row ranges before the kernel runs, where treelstm_forward/backward check every
+    array again (about 10 µs a call inside a dy.cavs step, bench/README.md).
+
+    pre    1-D C-contiguous scratch; a call's (M, (N+3)H) pre-activations at its start
+    bias   ((N+3)H,) or None
+    kids   (R, H) state table that the calls' KidRows index (bound <= R)
+    act    (V, (N+4)H); a call owns rows [l0, l0 + M)
+    outs   2-D C-contiguous tables h and c rows are written into, named per call as
+           (table index, first row, first column)
+    dpre   (V, (N+3)H) written by backward, rows [l0, l0 + M) (None: a fresh array a call)
+    gkids  (R, H) table the children's cell gradients are added into (None: not wanted)
+    gx     (R', D) table add_inputs_grad adds the rows at the scratch's start into
+
+    Written buffers share no memory with the buffers they are computed from (checked
+    here), except that an output table may be the kids table: a call's children must
+    then not be rows it writes, and a backward's dh and dc must not be rows of dpre or
+    children's rows of gkids. dy.cavs checks both once a run (children are earlier
+    rows) and once a pass (its gradient buffers apart)."""
+
+    __slots__ = ("N", "H", "G", "A", "dt", "V", "R", "pre_size", "keep", "p_pre", "p_bias", "p_kids", "p_act",
+                 "outs", "p_outs", "dpre", "p_dpre", "p_gkids", "gx", "p_gx", "fwd", "bwd", "add")
+
+    def __init__(self, N: int, H: int, pre, bias, kids, act, outs: Sequence, dpre=None, gkids=None, gx=None):
+        dt = _real(act.dtype, "TreeCellPlan")
+        G, A = (N + 3) * H, (N + 4) * H
+        what = "TreeCellPlan"
+        pre, act = _out(pre, dt, f"{what} pre"), _out(act, dt, f"{what} act")
+        if pre.ndim != 1 or act.ndim != 2 or act.shape[1] != A:
+            raise ValueError(f"{what}: pre must be 1-D and act (V, {A}), got {pre.shape} and {act.shape}")
+        kids = _out(kids, dt, f"{what} kids")
+        if kids.ndim != 2 or kids.shape[1] != H:
+            raise ValueError(f"{what}: kids must be an (R, {H}) table, got {kids.shape}")
+        if bias is not None:
+            bias = _in(bias, dt)
+            if bias.size != G:
+                raise ValueError(f"{what}: bias must have {G} values, got shape {bias.shape}")
+        outs = [_out(o, dt, f"{what} output table") for o in outs]
+        if any(o.ndim != 2 for o in outs):
+            raise ValueError(f"{what}: output tables must be 2-D")
+        if dpre is not None and (_out(dpre, dt, f"{what} dpre").shape != (act.shape[0], G)):
+            raise ValueError(f"{what}: dpre must be {(act.shape[0], G)}, got {dpre.shape}")
+        if gkids is not None and _out(gkids, dt, f"{what} gkids").shape != kids.shape:
+            raise ValueError(f"{what}: gkids must be {kids.shape}, got {gkids.shape}")
+        _disjoint([act, *[o for o in outs if o is not kids]], [pre, bias, kids], what)
+        if gx is not None and _out(gx, dt, f"{what} gx").ndim != 2:
+            raise ValueError(f"{what}: gx must be a 2-D table, got {gx.shape}")
+        _disjoint([g for g in (dpre, gkids, gx) if g is not None], [pre, act, kids, *outs], what)
+        self.N, self.H, self.G, self.A, self.dt = N, H, G, A, dt
+        self.V, self.R, self.pre_size = act.shape[0], kids.shape[0], pre.size
+        self.keep = (pre, bias, kids, act, gkids)  # the pointers below point into these
+        self.p_pre, self.p_bias, self.p_kids, self.p_act = _p(pre), _opt(bias), _p(kids), _p(act)
+        self.outs, self.p_outs = outs, [_p(o) for o in outs]
+        self.dpre, self.p_dpre = dpre, _opt(dpre)
+        self.p_gkids = _opt(gkids)
+        self.gx, self.p_gx = gx, _opt(gx)
+        self.fwd, self.bwd, self.add = _fn("dg_treelstm_fwd", dt), _fn("dg_treelstm_bwd", dt), _fn("dg_add_rows", dt)
+
+    def _rows(self, l0: int, M: int, kr: KidRows) -> None:
+        if not (type(kr) is KidRows and kr.N == self.N and kr.B == M and kr.bound <= self.R):
+            raise ValueError(f"TreeCellPlan: children must be a KidRows of {self.N} x {M} rows below {self.R}")
+        if not (0 <= l0 and l0 + M <= self.V and M * self.G <= self.pre_size):
+            raise ValueError(f"TreeCellPlan: rows {l0}..{l0 + M} beyond act's {self.V} or pre's {self.pre_size}")
+
+    def _at(self, at: tuple, M: int) -> tuple:
+        """(pointer, row stride) of rows [r0, r0 + M), columns [c0, c0 + H) of output table i."""
+        i, r0, c0 = at
+        o = self.outs[i]
+        rows, ld = o.shape
+        if not (0 <= r0 and r0 + M <= rows and 0 <= c0 and c0 + self.H <= ld):
+            raise ValueError(f"TreeCellPlan: output rows {r0}..{r0 + M}, columns {c0}..{c0 + self.H} beyond "
+                             f"a table of {o.shape}")
+        return self.p_outs[i] + (r0 * ld + c0), ld
+
+    def forward(self, l0: int, M: int, kr: KidRows, h_at: tuple, c_at: tuple) -> None:
+        """Task rows [l0, l0 + M): pre at the scratch's start, children kr; h and c into
+        their tables at h_at and c_at, act into its rows."""
+        self._rows(l0, M, kr)
+        (ph, ldh), (pc, ldc) = self._at(h_at, M), self._at(c_at, M)
+        if h_at[0] == c_at[0] and abs(h_at[1] - c_at[1]) < M and abs(h_at[2] - c_at[2]) < self.H:
+            raise ValueError("TreeCellPlan: h and c overlap")
+        self.fwd(self.p_pre, self.p_bias, self.p_kids, kr.ptr, self.N, pc, ldc, ph, ldh, self.p_act + l0 * self.A,
+                 M, self.H)
+
+    def backward(self, l0: int, M: int, kr: KidRows, dh, dc=None) -> np.ndarray:
+        """The pre-activation gradients of task rows [l0, l0 + M) (dpre's rows, or a fresh
+        array), the children's cell gradients added into gkids."""
+        self._rows(l0, M, kr)
+        dh = _state(dh, self.dt, (M, self.H), "dh")
+        dc = _state(dc, self.dt, (M, self.H), "dc", optional=True)
+        if self.dpre is not None:
+            dpre, p = self.dpre[l0:l0 + M], self.p_dpre + l0 * self.G
+        else:
+            dpre = np.empty((M, self.G), self.dt)
+            p = _p(dpre)
+        self.bwd(self.p_act + l0 * self.A, self.p_kids, kr.ptr, self.N, _p(dh), _opt(dc), p, self.p_gkids, M,
+                 self.H)
+        return dpre
+
+    def add_inputs_grad(self, rows: KidRows) -> None:
+        """gx[rows[i, k]] += row i k of the scratch's start, in that order (repeats add):
+        the x gradients of a task whose x's were rows of one state table."""
+        if self.gx is None:
+            raise ValueError("TreeCellPlan: no gx table")
+        if type(rows) is not KidRows:
+            raise TypeError(f"TreeCellPlan: rows must be a KidRows, got {type(rows).__name__}")
+        R, D = self.gx.shape
+        n = rows.N * rows.B
+        if not (rows.bound <= R and n * D <= self.pre_size):
+            raise ValueError(f"TreeCellPlan: {n} rows of {D} below {R} do not fit the scratch of {self.pre_size}")
+        if n:
+            self.add(self.p_gx, rows.ptr, self.p_pre, D, n, D)
+
+
 # ----------------------------------------------------------------- trainer rules
 def _rule_args(w: np.ndarray, g, states: Sequence[np.ndarray], rows, what: str) -> tuple:
     """Validated (g, row index array or None, nrows, width) for an in-place rule."""

@@ -216,6 +216,98 @@ def test_treelstm_kid_rows_are_checked():
         cpu.treelstm_backward(act, table, np.zeros((2, 3)), kid_rows=kr, dc_table=ro)
 
 
+def _plan_setup(dt, N=2, H=4, R=12, V=9):
+    rng = np.random.default_rng(5)
+    G = (N + 3) * H
+    return dict(N=N, H=H, G=G, rng=rng, pre=np.zeros(V * G, dt), bias=rng.standard_normal(G).astype(dt),
+                hs=np.zeros((R, H), dt), cs=rng.standard_normal((R, H)).astype(dt),
+                act=np.zeros((V, (N + 4) * H), dt), lz=np.zeros((V, 3 * H), dt))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_tree_cell_plan_matches_the_checked_calls(dt):
+    """A TreeCellPlan (buffers checked once, per call only row ranges) computes what
+    treelstm_forward/backward compute with the same children, task after task."""
+    d = _plan_setup(dt)
+    N, H, G, rng = d["N"], d["H"], d["G"], d["rng"]
+    plan = cpu.TreeCellPlan(N, H, d["pre"], d["bias"], d["cs"], d["act"], [d["hs"], d["cs"], d["lz"]])
+    tasks = [(0, 3, 8), (3, 4, 4)]  # (l0, M, first state row written): children are rows below
+    want = []
+    for l0, M, r0 in tasks:
+        kr = cpu.KidRows(rng.integers(0, r0, (N, M)), 12)
+        pre = rng.standard_normal((M, G)).astype(dt)
+        d["pre"][:M * G] = pre.reshape(-1)
+        h0, c0, a0 = cpu.treelstm_forward(pre, d["cs"], bias=d["bias"], kid_rows=kr)
+        plan.forward(l0, M, kr, (2, l0, H), (1, r0, 0))  # h into lz's middle columns, c into the state
+        np.testing.assert_array_equal(d["lz"][l0:l0 + M, H:2 * H], h0)
+        np.testing.assert_array_equal(d["cs"][r0:r0 + M], c0)
+        np.testing.assert_array_equal(d["act"][l0:l0 + M], a0)
+        want.append((l0, M, kr, a0))
+    gcs, dP, ghs = np.zeros_like(d["cs"]), np.zeros((9, G), dt), np.zeros_like(d["hs"])
+    bplan = cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [], dpre=dP, gkids=gcs, gx=ghs)
+    fresh = cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [])
+    gref = np.zeros_like(gcs)
+    for l0, M, kr, a0 in want:
+        dh, dc = rng.standard_normal((M, H)).astype(dt), rng.standard_normal((M, H)).astype(dt)
+        dpre0, _ = cpu.treelstm_backward(a0, d["cs"], dh, dc, kid_rows=kr, dc_table=gref)
+        got = bplan.backward(l0, M, kr, dh, dc)
+        assert got.base is dP
+        np.testing.assert_array_equal(got, dpre0)
+        np.testing.assert_array_equal(fresh.backward(l0, M, kr, dh, dc), dpre0)  # no dpre buffer: a fresh array
+        np.testing.assert_array_equal(gcs, gref)
+    xr = cpu.KidRows([[3, 3], [0, 5]], 12)  # a repeated row
+    vals = rng.standard_normal((4, H)).astype(dt)
+    d["pre"][:4 * H] = vals.reshape(-1)
+    bplan.add_inputs_grad(xr)
+    want_x = np.zeros_like(ghs)
+    np.add.at(want_x, [3, 3, 0, 5], vals)
+    close(ghs, want_x, dt)
+
+
+def test_tree_cell_plan_checks():
+    d = _plan_setup(np.float64)
+    N, H = d["N"], d["H"]
+    plan = cpu.TreeCellPlan(N, H, d["pre"], d["bias"], d["cs"], d["act"], [d["hs"], d["cs"]])
+    kr = cpu.KidRows(np.zeros((N, 3), np.int64), 12)
+    with pytest.raises(ValueError, match="beyond act"):
+        plan.forward(7, 3, kr, (0, 0, 0), (1, 4, 0))
+    with pytest.raises(ValueError, match="KidRows of 2 x 4"):
+        plan.forward(0, 4, kr, (0, 0, 0), (1, 4, 0))
+    with pytest.raises(ValueError, match="KidRows"):
+        plan.forward(0, 3, cpu.KidRows(np.zeros((N, 3), np.int64), 13), (0, 0, 0), (1, 4, 0))  # a longer table
+    with pytest.raises(ValueError, match="output rows"):
+        plan.forward(0, 3, kr, (0, 10, 0), (1, 4, 0))
+    with pytest.raises(ValueError, match="columns"):
+        plan.forward(0, 3, kr, (0, 0, 1), (1, 4, 0))
+    with pytest.raises(ValueError, match="h and c overlap"):
+        plan.forward(0, 3, kr, (1, 4, 0), (1, 5, 0))
+    with pytest.raises(ValueError, match="no gx"):
+        plan.add_inputs_grad(kr)
+    bp = cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [], gx=np.zeros((12, H)))
+    with pytest.raises(TypeError, match="KidRows"):
+        bp.add_inputs_grad(np.zeros((2, 2), np.int64))
+    with pytest.raises(ValueError, match="do not fit"):
+        bp.add_inputs_grad(cpu.KidRows(np.zeros((50, 2), np.int64), 12))  # more rows than the scratch holds
+    with pytest.raises(ValueError, match="dh must have shape"):
+        bp.backward(0, 3, kr, np.zeros((2, H)))
+    # the buffers, once: overlaps, shapes, dtypes, contiguity
+    with pytest.raises(ValueError, match="overlaps"):
+        cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [d["act"][:, :H].copy(), d["pre"].reshape(-1, H)])
+    with pytest.raises(ValueError, match="overlaps"):
+        over = d["act"].reshape(-1)[:9 * d["G"]].reshape(9, -1)  # contiguous, inside act
+        cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [], dpre=over)
+    with pytest.raises(ValueError, match="overlaps"):
+        cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [], gkids=d["cs"])
+    with pytest.raises(ValueError, match="act"):
+        cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"][:, :5], [])
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu.TreeCellPlan(N, H, d["pre"], None, d["cs"], d["act"], [np.zeros((4, 8))[:, ::2]])
+    with pytest.raises(ValueError, match="float64"):
+        cpu.TreeCellPlan(N, H, d["pre"].astype(np.float32), None, d["cs"], d["act"], [])
+    with pytest.raises(ValueError, match="bias"):
+        cpu.TreeCellPlan(N, H, d["pre"], np.zeros(3), d["cs"], d["act"], [])
+
+
 def test_cavs_checks_its_buffers_apart_once_a_pass():
     from dynagraph.cavs import _apart
     big = np.zeros((6, 8))
