@@ -414,10 +414,13 @@ class _Schedule:
         self.local[order] = local_sorted
         kso = km[order]
         child_rows = np.where(kso >= 0, self.rank[np.maximum(kso, 0)], N)  # row N of the state is zeros
+        self.child_rows = child_rows  # (N, arity): row r's children, r in the state's order
         cuts = (np.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist() if N else []
         bounds = [0] + cuts + [N] if N else [0]
         self.tasks = [(int(ts[s0]), s0, e0, int(local_sorted[s0]), child_rows[s0:e0])
                       for s0, e0 in zip(bounds[:-1], bounds[1:])]
+        b = np.asarray(bounds, dtype=np.int64)
+        self.task_start = np.repeat(b[:-1], np.diff(b))  # per state row, its task's first row
         self.depth = int(self.level.max()) + 1 if N else 0
         self.widest = [0] * nf  # per function, its largest task: the size of per-task scratch
         for f, s0, e0, _, _ in self.tasks:
@@ -1159,20 +1162,14 @@ class _Run:
         return frozenset(out)
 
     def _task_rows(self) -> None:
-        """Per task, the state rows its gathers read, in the layout each path takes: once per
-        run, not per pass. kid_rows: (M, used children); cell_rows: the x's (M, n) and the
-        cells, child-major (N, M), as the compiled cell reads them (checked into a
-        cpu.KidRows at the first pass that needs it: cell_kids)."""
+        """Per task, the state rows its gathers read, once per run, not per pass: kid_rows
+        (M, used children). The compiled cell's rows are built by _cell_rows, on the cpu
+        backend only."""
         self.kid_rows: list = [None] * len(self.sched.tasks)
         self.cell_rows: list = [None] * len(self.sched.tasks)
-        self.cell_kids: list = [None] * len(self.sched.tasks)
-        self.cell_xrows: list = [None] * len(self.sched.tasks)
         for t, (f, s0, e0, l0, cr) in enumerate(self.sched.tasks):
             c = self.comps[f]
-            cl = self.cell[f]
-            if cl is not None:
-                self.cell_rows[t] = (np.ascontiguousarray(cr[:, cl.slots_h]), np.ascontiguousarray(cr[:, cl.slots_c].T))
-            if c.used_k:
+            if c.used_k:  # the numpy backend runs cell tasks op by op too
                 self.kid_rows[t] = np.ascontiguousarray(cr[:, c.used_k])
 
     # ---------------------------------------------------------------- helpers
@@ -1197,26 +1194,32 @@ class _Run:
             else:
                 acc[k] += g
 
-    def _kids_of(self, t: int):
-        """Task t's children as a cpu.KidRows into the cell state table (rows 0..N). The
-        cell kernel reads them while it writes rows s0:e0 of that same table, and adds
-        their gradients while it reads rows s0:e0 of the gradient table: a child has a
-        lower height, so it is an earlier task's row (< s0), or row N (none)."""
-        kr = self.cell_kids[t]
-        if kr is None:  # every cell task's at once: one check over all of them
+    def _cell_rows(self, t: int) -> tuple:
+        """Task t's rows for the compiled cell, as cpu.KidRows into the state tables (rows
+        0..N): the x's (M, n) and the children's cells, child-major (N, M). Built for every
+        cell task of the run at once, as windows of two arrays over all state rows, each
+        checked once. The cell kernel reads the children while it writes rows s0:e0 of the
+        same table, and adds their gradients while it reads rows s0:e0 of the gradient
+        table: a child has a lower height, so it is an earlier task's row (< s0), or row N."""
+        got = self.cell_rows[t]
+        if got is None:
             from .backends import cpu
-            ts = [u for u, r in enumerate(self.cell_rows) if r is not None]
-            blocks = [self.cell_rows[u][1] for u in ts]
-            N = self.sched.N
-            rows = np.concatenate([b.reshape(-1) for b in blocks])
-            s0 = np.repeat([self.sched.tasks[u][1] for u in ts], [b.size for b in blocks])
-            if not ((rows < s0) | (rows == N)).all():
-                raise AssertionError("dy.cavs: a task's child is not an earlier task's row")
-            checked = cpu.KidRows.many(blocks + [self.cell_rows[u][0] for u in ts], N + 1)
-            for i, u in enumerate(ts):  # the cells' rows, and the x's (their gradients' rows)
-                self.cell_kids[u], self.cell_xrows[u] = checked[i], checked[len(ts) + i]
-            kr = self.cell_kids[t]
-        return kr
+            sch = self.sched
+            for f, cl in enumerate(self.cell):
+                ts = [u for u, task in enumerate(sch.tasks) if task[0] == f] if cl is not None else []
+                if not ts:
+                    continue
+                xs = sch.child_rows[:, cl.slots_h]  # (rows, n): a task's x's are its rows
+                cs = sch.child_rows[:, cl.slots_c].T  # (N, rows): a task's children are its columns
+                if not ((cs < sch.task_start) | (cs == sch.N)).all():
+                    raise AssertionError("dy.cavs: a task's child is not an earlier task's row")
+                spans = [(sch.tasks[u][1], sch.tasks[u][2]) for u in ts]
+                x_rows = cpu.KidRows.windows(xs, sch.N + 1, spans, axis=0)
+                c_rows = cpu.KidRows.windows(cs, sch.N + 1, spans, axis=1)
+                for u, x, c in zip(ts, x_rows, c_rows):
+                    self.cell_rows[u] = (x, c)
+            got = self.cell_rows[t]
+        return got
 
     @staticmethod
     def _view(buf, spec, r0: int, r1: int, shape):
@@ -1355,14 +1358,14 @@ class _Run:
         written straight into their state or push rows)."""
         f, s0, e0, l0, cr = self.sched.tasks[t]
         M = e0 - s0
-        rows_h = self.cell_rows[t][0]
+        xr, kr = self._cell_rows(t)
         X = ctx["XG"][f][l0:l0 + M]
-        xp.take(ctx["S"][cl.jh], rows_h, axis=0, out=X, mode="clip")  # rows are in range: row N is zeros
+        xp.take(ctx["S"][cl.jh], xr.rows, axis=0, out=X, mode="clip")  # rows are in range: row N is zeros
         X = X.reshape(M, -1)
         b, _, WT = ctx["W"][f]
         pre = xp.matmul(X, WT, out=self._scratch(ctx, f, M, cl.G))
         act = ctx["ACT"][f][l0:l0 + M]
-        kr = self._kids_of(t)  # the children's cells: read in place from the state
+        # the children's cells are read in place from the state (kr)
         plan = ctx["plan"][f]
         if plan is None:
             self._cell_run(cl, pre, ctx["S"][cl.jc], b, act, self._dests(f, t, ctx), False, kr)
@@ -1409,7 +1412,7 @@ class _Run:
             first.setdefault(kind, dst)
         # disjoint: the run's output buffers (states, push rows, act) share no memory with
         # pre or the weights, checked once per pass on the whole buffers (forward), and the
-        # children are rows the outputs do not write (_kids_of)
+        # children are rows the outputs do not write (_cell_rows)
         h, c, _ = cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act),
                                        disjoint=disjoint, kid_rows=kid_rows)
         for kind, dst in zip(cl.outs, dests):
@@ -1533,9 +1536,9 @@ class _Run:
         scratch = self._scratch(ctx, f, M, cl.n * cl.D)
         gx = xp.matmul(dpre, ctx["W"][f][1], out=scratch)
         if scratch is not None and plan is not None and plan.gx is not None:
-            plan.add_inputs_grad(self.cell_xrows[t])  # gx is at the scratch's start
+            plan.add_inputs_grad(self.cell_rows[t][0])  # gx is at the scratch's start
         else:
-            cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
+            cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].rows.reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
         if dP is not None:
             return
         if sums[0] is not None or sums[1] is not None:  # [dW, db] of the tasks so far

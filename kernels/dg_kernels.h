@@ -115,9 +115,9 @@ void dg_pnls_bwd_f64(double *gx, const double *x, int64_t xstride, const int64_t
  * TreeLSTM (N-ary): pre (B, (N+3)H) = [i f_1..f_N o u];  c_kids (N, B, H);
  *        c = logistic(i) tanh(u) + sum_k logistic(f_k) c_k;  h = logistic(o) tanh(c);
  *        act (B, (N+4)H) saves [i f_1..f_N o u tanh(c)] after their nonlinearities.
- *        kid_rows (N, B), if not NULL: child k of row b is row kid_rows[k B + b] of the
- *        table c_kids (rows H apart), and the backward ADDS its gradient to that row of
- *        the table dc_kids (a row may repeat: the adds are sequential). The rows were
+ *        kid_rows, if not NULL: child k of row b is row kid_rows[k ldk + b] of the table
+ *        c_kids (rows H apart; ldk >= B), and the backward ADDS its gradient to that row
+ *        of the table dc_kids (a row may repeat: the adds are sequential). The rows were
  *        checked against both tables' row counts in Python.
  * Backward kernels write every output gradient (dc_prev, dh_prev, dc_kids may be NULL
  * when not needed; dc may be NULL when the cell state has no gradient of its own),
@@ -148,13 +148,13 @@ void dg_gru_gates_bwd_f32(const float *zr, const float *h_prev, const float *dz,
                           float *dpre_zr, float *dh_prev, int64_t B, int64_t H);
 void dg_gru_gates_bwd_f64(const double *zr, const double *h_prev, const double *dz, const double *drh,
                           double *dpre_zr, double *dh_prev, int64_t B, int64_t H);
-void dg_treelstm_fwd_f32(const float *pre, const float *bias, const float *c_kids, const int64_t *kid_rows, int64_t N,
-                         float *c, int64_t ldc, float *h, int64_t ldh, float *act, int64_t B, int64_t H);
-void dg_treelstm_fwd_f64(const double *pre, const double *bias, const double *c_kids, const int64_t *kid_rows, int64_t N,
-                         double *c, int64_t ldc, double *h, int64_t ldh, double *act, int64_t B, int64_t H);
-void dg_treelstm_bwd_f32(const float *act, const float *c_kids, const int64_t *kid_rows, int64_t N,
+void dg_treelstm_fwd_f32(const float *pre, const float *bias, const float *c_kids, const int64_t *kid_rows,
+                         int64_t ldk, int64_t N, float *c, int64_t ldc, float *h, int64_t ldh, float *act, int64_t B, int64_t H);
+void dg_treelstm_fwd_f64(const double *pre, const double *bias, const double *c_kids, const int64_t *kid_rows,
+                         int64_t ldk, int64_t N, double *c, int64_t ldc, double *h, int64_t ldh, double *act, int64_t B, int64_t H);
+void dg_treelstm_bwd_f32(const float *act, const float *c_kids, const int64_t *kid_rows, int64_t ldk, int64_t N,
                          const float *dh, const float *dc, float *dpre, float *dc_kids, int64_t B, int64_t H);
-void dg_treelstm_bwd_f64(const double *act, const double *c_kids, const int64_t *kid_rows, int64_t N,
+void dg_treelstm_bwd_f64(const double *act, const double *c_kids, const int64_t *kid_rows, int64_t ldk, int64_t N,
                          const double *dh, const double *dc, double *dpre, double *dc_kids, int64_t B, int64_t H);
 
 /* ---------------------------------------------------------------- optim.c

@@ -581,45 +581,48 @@ def _disjoint(outs: list, ins: list, what: str) -> None:
 
 
 class KidRows:
-    """The children of a TreeLSTM batch as rows of a state table: rows (N, B), child k of
-    batch row b at rows[k, b]. Checked once here, against `bound` (a table passed with
-    it must have at least that many rows), so a caller that reuses it every pass pays
-    the check once. A private read-only copy: nobody can change a checked index."""
+    """The children of a TreeLSTM batch as rows of a state table: child k of batch row b
+    is row rows[k, b]. Checked once, against `bound` (a table passed with it must have at
+    least that many rows), so a caller that reuses it every pass pays the check once. The
+    rows are a read-only private copy: nobody can change a checked index. ld: the
+    elements from one child's rows to the next's (B, or more for a window of a wider
+    array, see windows)."""
 
-    __slots__ = ("rows", "bound", "N", "B", "ptr")
+    __slots__ = ("rows", "bound", "N", "B", "ld", "ptr")
 
     def __init__(self, rows, bound: int):
-        (self.rows, self.bound, self.N, self.B, self.ptr), = self._checked([rows], bound)
+        r = self._checked(rows, bound)
+        self.rows, self.bound, (self.N, self.B), self.ld = r, int(bound), r.shape, r.shape[1]
+        self.ptr = ffi.from_buffer("int64_t[]", r)
 
     @classmethod
-    def many(cls, blocks: Sequence, bound: int) -> list:
-        """One KidRows per (N, B) block, checked in one pass over all of them (views of
-        one private copy): what a caller with many small blocks a pass wants."""
+    def windows(cls, rows, bound: int, spans: Sequence, axis: int) -> list:
+        """One KidRows per span [s, e) of a 2-D array checked once: its columns s..e-1
+        (axis=1: N = the array's rows, B = e - s) or its rows (axis=0: N = e - s, B = its
+        columns). What a caller with many small batches a pass (dy.cavs's tasks) wants."""
+        r = cls._checked(rows, bound)
+        base, (n0, n1) = ffi.from_buffer("int64_t[]", r), r.shape
         out = []
-        for fields in cls._checked(blocks, bound):
+        for s, e in spans:
+            if not 0 <= s <= e <= r.shape[axis]:
+                raise ValueError(f"KidRows.windows: span {s}..{e} beyond {r.shape[axis]}")
             k = cls.__new__(cls)
-            k.rows, k.bound, k.N, k.B, k.ptr = fields
+            k.rows, k.bound = (r[:, s:e] if axis else r[s:e]), int(bound)
+            k.N, k.B, k.ld = (n0, e - s, n1) if axis else (e - s, n1, n1)
+            k.ptr = base + (s if axis else s * n1)
             out.append(k)
         return out
 
     @staticmethod
-    def _checked(blocks: Sequence, bound: int) -> list:
-        arrs = [np.asarray(b) for b in blocks]
-        for a in arrs:
-            if a.ndim != 2:
-                raise ValueError(f"KidRows: rows must be (N, B), got shape {a.shape}")
-        flat = np.concatenate([a.reshape(-1) for a in arrs]).astype(np.int64, copy=False) if arrs else \
-            np.zeros(0, np.int64)
-        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= bound):
-            bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
+    def _checked(rows, bound: int) -> np.ndarray:
+        r = np.array(rows, dtype=np.int64, order="C", copy=True)
+        if r.ndim != 2:
+            raise ValueError(f"KidRows: rows must be (N, B), got shape {r.shape}")
+        if r.size and (int(r.min()) < 0 or int(r.max()) >= bound):
+            bad = int(r.min()) if r.min() < 0 else int(r.max())
             raise IndexError(f"KidRows: row {bad} out of range [0, {bound})")
-        flat.flags.writeable = False  # concatenate made it ours: nobody else can change it
-        fields, at = [], 0
-        for a in arrs:
-            r = flat[at:at + a.size].reshape(a.shape)
-            at += a.size
-            fields.append((r, int(bound), a.shape[0], a.shape[1], ffi.from_buffer("int64_t[]", r)))
-        return fields
+        r.flags.writeable = False
+        return r
 
 
 def _kid_table(table, rows: KidRows, dt, H: int, B: int, what: str, out: bool = False) -> np.ndarray:
@@ -636,13 +639,14 @@ def _kid_table(table, rows: KidRows, dt, H: int, B: int, what: str, out: bool = 
 
 
 def _kids_arg(c_kids, kid_rows, B: int, H: int, dt, what: str, grad: bool = False) -> tuple:
-    """(N, kids array, row pointer or NULL): dense (N, B, H) kids, or a table and KidRows."""
+    """(N, kids array, row pointer or NULL, its row stride): dense (N, B, H) kids, or a
+    table and KidRows."""
     if kid_rows is None:
         N = len(c_kids) if c_kids is not None else 0
-        return N, _kids(c_kids, N, B, H, dt), ffi.NULL
+        return N, _kids(c_kids, N, B, H, dt), ffi.NULL, 0
     if type(kid_rows) is not KidRows:
         raise TypeError(f"{what}: kid_rows must be a cpu.KidRows, got {type(kid_rows).__name__}")
-    return kid_rows.N, _kid_table(c_kids, kid_rows, dt, H, B, f"{what} c_kids"), kid_rows.ptr
+    return kid_rows.N, _kid_table(c_kids, kid_rows, dt, H, B, f"{what} c_kids"), kid_rows.ptr, kid_rows.ld
 
 
 def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint: bool = False,
@@ -663,7 +667,7 @@ def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint:
     dt = _real(pre.dtype, "treelstm_forward")
     N = len(c_kids) if kid_rows is None and c_kids is not None else getattr(kid_rows, "N", 0)
     pre, B, H = _gates(pre, N + 3, "treelstm_forward")
-    N, kids, rows_p = _kids_arg(c_kids, kid_rows, B, H, dt, "treelstm_forward")
+    N, kids, rows_p, ldk = _kids_arg(c_kids, kid_rows, B, H, dt, "treelstm_forward")
     if bias is not None:
         bias = _in(bias, dt)
         if bias.shape not in (((N + 3) * H,), (1, (N + 3) * H)):
@@ -681,8 +685,8 @@ def treelstm_forward(pre, c_kids, bias=None, out: tuple | None = None, disjoint:
             _disjoint([act], [kids], "treelstm_forward")
             for o in (h, c):
                 _not_a_kid_row(o, kids, kid_rows, "treelstm_forward")
-    _fn("dg_treelstm_fwd", dt)(_p(pre), _opt(bias), _p(kids), rows_p, N, _rows_p(c), ldc, _rows_p(h), ldh, _p(act),
-                               B, H)
+    _fn("dg_treelstm_fwd", dt)(_p(pre), _opt(bias), _p(kids), rows_p, ldk, N, _rows_p(c), ldc, _rows_p(h), ldh,
+                               _p(act), B, H)
     return h, c, act
 
 
@@ -718,7 +722,7 @@ def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = Fals
     dt = _real(act.dtype, "treelstm_backward")
     N = len(c_kids) if kid_rows is None and c_kids is not None else getattr(kid_rows, "N", 0)
     act, B, H = _gates(act, N + 4, "treelstm_backward")
-    N, kids, rows_p = _kids_arg(c_kids, kid_rows, B, H, dt, "treelstm_backward")
+    N, kids, rows_p, ldk = _kids_arg(c_kids, kid_rows, B, H, dt, "treelstm_backward")
     dh = _state(dh, dt, (B, H), "dh")
     dc = _state(dc, dt, (B, H), "dc", optional=True)
     if dpre is None:
@@ -738,7 +742,7 @@ def treelstm_backward(act, c_kids, dh, dc=None, dpre=None, disjoint: bool = Fals
             for g in (dh, dc):
                 if g is not None:
                     _not_a_kid_row(g, dkids, kid_rows, "treelstm_backward")
-    _fn("dg_treelstm_bwd", dt)(_p(act), _p(kids), rows_p, N, _p(dh), _opt(dc), _p(dpre), _opt(dkids), B, H)
+    _fn("dg_treelstm_bwd", dt)(_p(act), _p(kids), rows_p, ldk, N, _p(dh), _opt(dc), _p(dpre), _opt(dkids), B, H)
     return dpre, dkids
 
 
@@ -825,8 +829,8 @@ class TreeCellPlan:
         (ph, ldh), (pc, ldc) = self._at(h_at, M), self._at(c_at, M)
         if h_at[0] == c_at[0] and abs(h_at[1] - c_at[1]) < M and abs(h_at[2] - c_at[2]) < self.H:
             raise ValueError("TreeCellPlan: h and c overlap")
-        self.fwd(self.p_pre, self.p_bias, self.p_kids, kr.ptr, self.N, pc, ldc, ph, ldh, self.p_act + l0 * self.A,
-                 M, self.H)
+        self.fwd(self.p_pre, self.p_bias, self.p_kids, kr.ptr, kr.ld, self.N, pc, ldc, ph, ldh,
+                 self.p_act + l0 * self.A, M, self.H)
 
     def backward(self, l0: int, M: int, kr: KidRows, dh, dc=None) -> np.ndarray:
         """The pre-activation gradients of task rows [l0, l0 + M) (dpre's rows, or a fresh
@@ -839,7 +843,7 @@ class TreeCellPlan:
         else:
             dpre = np.empty((M, self.G), self.dt)
             p = _p(dpre)
-        self.bwd(self.p_act + l0 * self.A, self.p_kids, kr.ptr, self.N, _p(dh), _opt(dc), p, self.p_gkids, M,
+        self.bwd(self.p_act + l0 * self.A, self.p_kids, kr.ptr, kr.ld, self.N, _p(dh), _opt(dc), p, self.p_gkids, M,
                  self.H)
         return dpre
 
@@ -852,7 +856,7 @@ class TreeCellPlan:
             raise TypeError(f"TreeCellPlan: rows must be a KidRows, got {type(rows).__name__}")
         R, D = self.gx.shape
         n = rows.N * rows.B
-        if not (rows.bound <= R and n * D <= self.pre_size):
+        if not (rows.bound <= R and n * D <= self.pre_size and rows.ld == rows.B):
             raise ValueError(f"TreeCellPlan: {n} rows of {D} below {R} do not fit the scratch of {self.pre_size}")
         if n:
             self.add(self.p_gx, rows.ptr, self.p_pre, D, n, D)

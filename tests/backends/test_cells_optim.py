@@ -179,6 +179,37 @@ def test_treelstm_children_read_from_a_state_table(dt, N, B):
     np.testing.assert_array_equal(dpre2, dpre0)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_kid_rows_windows_of_one_checked_array(dt):
+    """KidRows.windows: spans of one array checked once; a column window reads its
+    children with the array's row stride, as a standalone KidRows of the same rows."""
+    rng = np.random.default_rng(13)
+    N, H, R, T = 2, 3, 6, 7
+    table = rng.standard_normal((R, H)).astype(dt)
+    rows = rng.integers(0, R, (N, T))
+    wins = cpu.KidRows.windows(rows, R, [(0, 3), (3, 7), (7, 7)], axis=1)
+    assert [(w.N, w.B, w.ld) for w in wins] == [(N, 3, T), (N, 4, T), (N, 0, T)]
+    for w, (s, e) in zip(wins[:2], [(0, 3), (3, 7)]):
+        pre = rng.standard_normal((e - s, (N + 3) * H)).astype(dt)
+        want = cpu.treelstm_forward(pre, table, kid_rows=cpu.KidRows(rows[:, s:e], R))
+        for a, b in zip(cpu.treelstm_forward(pre, table, kid_rows=w), want):
+            np.testing.assert_array_equal(a, b)
+        g = np.zeros((R, H), dt)
+        g0 = np.zeros((R, H), dt)
+        dh = rng.standard_normal((e - s, H)).astype(dt)
+        np.testing.assert_array_equal(cpu.treelstm_backward(want[2], table, dh, kid_rows=w, dc_table=g)[0],
+                                      cpu.treelstm_backward(want[2], table, dh, kid_rows=cpu.KidRows(rows[:, s:e], R),
+                                                            dc_table=g0)[0])
+        np.testing.assert_array_equal(g, g0)
+    by_row = cpu.KidRows.windows(rows.T, R, [(2, 5)], axis=0)[0]
+    assert (by_row.N, by_row.B, by_row.ld) == (3, N, N)
+    np.testing.assert_array_equal(by_row.rows, rows.T[2:5])
+    with pytest.raises(ValueError, match="span"):
+        cpu.KidRows.windows(rows, R, [(5, 8)], axis=1)
+    with pytest.raises(IndexError, match="out of range"):
+        cpu.KidRows.windows(np.array([[0, R]]), R, [(0, 1)], axis=1)  # a row outside any window still counts
+
+
 def test_treelstm_kid_rows_are_checked():
     table, pre = np.zeros((4, 3)), np.zeros((2, 15))  # N = 2, H = 3
     with pytest.raises(IndexError, match="out of range"):
