@@ -1512,7 +1512,6 @@ class _Run:
     def _cell_backward(self, xp, cl: _CellRec, t: int, gS, gLZ, ctx, dP, sums: list) -> None:
         """One task of the TreeLSTM kernel backward. The pre-activation gradients go to dP
         (one weight-gradient GEMM at the end) or, without dP, into sums = [dW, db] now."""
-        from .backends import cpu
         f, s0, e0, l0, cr = self.sched.tasks[t]
         M = e0 - s0
         X, kids, act = ctx["rec"][t]
@@ -1531,6 +1530,7 @@ class _Run:
         if plan is not None:
             dpre = plan.backward(l0, M, kids, dh, dc)
         else:
+            from .backends import cpu
             dpre, _ = cpu.treelstm_backward(act, ctx["S"][cl.jc], dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
                                             kid_rows=kids, dc_table=gS[cl.jc])
         scratch = self._scratch(ctx, f, M, cl.n * cl.D)
@@ -1538,6 +1538,7 @@ class _Run:
         if scratch is not None and plan is not None and plan.gx is not None:
             plan.add_inputs_grad(self.cell_rows[t][0])  # gx is at the scratch's start
         else:
+            from .backends import cpu
             cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].rows.reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
         if dP is not None:
             return

@@ -307,6 +307,10 @@ def test_cell_task_kernel_matches_op_steps(float64, monkeypatch, seed, project, 
         monkeypatch.setattr(cavs, "CELL_TASKS", tasks)
         results.append(_grads(pc, lambda: loss(fuse=fuse)))
     monkeypatch.setattr(cavs, "CELL_TASKS", True)
+    with monkeypatch.context() as mp:  # without a pass's cpu.TreeCellPlan: every call checked on its own
+        mp.setattr(cavs._Run, "_cell_plan", lambda *a: None)
+        mp.setattr(cavs._Run, "_cell_bplan", staticmethod(lambda *a: None))
+        results.append(_grads(pc, lambda: loss()))
     dy.renew_cg()
     r = cavs.run(m.fns, graphs, pull=(m.E, words))._run
     # a leaf pushing R h hoists R h too: that part is no longer the pattern, and runs op by op
@@ -314,6 +318,7 @@ def test_cell_task_kernel_matches_op_steps(float64, monkeypatch, seed, project, 
     assert r.comps[1].push_direct == (not project)
     _assert_same(results[2], results[0])
     _assert_same(results[2], results[1])
+    _assert_same(results[2], results[3])
     if const_u:
         assert all(not np.any(u.grad) for u in m.U)
 
