@@ -417,10 +417,9 @@ class _Schedule:
         self.child_rows = child_rows  # (N, arity): row r's children, r in the state's order
         cuts = (np.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist() if N else []
         bounds = [0] + cuts + [N] if N else [0]
+        self.bounds = bounds  # task t owns state rows bounds[t]..bounds[t + 1]
         self.tasks = [(int(ts[s0]), s0, e0, int(local_sorted[s0]), child_rows[s0:e0])
                       for s0, e0 in zip(bounds[:-1], bounds[1:])]
-        b = np.asarray(bounds, dtype=np.int64)
-        self.task_start = np.repeat(b[:-1], np.diff(b))  # per state row, its task's first row
         self.depth = int(self.level.max()) + 1 if N else 0
         self.widest = [0] * nf  # per function, its largest task: the size of per-task scratch
         for f, s0, e0, _, _ in self.tasks:
@@ -1205,13 +1204,15 @@ class _Run:
         if got is None:
             from .backends import cpu
             sch = self.sched
+            b = np.asarray(sch.bounds, dtype=np.int64)
+            start = np.repeat(b[:-1], np.diff(b))  # per state row, its task's first row
             for f, cl in enumerate(self.cell):
-                ts = [u for u, task in enumerate(sch.tasks) if task[0] == f] if cl is not None else []
-                if not ts:
+                ts = [u for u, task in enumerate(sch.tasks) if task[0] == f]
+                if cl is None or not ts:
                     continue
                 xs = sch.child_rows[:, cl.slots_h]  # (rows, n): a task's x's are its rows
                 cs = sch.child_rows[:, cl.slots_c].T  # (N, rows): a task's children are its columns
-                if not ((cs < sch.task_start) | (cs == sch.N)).all():
+                if not ((cs < start) | (cs == sch.N)).all():
                     raise AssertionError("dy.cavs: a task's child is not an earlier task's row")
                 spans = [(sch.tasks[u][1], sch.tasks[u][2]) for u in ts]
                 x_rows = cpu.KidRows.windows(xs, sch.N + 1, spans, axis=0)
@@ -1374,13 +1375,8 @@ class _Run:
         for kind, (k, a, _, j) in zip(cl.outs, self.comps[f].rec_out):
             first.setdefault(kind, (j, s0, 0) if k == "s" else (len(ctx["S"]), l0, a))
         plan.forward(l0, M, kr, first["h"], first["c"])  # pre is at the scratch's start
-        if len(cl.outs) > len(first):  # a further destination of h or c gets a copy
-            seen: dict = {}
-            for kind, dst in zip(cl.outs, self._dests(f, t, ctx)):
-                if kind in seen:
-                    dst[...] = seen[kind]
-                else:
-                    seen[kind] = dst
+        if len(cl.outs) > len(first):
+            self._copy_to_further_dests(cl, self._dests(f, t, ctx))
         return X, kr, act
 
     def _cell_plan(self, cl: "_CellRec | None", f: int, ctx: dict):
@@ -1413,11 +1409,20 @@ class _Run:
         # disjoint: the run's output buffers (states, push rows, act) share no memory with
         # pre or the weights, checked once per pass on the whole buffers (forward), and the
         # children are rows the outputs do not write (_cell_rows)
-        h, c, _ = cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act),
-                                       disjoint=disjoint, kid_rows=kid_rows)
+        cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act), disjoint=disjoint,
+                             kid_rows=kid_rows)
+        _Run._copy_to_further_dests(cl, dests)
+
+    @staticmethod
+    def _copy_to_further_dests(cl: _CellRec, dests: list) -> None:
+        """The kernel wrote h and c into the first destination of each: copy those into
+        any further destination of the same output."""
+        first: dict = {}
         for kind, dst in zip(cl.outs, dests):
-            if dst is not first[kind]:
-                dst[...] = h if kind == "h" else c
+            if kind in first:
+                dst[...] = first[kind]
+            else:
+                first[kind] = dst
 
     # ---------------------------------------------------------------- backward
     def backward(self, xs: tuple, need: tuple, ctx: dict) -> tuple:

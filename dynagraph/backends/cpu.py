@@ -638,7 +638,7 @@ def _kid_table(table, rows: KidRows, dt, H: int, B: int, what: str, out: bool = 
     return table
 
 
-def _kids_arg(c_kids, kid_rows, B: int, H: int, dt, what: str, grad: bool = False) -> tuple:
+def _kids_arg(c_kids, kid_rows, B: int, H: int, dt, what: str) -> tuple:
     """(N, kids array, row pointer or NULL, its row stride): dense (N, B, H) kids, or a
     table and KidRows."""
     if kid_rows is None:
