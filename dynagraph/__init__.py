@@ -17,6 +17,7 @@ from . import schedulers  # noqa: F401
 from .subgraph import Block, block  # noqa: F401
 from . import cavs  # noqa: F401  (dy.cavs: Cavs vertex functions)
 from . import fsm  # noqa: F401  (dy.fsm: ED-Batch's learned batching policy)
+from . import viz  # noqa: F401  (dy.viz: pictures of the recorded graph and its schedule)
 from .expressions import *  # noqa: F401,F403
 
 

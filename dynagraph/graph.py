@@ -312,6 +312,20 @@ class ComputationGraph(GraphBase):
         """Print each executed batch with its op and size (what was and was not batched)."""
         print(self.stats.describe_batches(limit))
 
+    def pending_nodes(self) -> list[int]:
+        """Recorded non-leaf nodes without a value: what the next evaluation schedules."""
+        self._sync_values()
+        return [i for i in range(self.done, len(self.op)) if not self.op[i].leaf and self.blk[i] < 0]
+
+    def executed_batches(self) -> list[list[int]]:
+        """Node ids of every forward batch run so far, in execution order (a fused run
+        contributes each of its batches); what dy.viz draws for an evaluated graph."""
+        out: list[list[int]] = []
+        for record in self.executed:
+            steps = getattr(record, "steps", None)  # a run (runs.ExecutedRun) holds several batches
+            out.extend([list(s) for s in steps] if steps is not None else [list(record.nodes)])
+        return out
+
     def print_graph(self) -> str:
         lines = []
         for i, op in enumerate(self.op):
