@@ -9,6 +9,6 @@
 SVG is written directly; Graphviz `dot` lays graphs out when it is installed, a built-in
 layered layout otherwise (layout_engine="layered" forces it).
 """
-from .layout import Layout, layout  # noqa: F401
+from .layout import Layout, place  # noqa: F401
 from .model import Picture, lower_bound, picture, schedule_of  # noqa: F401
 from .views import compare, graph, schedule  # noqa: F401

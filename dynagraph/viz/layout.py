@@ -137,7 +137,7 @@ def graphviz(pic: Picture) -> Layout | None:
         return None
 
 
-def layout(pic: Picture, engine: str = "auto") -> Layout:
+def place(pic: Picture, engine: str = "auto") -> Layout:
     """engine: "auto" (dot when installed), "dot" (error without it) or "layered"."""
     if engine not in ("auto", "dot", "layered"):
         raise ValueError(f"layout engine must be 'auto', 'dot' or 'layered', got {engine!r}")

@@ -6,7 +6,7 @@ from html import escape
 from typing import Callable, Sequence
 
 from .. import fsm as _fsm
-from .layout import Layout, layout
+from .layout import Layout, place
 from .model import Picture, lower_bound, picture, schedule_of
 from .page import page, write_atomic
 from .svg import panel
@@ -32,7 +32,7 @@ def _prepare(cg, samples, scheduler, engine: str) -> tuple[Picture, Layout, str]
         getattr(scheduler, "name", None) or (cg.scheduler if isinstance(cg.scheduler, str) else "schedule"))
     pic.schedules[name] = schedule_of(cg, scheduler)
     pic.lower_bound = lower_bound(cg)
-    return pic, layout(pic, engine), name
+    return pic, place(pic, engine), name
 
 
 def _summary(pic: Picture, name: str) -> str:
@@ -114,7 +114,7 @@ def compare(graph_or_fn, path: str, schedulers: Sequence = COMPARED, samples: Se
             spec = _fsm.FSMScheduler(policy)
         pic.schedules[name] = schedule_of(cg, spec)
         names.append(name)
-    lay = layout(pic, layout_engine)
+    lay = place(pic, layout_engine)
     panels = []
     for name in names:
         title = f"{name}: {len(pic.schedules[name])} batches (lower bound {pic.lower_bound})"
