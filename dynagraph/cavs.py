@@ -1701,6 +1701,18 @@ class CavsOutput:
     def tasks(self) -> int:
         return len(self._run.sched.tasks)
 
+    def task_vertices(self) -> list:
+        """Per task, in run order: (vertex function name, [(sample, vertex), ...]), every vertex
+        activated together in one evaluation of F (what dy.viz.cavs draws)."""
+        sch = self._run.sched
+        at_row = np.argsort(sch.rank)  # state row -> global vertex id
+        out = []
+        for f, s0, e0, _, _ in sch.tasks:
+            gs = at_row[s0:e0]
+            samples = sch.sample_of[gs]
+            out.append((self._names[f], [(int(s), int(g - sch.base[s])) for s, g in zip(samples, gs)]))
+        return out
+
     def push(self, sample: int, vertex: int) -> Expression:
         """What vertex `vertex` of graph `sample` pushed."""
         return self._view(self._run.sched.gid(sample, vertex))

@@ -12,3 +12,5 @@ layered layout otherwise (layout_engine="layered" forces it).
 from .layout import Layout, place  # noqa: F401
 from .model import Picture, lower_bound, picture, schedule_of  # noqa: F401
 from .views import compare, graph, schedule  # noqa: F401
+from .memory_view import memory  # noqa: F401
+from .cavs_view import cavs  # noqa: F401

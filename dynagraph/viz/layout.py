@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from .model import Picture
+from .model import SHARED_COLUMNS, Picture
 
 NODE_W, NODE_H = 78.0, 34.0     # pixels
 GAP_X, GAP_Y = 14.0, 30.0       # between boxes of one layer, between layers
@@ -84,7 +84,7 @@ def dot_source(pic: Picture) -> str:
              f'  node [shape=box, fixedsize=true, width={w:.3f}, height={h:.3f}, label=""];']
     for s, name in enumerate(pic.columns):
         members = [f"n{n};" for n in pic.nodes if pic.sample[n] == s]
-        if name.startswith("sample"):  # the shared loss is not a sample: no cluster box
+        if name not in SHARED_COLUMNS:  # the shared loss is not a sample: no cluster box
             lines.append(f"  subgraph cluster_{s} {{ {' '.join(members)} }}")
         else:
             lines.append(f"  {' '.join(members)}")

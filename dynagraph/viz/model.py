@@ -12,6 +12,8 @@ from typing import Sequence
 
 from .. import schedulers
 
+SHARED_COLUMNS = ("shared", "all")  # column names that hold no sample of their own
+
 
 @dataclass
 class Picture:
@@ -69,7 +71,7 @@ def _sample_columns(cg, nodes: list[int], roots: Sequence[int] | None) -> tuple[
         sample.setdefault(n, shared)
     names = [f"sample {s}" for s in range(shared)]
     if any(v == shared for v in sample.values()):
-        names.append("shared" if shared else "graph")
+        names.append("shared" if shared else "all")
     return sample, names
 
 

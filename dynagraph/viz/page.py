@@ -23,12 +23,12 @@ h1{font-size:18px;margin:4px 0} .dg-note{font-size:13px;color:#444;max-width:70e
 #dg-controls button{font-size:13px;margin-right:2px} #dg-step{width:420px;vertical-align:middle}
 #dg-info{font-size:13px;margin-top:4px;white-space:pre-wrap;font-family:DejaVu Sans Mono,monospace}
 .dg-panels{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}
-.dg-box{border:1px solid #ccc;border-radius:6px;padding:4px;overflow:auto;max-width:100%}
+.dg-box{border:1px solid #ccc;border-radius:6px;padding:4px}
 .dg-caption{font-size:12px;color:#333;margin:2px 4px;font-family:DejaVu Sans Mono,monospace}
 .node.pending rect{fill:#f1f1f1;stroke:#bbb} .node.pending text{fill:#999}
 .node.running rect{stroke:#000;stroke-width:3.5}
 .node.read rect{stroke:#d62728;stroke-width:3;stroke-dasharray:5 2}
-.edge.active{stroke:#d62728;stroke-width:2.4}
+.dg-step-item.current>rect.dg-row{fill:#fff3b0} .edge.active{stroke:#d62728;stroke-width:2.4}
 table.dg{border-collapse:collapse;font-size:13px;margin:6px 0} table.dg td,table.dg th{border:1px solid #ccc;padding:2px 8px}
 """
 
@@ -52,6 +52,7 @@ JS = r"""
       }
       for(const e of p.svg.querySelectorAll('.edge'))
         e.classList.toggle('active',run.has(+e.dataset.to)&&read.has(+e.dataset.from));
+      for(const r of p.svg.querySelectorAll('.dg-step-item')) r.classList.toggle('current',+r.dataset.batch===k);
       p.svg.dataset.highlight=step?k:-1;
       lines.push(p.name+': '+(step?step[2]:'finished ('+p.steps.length+' batches)'));
     }

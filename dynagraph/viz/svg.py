@@ -11,7 +11,7 @@ from html import escape
 from typing import Sequence
 
 from .layout import NODE_H, NODE_W, Layout
-from .model import Picture
+from .model import SHARED_COLUMNS, Picture
 
 SINGLE = "#ffffff"   # a batch of one node: nothing was batched
 FONT = "font-family:DejaVu Sans,Helvetica,Arial,sans-serif"
@@ -59,7 +59,7 @@ def panel(pic: Picture, lay: Layout, schedule: str, panel_id: str, title: str = 
         out.append(f'<text x="8" y="16" font-size="14" font-weight="bold" class="dg-title">{escape(title)}</text>')
     for s, (x0, x1) in enumerate(lay.columns):
         name = pic.columns[s]
-        if pic.n_samples > 1 and (name.startswith("sample") or lay.engine == "layered"):
+        if pic.n_samples > 1 and (name not in SHARED_COLUMNS or lay.engine == "layered"):
             out.append(f'<rect class="dg-column" x="{x0 - 6:.1f}" y="22" width="{x1 - x0 + 12:.1f}" '
                        f'height="{lay.height - 26:.1f}" fill="#f7f7fb" stroke="#ddd" rx="6"/>'
                        f'<text x="{(x0 + x1) / 2:.1f}" y="{lay.height - 8:.1f}" text-anchor="middle" '

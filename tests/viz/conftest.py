@@ -40,3 +40,42 @@ def browser():
         pytest.skip(f"no headless browser: {e}")
     yield drv
     drv.quit()
+
+
+H = 4
+
+
+def traced_lstm_block():
+    """An LSTM cell as a planned dy.block, traced once: 2 batched kernels (three gate logistics,
+    two cmults) whose 5 lists the planner all makes consecutive; 19 variables."""
+    pc = dy.ParameterCollection()
+    W, U, b = pc.add_parameters((4 * H, H)), pc.add_parameters((4 * H, H)), pc.add_parameters(4 * H)
+
+    @dy.block
+    def cell(x, h, c):
+        g = dy.affine_transform([b, W, x, U, h])
+        i, f, o = (dy.logistic(g[k * H:(k + 1) * H]) for k in range(3))
+        u = dy.tanh(g[3 * H:4 * H])
+        c2 = dy.cmult(i, u) + dy.cmult(f, c)
+        return dy.cmult(o, dy.tanh(c2)), c2
+
+    cell(dy.zeros(H), dy.zeros(H), dy.zeros(H))
+    return cell
+
+
+CAVS_GRAPHS = [[[], [], [0, 1], [], [2, 3]], [[]], [[], [], [0, 1]]]  # 9 vertices, 6 edges
+CAVS_TASKS = 3  # heights 0, 1, 2
+
+
+def cavs_run():
+    pc = dy.ParameterCollection()
+    W, U, b = pc.add_parameters((H, H)), pc.add_parameters((H, 2 * H)), pc.add_parameters(H)
+    E = pc.add_lookup_parameters((10, H))
+
+    @dy.cavs.vertex_function(arity=2, state=(H,))
+    def cell(v):
+        h = dy.tanh(dy.affine_transform([b, W, v.pull(), U, dy.concatenate([v.gather(0), v.gather(1)])]))
+        v.scatter(h)
+        v.push(h)
+
+    return dy.cavs.run(cell, CAVS_GRAPHS, pull=(E, [[1, 2, 3, 4, 5], [4], [1, 2, 3]]))

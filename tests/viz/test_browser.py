@@ -98,3 +98,36 @@ def test_compare_view(browser, known, tmp_path):
     _slide(browser, "panel-agenda")
     # every panel follows the one slider
     assert _highlighted(browser, "panel-depth") == {int(browser.find_element(By.ID, "dg-step").get_attribute("value"))}
+
+
+def test_memory_view(browser, tmp_path):
+    from .conftest import traced_lstm_block
+    path = str(tmp_path / "memory.html")
+    info = dy.viz.memory(traced_lstm_block(), path)
+    _load(browser, path, tmp_path)
+    svg = browser.find_element(By.ID, "memory")
+    assert svg.get_attribute("data-batches") == "2" and svg.get_attribute("data-copies") == "0"
+    assert len(svg.find_elements(By.CSS_SELECTOR, ".node")) == info["variables"] == 19
+    lists = svg.find_elements(By.CSS_SELECTOR, ".dg-list")
+    assert len(lists) == 5 and all(r.get_attribute("data-state") == "in-place" for r in lists)
+    assert {r.get_attribute("data-batch") for r in svg.find_elements(By.CSS_SELECTOR, ".dg-list.current")} == {"0"}
+    assert _highlighted(browser, "memory") == {0}
+    browser.find_element(By.ID, "dg-step").send_keys(Keys.ARROW_RIGHT)
+    assert _highlighted(browser, "memory") == {1}
+    assert {r.get_attribute("data-batch") for r in svg.find_elements(By.CSS_SELECTOR, ".dg-list.current")} == {"1"}
+
+
+def test_cavs_view(browser, tmp_path):
+    from .conftest import CAVS_GRAPHS, CAVS_TASKS, cavs_run
+    path = str(tmp_path / "cavs.html")
+    dy.viz.cavs(cavs_run(), CAVS_GRAPHS, path)
+    _load(browser, path, tmp_path)
+    svg = browser.find_element(By.ID, "cavs")
+    assert int(svg.get_attribute("data-batches")) == CAVS_TASKS
+    assert len(svg.find_elements(By.CSS_SELECTOR, ".node")) == 9
+    assert len(svg.find_elements(By.CSS_SELECTOR, ".edge")) == 6
+    assert _highlighted(browser, "cavs") == {0}
+    assert len(svg.find_elements(By.CSS_SELECTOR, ".node.running")) == 6  # every leaf of every graph
+    browser.find_element(By.ID, "dg-step").send_keys(Keys.ARROW_RIGHT)
+    assert _highlighted(browser, "cavs") == {1}
+    assert len(svg.find_elements(By.CSS_SELECTOR, ".node.read")) == 4  # the two inner nodes' children
