@@ -61,3 +61,45 @@ def test_05_memory_planning(tmp_path):
     v = r["values"]
     assert v["naive"] == pytest.approx(v["none"], rel=1e-5) and v["planned"] == pytest.approx(v["none"], rel=1e-5)
     _files_ok(r)
+
+
+NOTEBOOK = os.path.join(TEACH, "teach_01_02.ipynb")
+
+
+def test_notebook_is_valid_nbformat():
+    nb = json.load(open(NOTEBOOK))
+    assert nb["nbformat"] == 4 and nb["cells"]
+    for cell in nb["cells"]:
+        assert cell["cell_type"] in ("markdown", "code") and isinstance(cell["source"], list)
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None
+    try:
+        import nbformat
+    except ImportError:
+        return  # the structural checks above stand in for the schema
+    nbformat.validate(nbformat.reads(open(NOTEBOOK).read(), as_version=4))
+
+
+def test_notebook_cells_run(tmp_path, monkeypatch):
+    """Every code cell, in order, in one namespace (IPython's display replaced by a recorder
+    where IPython is not installed)."""
+    import sys
+    import types
+    shown = []
+    if "IPython.display" not in sys.modules:
+        try:
+            import IPython.display  # noqa: F401
+        except ImportError:
+            fake = types.ModuleType("IPython.display")
+            fake.SVG = fake.HTML = fake.IFrame = lambda *a, **k: (a, k)
+            fake.display = shown.append
+            monkeypatch.setitem(sys.modules, "IPython", types.ModuleType("IPython"))
+            monkeypatch.setitem(sys.modules, "IPython.display", fake)
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    for cell in json.load(open(NOTEBOOK))["cells"]:
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), "notebook cell", "exec"), ns)
+    assert ns["both"]["agenda"] < ns["both"]["depth"]
+    assert sorted(os.listdir(tmp_path / "teach_out")) == [
+        "01_recorded.svg", "01_schedule.html", "02_agenda.svg", "02_compare.html", "02_depth.svg"]
