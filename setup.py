@@ -52,6 +52,7 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6"],
         "bench": ["dynet38", "torch==2.13.0"],
         "gpu": ["cupy-cuda12x"],
+        "plot": ["matplotlib>=3.5"],
         "dev": ["pytest>=7", "hypothesis>=6", "ruff"],
     },
     ext_modules=[bookkeeping_extension()],

@@ -399,7 +399,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/cavs-<date>.json)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--plot", default=None, help="also draw samples/s per system as a chart (.png/.svg; "
+                    "needs pip install -e '.[plot]')")
     return ap.parse_args(argv)
+
+
+def plot(path: str, results: list) -> str:
+    """samples/s per system, one group of bars per (H, threads); log scale (systems differ 100x)."""
+    from bench.plot import grouped_bars
+    rows = [dict(r, config=f"H={r['H']}, {r['threads'] or 'default'} thr") for r in results
+            if r.get("samples_per_sec")]
+    return grouped_bars(path, rows, "config", "system", "samples_per_sec", ylabel="samples / s (best round)",
+                        title="TreeLSTM training, batch of trees", log=True)
 
 
 def main(argv=None) -> dict:
@@ -421,6 +432,8 @@ def main(argv=None) -> dict:
     if not args.quiet:
         print(table(results))
         print(f"\nwrote {out}")
+    if args.plot:
+        print(f"chart -> {plot(args.plot, results)}")
     return doc
 
 

@@ -147,6 +147,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="8 instances, 100 episodes, 1 rep")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--plot", default=None, help="also draw batches / lower bound as a chart (.png/.svg; "
+                    "needs pip install -e '.[plot]')")
     args = ap.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.encodings = [e for e in args.encodings.split(",") if e]
@@ -172,6 +174,12 @@ def main(argv=None) -> list[dict]:
         f.write(text)
     with open(os.path.join(args.out, "compare_schedulers.json"), "w") as f:
         json.dump({"config": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}, f, indent=1)
+    if args.plot:
+        from bench.plot import grouped_bars
+        grouped_bars(args.plot, rows, "workload", "scheduler", "x_lb", ylabel="batches / lower bound",
+                     title=f"Batches per scheduler ({args.instances} instances per graph)", hline=1.0, log=True,
+                     hline_label="lower bound")
+        print(f"chart -> {args.plot}")
     return rows
 
 

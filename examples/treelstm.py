@@ -176,7 +176,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="batching policy (default: dynagraph's configured default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    ap.add_argument("--plot", default=None, help="draw the loss curve to this .png/.svg (needs matplotlib: "
+                    "pip install -e '.[plot]')")
     return ap.parse_args(argv)
+
+
+def plot_losses(path: str, minibatch_losses: list, history: list) -> str:
+    """The training loss per minibatch, with the final dev accuracy in the title."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:  # bench/ holds the shared chart helper
+        sys.path.insert(0, root)
+    from bench.plot import lines
+    per_epoch = max(1, len(minibatch_losses) // max(1, len(history)))
+    acc = f"; dev accuracy {history[-1]['dev_acc']:.3f}" if history else ""
+    return lines(path, {"train loss": minibatch_losses}, xlabel=f"minibatch ({per_epoch} per epoch)",
+                 ylabel="mean loss", title=f"TreeLSTM training{acc}")
 
 
 def main(argv=None) -> dict:
@@ -186,17 +201,20 @@ def main(argv=None) -> dict:
     say = (lambda *a: None) if args.quiet else print
     say(f"{source}: {len(train)} train / {len(dev)} dev trees, vocab {len(vocab)}, "
         f"{pc.parameter_count()} parameters, scheduler {args.scheduler or dy.config.config.scheduler}")
-    history = []
+    history, all_losses = [], []
     for epoch in range(args.epochs):
         t0, stats = time.perf_counter(), dy.stats.Stats()
         losses = train_epoch(model, trainer, train, vocab, args.batch_size, args.scheduler,
                              progress=not args.quiet, stats=stats)
         dt = time.perf_counter() - t0
+        all_losses += losses
         acc = accuracy(model, dev, vocab, scheduler=args.scheduler)
         history.append({"loss": float(np.mean(losses)), "dev_acc": acc, "seconds": dt,
                         "nodes": stats.nodes, "batches": stats.batches})
         say(f"epoch {epoch + 1}: loss {np.mean(losses):.4f}  dev acc {acc:.3f}  "
             f"{len(train) / dt:.0f} trees/s  {stats.nodes} nodes in {stats.batches} batches")
+    if args.plot:
+        say(f"loss curve -> {plot_losses(args.plot, all_losses, history)}")
     return {"history": history, "source": source, "vocab": len(vocab)}
 
 
