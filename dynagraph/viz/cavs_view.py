@@ -25,19 +25,20 @@ def _children(g) -> list:
 def picture_of_run(out, graphs: Sequence) -> Picture:
     """Node ids number the vertices in task order (children before parents)."""
     tasks = out.task_vertices()
-    gid, label, sample, batches = {}, {}, {}, []
+    gid, label, kind, sample, batches = {}, {}, {}, {}, []
     for name, members in tasks:
         batch = []
         for s, v in members:
             gid[(s, v)] = n = len(gid)
-            label[n], sample[n] = f"{name} v{v}", s
+            label[n], kind[n], sample[n] = f"{name} v{v}", name, s
             batch.append(n)
         batches.append(batch)
     edges = [(gid[(s, c)], gid[(s, v)]) for s, g in enumerate(graphs)
              for v, kids in enumerate(_children(g)) for c in kids if c is not None and c >= 0]
     nodes = list(range(len(gid)))
     pic = Picture(nodes=nodes, label=label, shape={n: () for n in nodes},
-                  edges=edges, sample=sample, columns=[f"graph {s}" for s in range(len(graphs))])
+                  edges=edges, sample=sample, columns=[f"graph {s}" for s in range(len(graphs))],
+                  kind=kind)
     pic.schedules["cavs"] = batches
     return pic
 

@@ -121,7 +121,9 @@ def parse_plain(text: str, pic: Picture) -> Layout:
     for s in range(pic.n_samples):
         xs = [pos[n][0] for n in pic.nodes if pic.sample[n] == s]
         columns.append((min(xs) - NODE_W / 2, max(xs) + NODE_W / 2) if xs else (0.0, 0.0))
-    return Layout(pos, width + 2 * MARGIN, height + 2 * MARGIN + 18, "dot", routes, columns)
+    # dot's bounding box can be wider than what it placed (ranks pinned across clusters): fit the drawing
+    right = max([x + NODE_W / 2 for x, _ in pos.values()] + [x for pts in routes.values() for x, _ in pts])
+    return Layout(pos, min(width + 2 * MARGIN, right + MARGIN), height + 2 * MARGIN + 18, "dot", routes, columns)
 
 
 def graphviz(pic: Picture) -> Layout | None:

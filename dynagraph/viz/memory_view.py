@@ -38,7 +38,7 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
         w = _width(lay.sizes[v])
         xs[v] = (x, w)
         x += w + 2
-    width = x + 20
+    width = x + 110  # room for the state label right of the last bar
     made = {v: k for k, b in enumerate(lay.batches) for v in b.results}
     colour = batch_colours([b.steps for b in lay.batches])
     rows = [(k, p, vs) for k, b in enumerate(lay.batches) for p, vs in [(-1, b.results)] + list(enumerate(b.operands))
@@ -49,7 +49,7 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
            f'height="{height:.0f}" data-nodes="{len(lay.order)}" data-batches="{len(lay.batches)}" '
            f'data-copies="{copies}" data-in-place="{len(lay.aligned)}" style="{FONT};background:#fff">',
            f'<text x="8" y="18" font-size="14" font-weight="bold">memory order: {len(lay.order)} variables, '
-           f'{len(lay.batches)} batched kernels, {copies} copies remain (naive layout: {lay.naive_kernels})</text>',
+           f'{len(lay.batches)} batched kernels, {copies} {"copy remains" if copies == 1 else "copies remain"} (naive layout: {lay.naive_kernels})</text>',
            f'<text x="8" y="{60 + CELL_H / 2:.0f}" font-size="12">memory →</text>']
     for v in lay.order:
         x0, w = xs[v]
@@ -79,11 +79,15 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
                        f'fill="#2ca02c" opacity="0.8"/><text x="{x1 + 6:.1f}" y="{y + 15:.1f}" font-size="10" '
                        f'fill="#1a661a">{state}</text>')
         else:
+            slots: dict = {}  # a variable read by several steps of the kernel: one box, every step named
             for i, v in enumerate(placed):
+                slots.setdefault(v, []).append(str(i))
+            for v, idx in slots.items():
                 x0, w = xs[v]
                 out.append(f'<rect x="{x0 + 2:.1f}" y="{y + 3:.1f}" width="{w - 4:.1f}" height="{ROW_H - 6:.0f}" '
                            f'fill="#fbdada" stroke="#d62728" stroke-dasharray="4 2"/>'
-                           f'<text x="{x0 + w / 2:.1f}" y="{y + 14:.1f}" font-size="9" text-anchor="middle">{i}</text>')
+                           f'<text x="{x0 + w / 2:.1f}" y="{y + 14:.1f}" font-size="9" text-anchor="middle">'
+                           f'step {",".join(idx)}</text>')
             if placed:
                 x1 = max(xs[v][0] + xs[v][1] for v in placed)
                 out.append(f'<text x="{x1 + 6:.1f}" y="{y + 15:.1f}" font-size="10" fill="#b00">{state}</text>')

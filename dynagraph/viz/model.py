@@ -25,6 +25,10 @@ class Picture:
     columns: list[str]                    # column names: "sample 0", ..., and "shared" for the joint loss
     schedules: dict[str, list[list[int]]] = field(default_factory=dict)  # name -> batches
     lower_bound: int = 0
+    kind: dict[int, str] = field(default_factory=dict)  # node id -> op or function name, where label says more
+
+    def op_of(self, n: int) -> str:
+        return self.kind.get(n, self.label[n])
 
     @property
     def n_samples(self) -> int:

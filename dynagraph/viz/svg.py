@@ -59,10 +59,12 @@ def panel(pic: Picture, lay: Layout, schedule: str, panel_id: str, title: str = 
         out.append(f'<text x="8" y="16" font-size="14" font-weight="bold" class="dg-title">{escape(title)}</text>')
     for s, (x0, x1) in enumerate(lay.columns):
         name = pic.columns[s]
-        if pic.n_samples > 1 and (name not in SHARED_COLUMNS or lay.engine == "layered"):
-            out.append(f'<rect class="dg-column" x="{x0 - 6:.1f}" y="22" width="{x1 - x0 + 12:.1f}" '
-                       f'height="{lay.height - 26:.1f}" fill="#f7f7fb" stroke="#ddd" rx="6"/>'
-                       f'<text x="{(x0 + x1) / 2:.1f}" y="{lay.height - 8:.1f}" text-anchor="middle" '
+        ys = [lay.pos[n][1] for n in pic.nodes if pic.sample[n] == s]
+        if pic.n_samples > 1 and ys and (name not in SHARED_COLUMNS or lay.engine == "layered"):
+            y0, y1 = min(ys) - NODE_H / 2 - 8, max(ys) + NODE_H / 2 + 18  # the box ends under its own nodes
+            out.append(f'<rect class="dg-column" x="{x0 - 6:.1f}" y="{y0:.1f}" width="{x1 - x0 + 12:.1f}" '
+                       f'height="{y1 - y0:.1f}" fill="#f7f7fb" stroke="#ddd" rx="6"/>'
+                       f'<text x="{(x0 + x1) / 2:.1f}" y="{y1 - 5:.1f}" text-anchor="middle" '
                        f'font-size="11" fill="#555">{escape(name)}</text>')
     for a, u in pic.edges:
         out.append(f'<path class="edge" data-from="{a}" data-to="{u}" d="{_edge_path(lay, a, u)}" fill="none" '
@@ -73,7 +75,7 @@ def panel(pic: Picture, lay: Layout, schedule: str, panel_id: str, title: str = 
         fill = colour[k] if k >= 0 else "#eeeeee"
         size = len(batches[k]) if k >= 0 else 0
         out.append(f'<g class="node" id="{escape(panel_id)}-n{n}" data-node="{n}" data-batch="{k}" '
-                   f'data-op="{escape(pic.label[n])}" data-sample="{pic.sample[n]}">'
+                   f'data-op="{escape(pic.op_of(n))}" data-sample="{pic.sample[n]}">'
                    f'<title>node {n}: {escape(pic.label[n])} {pic.shape[n]} | batch {k} ({size} nodes)</title>'
                    f'<rect x="{x - NODE_W / 2:.1f}" y="{y - NODE_H / 2:.1f}" width="{NODE_W:.0f}" height="{NODE_H:.0f}" '
                    f'rx="5" fill="{fill}" stroke="#333" stroke-width="1"/>'

@@ -19,7 +19,7 @@ def steps(pic: Picture, name: str) -> list[tuple]:
     out = []
     for k, batch in enumerate(pic.schedules[name]):
         reads = pic.reads(batch)
-        ops = sorted({pic.label[n] for n in batch})
+        ops = sorted({pic.op_of(n) for n in batch})
         cols = sorted({pic.columns[pic.sample[n]] for n in batch})
         out.append((batch, reads, f"batch {k}: {'/'.join(ops)} x{len(batch)} from {', '.join(cols)}; "
                                   f"reads {len(reads)} node(s)"))

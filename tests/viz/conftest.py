@@ -5,7 +5,7 @@ import pytest
 
 import dynagraph as dy
 
-from .browser import Unavailable, open_browser
+from dynagraph.viz.browser import Unavailable, open_browser
 
 # The known graph: two samples, each two steps of h = tanh(W h + E[w]) from h = 0, summed.
 # Per sample: constant, 2 x (matmul, lookup, add, tanh), sum_elems = 10 nodes and 9 edges;

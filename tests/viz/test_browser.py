@@ -9,7 +9,7 @@ import pytest
 
 import dynagraph as dy
 
-from .browser import full_screenshot
+from dynagraph.viz.browser import full_screenshot
 from .conftest import KNOWN_BATCHES, KNOWN_EDGES, KNOWN_NODES
 
 pytest.importorskip("selenium")
