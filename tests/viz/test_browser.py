@@ -131,3 +131,11 @@ def test_cavs_view(browser, tmp_path):
     browser.find_element(By.ID, "dg-step").send_keys(Keys.ARROW_RIGHT)
     assert _highlighted(browser, "cavs") == {1}
     assert len(svg.find_elements(By.CSS_SELECTOR, ".node.read")) == 4  # the two inner nodes' children
+
+
+def test_screenshot_helper(browser, known, tmp_path):
+    cg, _ = known
+    page = dy.viz.schedule(cg, str(tmp_path / "s.html"))["path"]
+    png = dy.viz.screenshot(page, str(tmp_path / "s.png"), step=3, drv=browser)
+    assert open(png, "rb").read(4) == b"\x89PNG"
+    assert _highlighted(browser, "graph") == {3}
