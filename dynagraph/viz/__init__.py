@@ -10,9 +10,9 @@
 SVG is written directly; Graphviz `dot` lays graphs out when it is installed, a built-in
 layered layout otherwise (layout_engine="layered" forces it).
 """
+from .browser import screenshot  # noqa: F401  (needs selenium and chromium; imported only when called)
+from .cavs_view import cavs  # noqa: F401
 from .layout import Layout, place  # noqa: F401
+from .memory_view import memory  # noqa: F401
 from .model import Picture, lower_bound, picture, schedule_of  # noqa: F401
 from .views import compare, graph, schedule  # noqa: F401
-from .memory_view import memory  # noqa: F401
-from .cavs_view import cavs  # noqa: F401
-from .browser import screenshot  # noqa: F401  (needs selenium and chromium; imported only when called)

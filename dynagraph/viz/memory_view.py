@@ -45,11 +45,12 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
             if vs is not None]
     height = 60 + CELL_H + 20 + len(rows) * (ROW_H + 4) + 40
     copies = len(lay.gathers)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="dg-panel" id="{panel_id}" width="{width:.0f}" '
-           f'height="{height:.0f}" data-nodes="{len(lay.order)}" data-batches="{len(lay.batches)}" '
-           f'data-copies="{copies}" data-in-place="{len(lay.aligned)}" style="{FONT};background:#fff">',
-           f'<text x="8" y="18" font-size="14" font-weight="bold">memory order: {len(lay.order)} variables, '
-           f'{len(lay.batches)} batched kernels, {copies} {"copy remains" if copies == 1 else "copies remain"} (naive layout: {lay.naive_kernels})</text>',
+    remain = "copy remains" if copies == 1 else "copies remain"
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="dg-panel" id="{panel_id}" width="{width:.0f}" '
+            f'height="{height:.0f}" data-nodes="{len(lay.order)}" data-batches="{len(lay.batches)}" '
+            f'data-copies="{copies}" data-in-place="{len(lay.aligned)}" style="{FONT};background:#fff">'),
+           (f'<text x="8" y="18" font-size="14" font-weight="bold">memory order: {len(lay.order)} variables, '
+            f'{len(lay.batches)} batched kernels, {copies} {remain} (naive layout: {lay.naive_kernels})</text>'),
            f'<text x="8" y="{60 + CELL_H / 2:.0f}" font-size="12">memory →</text>']
     for v in lay.order:
         x0, w = xs[v]
@@ -98,8 +99,8 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
     for k, b in enumerate(lay.batches):
         ops = [v for vs in b.operands if vs is not None for v in vs]
         kept = sum(1 for (kk, _) in lay.gathers if kk == k)
-        steps.append((list(b.results), ops, f"kernel {k}: {b.op} x{len(b.steps)}; "
-                                             f"{'all lists in place' if not kept else f'{kept} list(s) copied'}"))
+        state = "all lists in place" if not kept else f"{kept} list(s) copied"
+        steps.append((list(b.results), ops, f"kernel {k}: {b.op} x{len(b.steps)}; {state}"))
     return "".join(out), steps
 
 

@@ -48,13 +48,14 @@ def panel(pic: Picture, lay: Layout, schedule: str, panel_id: str, title: str = 
     colour = batch_colours(batches)
     batch_of = pic.batch_of(schedule)
     multi = sum(1 for b in batches if len(b) > 1)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="dg-panel" id="{escape(panel_id)}" '
-           f'width="{lay.width:.0f}" height="{lay.height + 20:.0f}" viewBox="0 0 {lay.width:.0f} {lay.height + 20:.0f}" '
-           f'data-schedule="{escape(schedule)}" data-nodes="{len(pic.nodes)}" data-edges="{len(pic.edges)}" '
-           f'data-batches="{len(batches)}" data-multi-batches="{multi}" data-samples="{pic.n_samples}" '
-           f'data-layout="{lay.engine}" style="{FONT};background:#fff">']
-    out.append('<defs><marker id="{0}-arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="6" markerHeight="6" '
-               'orient="auto"><path d="M0,0L8,4L0,8z" fill="#777"/></marker></defs>'.format(escape(panel_id)))
+    view = f"0 0 {lay.width:.0f} {lay.height + 20:.0f}"
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="dg-panel" id="{escape(panel_id)}" '
+            f'width="{lay.width:.0f}" height="{lay.height + 20:.0f}" viewBox="{view}" '
+            f'data-schedule="{escape(schedule)}" data-nodes="{len(pic.nodes)}" data-edges="{len(pic.edges)}" '
+            f'data-batches="{len(batches)}" data-multi-batches="{multi}" data-samples="{pic.n_samples}" '
+            f'data-layout="{lay.engine}" style="{FONT};background:#fff">')]
+    out.append(f'<defs><marker id="{escape(panel_id)}-arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="6" '
+               'markerHeight="6" orient="auto"><path d="M0,0L8,4L0,8z" fill="#777"/></marker></defs>')
     if title:
         out.append(f'<text x="8" y="16" font-size="14" font-weight="bold" class="dg-title">{escape(title)}</text>')
     for s, (x0, x1) in enumerate(lay.columns):

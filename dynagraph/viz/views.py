@@ -3,7 +3,7 @@ and the schedulers side by side."""
 from __future__ import annotations
 
 from html import escape
-from typing import Callable, Sequence
+from typing import Sequence
 
 from .. import fsm as _fsm
 from .layout import Layout, place
@@ -21,8 +21,8 @@ def steps(pic: Picture, name: str) -> list[tuple]:
         reads = pic.reads(batch)
         ops = sorted({pic.op_of(n) for n in batch})
         cols = sorted({pic.columns[pic.sample[n]] for n in batch})
-        out.append((batch, reads, f"batch {k}: {'/'.join(ops)} x{len(batch)} from {', '.join(cols)}; "
-                                  f"reads {len(reads)} node(s)"))
+        caption = f"batch {k}: {'/'.join(ops)} x{len(batch)} from {', '.join(cols)}; reads {len(reads)} node(s)"
+        out.append((batch, reads, caption))
     return out
 
 

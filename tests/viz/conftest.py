@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 import dynagraph as dy
-
 from dynagraph.viz.browser import Unavailable, open_browser
 
 # The known graph: two samples, each two steps of h = tanh(W h + E[w]) from h = 0, summed.

@@ -8,8 +8,8 @@ import os
 import pytest
 
 import dynagraph as dy
-
 from dynagraph.viz.browser import full_screenshot
+
 from .conftest import KNOWN_BATCHES, KNOWN_EDGES, KNOWN_NODES
 
 pytest.importorskip("selenium")
