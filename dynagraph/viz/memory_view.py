@@ -64,35 +64,7 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
                    f'font-size="9" text-anchor="middle" fill="#444">@{lay.offsets[v]} [{lay.sizes[v]}]</text></g>')
     y = 60 + CELL_H + 20
     for k, p, vs in rows:
-        b = lay.batches[k]
-        ok = (k, p) in lay.aligned
-        what = "results" if p < 0 else f"operand {p}"
-        state = "in place" if ok else ("scatter (copy)" if p < 0 else "gather (copy)")
-        out.append(f'<g class="dg-list dg-step-item" data-batch="{k}" data-pos="{p}" '
-                   f'data-state="{"in-place" if ok else "copy"}">'
-                   f'<rect class="dg-row" x="0" y="{y - 2:.1f}" width="{width:.0f}" height="{ROW_H + 2:.0f}" fill="none"/>'
-                   f'<text x="6" y="{y + 15:.1f}" font-size="11">#{k} {escape(b.op)} ×{len(b.steps)}: {what}</text>')
-        placed = [v for v in vs if v in xs]
-        if ok and placed:
-            x0 = min(xs[v][0] for v in placed)
-            x1 = max(xs[v][0] + xs[v][1] for v in placed)
-            out.append(f'<rect x="{x0:.1f}" y="{y + 3:.1f}" width="{x1 - x0:.1f}" height="{ROW_H - 6:.0f}" '
-                       f'fill="#2ca02c" opacity="0.8"/><text x="{x1 + 6:.1f}" y="{y + 15:.1f}" font-size="10" '
-                       f'fill="#1a661a">{state}</text>')
-        else:
-            slots: dict = {}  # a variable read by several steps of the kernel: one box, every step named
-            for i, v in enumerate(placed):
-                slots.setdefault(v, []).append(str(i))
-            for v, idx in slots.items():
-                x0, w = xs[v]
-                out.append(f'<rect x="{x0 + 2:.1f}" y="{y + 3:.1f}" width="{w - 4:.1f}" height="{ROW_H - 6:.0f}" '
-                           f'fill="#fbdada" stroke="#d62728" stroke-dasharray="4 2"/>'
-                           f'<text x="{x0 + w / 2:.1f}" y="{y + 14:.1f}" font-size="9" text-anchor="middle">'
-                           f'step {",".join(idx)}</text>')
-            if placed:
-                x1 = max(xs[v][0] + xs[v][1] for v in placed)
-                out.append(f'<text x="{x1 + 6:.1f}" y="{y + 15:.1f}" font-size="10" fill="#b00">{state}</text>')
-        out.append("</g>")
+        out.append(_list_row(lay, k, p, vs, xs, y, width))
         y += ROW_H + 4
     out.append("</svg>")
     steps = []
@@ -102,6 +74,40 @@ def strip_svg(lay: MemoryLayout, panel_id: str = "memory") -> tuple[str, list]:
         state = "all lists in place" if not kept else f"{kept} list(s) copied"
         steps.append((list(b.results), ops, f"kernel {k}: {b.op} x{len(b.steps)}; {state}"))
     return "".join(out), steps
+
+
+def _list_row(lay: MemoryLayout, k: int, p: int, vs: list, xs: dict, y: float, width: float) -> str:
+    """One operand list (p >= 0) or the results (p = -1) of kernel k: a green bar under the strip
+    where it is consecutive, else a red dashed box under each variable it copies."""
+    b = lay.batches[k]
+    ok = (k, p) in lay.aligned
+    what = "results" if p < 0 else f"operand {p}"
+    state = "in place" if ok else ("scatter (copy)" if p < 0 else "gather (copy)")
+    tag = "in-place" if ok else "copy"
+    out = [(f'<g class="dg-list dg-step-item" data-batch="{k}" data-pos="{p}" data-state="{tag}">'
+            f'<rect class="dg-row" x="0" y="{y - 2:.1f}" width="{width:.0f}" height="{ROW_H + 2:.0f}" fill="none"/>'
+            f'<text x="6" y="{y + 15:.1f}" font-size="11">#{k} {escape(b.op)} ×{len(b.steps)}: {what}</text>')]
+    placed = [v for v in vs if v in xs]
+    if ok and placed:
+        x0 = min(xs[v][0] for v in placed)
+        x1 = max(xs[v][0] + xs[v][1] for v in placed)
+        out.append(f'<rect x="{x0:.1f}" y="{y + 3:.1f}" width="{x1 - x0:.1f}" height="{ROW_H - 6:.0f}" '
+                   f'fill="#2ca02c" opacity="0.8"/><text x="{x1 + 6:.1f}" y="{y + 15:.1f}" font-size="10" '
+                   f'fill="#1a661a">{state}</text>')
+    elif placed:
+        slots: dict = {}  # a variable read by several steps of the kernel: one box, every step named
+        for i, v in enumerate(placed):
+            slots.setdefault(v, []).append(str(i))
+        for v, idx in slots.items():
+            x0, w = xs[v]
+            out.append(f'<rect x="{x0 + 2:.1f}" y="{y + 3:.1f}" width="{w - 4:.1f}" height="{ROW_H - 6:.0f}" '
+                       f'fill="#fbdada" stroke="#d62728" stroke-dasharray="4 2"/>'
+                       f'<text x="{x0 + w / 2:.1f}" y="{y + 14:.1f}" font-size="9" text-anchor="middle">'
+                       f'step {",".join(idx)}</text>')
+        x1 = max(xs[v][0] + xs[v][1] for v in placed)
+        out.append(f'<text x="{x1 + 6:.1f}" y="{y + 15:.1f}" font-size="10" fill="#b00">{state}</text>')
+    out.append("</g>")
+    return "".join(out)
 
 
 def memory(block_or_layout, path: str, batch_size: int = 8) -> dict:
