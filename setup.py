@@ -52,6 +52,7 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6"],
         "bench": ["dynet38", "torch==2.13.0"],
         "gpu": ["cupy-cuda12x"],
+        "mpi": ["mpi4py>=3.1"],
         "dev": ["pytest>=7", "hypothesis>=6", "ruff"],
     },
     ext_modules=[bookkeeping_extension()],

@@ -1,0 +1,340 @@
+"""dy.distributed: data-parallel training over MPI (mpi4py on OpenMPI), the way Horovod does it.
+
+    rank, size = dy.distributed.init()              # from the mpirun environment
+    trainer = dy.distributed.DataParallelTrainer(dy.AdamTrainer(pc))   # broadcasts rank 0's parameters
+    for batch in dy.distributed.tqdm(batches):       # a bar on rank 0 only
+        dy.renew_cg()
+        loss = dy.esum([model.loss(x) for x in dy.distributed.shard(batch)])  # this rank's part
+        loss.backward()
+        trainer.update()                             # sums gradients across ranks, then updates
+
+Each rank records and autobatches its own shard. `update()` sums the gradients of
+every rank before the wrapped trainer runs, so a loss summed over each rank's shard
+gives exactly the update of one process on the combined mini-batch: every rank then
+holds the same gradients and applies the same deterministic rule.
+
+- Dense gradients travel in a few flat buckets (one all-reduce per ~`bucket_bytes`),
+  not one message per parameter.
+- Lookup tables send their touched rows only: the ranks all-gather (row ids, rows),
+  and every rank adds them in rank order, so duplicates sum and all ranks agree bit
+  for bit; the union of touched rows is then touched everywhere, as on one process.
+- Collectives are non-blocking requests polled against a deadline (`timeout`, or
+  DYNAGRAPH_MPI_TIMEOUT seconds): a peer that hangs ends the job with an error
+  naming the collective instead of a silent hang. A peer that dies is reported by
+  mpirun, which then ends the other ranks.
+- Checkpoints hold parameters, optimizer state, the trainer's counters, the step and
+  every rank's RNG state; rank 0 writes them with the project's atomic save, and
+  `load_checkpoint` broadcasts rank 0's copy, so no shared filesystem is needed.
+
+mpi4py is imported only by `init()`: `import dynagraph` never needs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import checkpoint
+from .config import config
+
+__all__ = ["init", "rank", "size", "is_main", "shard", "log", "tqdm", "barrier", "DataParallelTrainer",
+           "DistributedError"]
+
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_comm: Any = None          # mpi4py communicator once init() ran with MPI; None on one process
+_rank, _size = 0, 1
+
+
+class DistributedError(RuntimeError):
+    """A collective failed or timed out; the message names the rank and the operation."""
+
+
+# ------------------------------------------------------------------ process group
+def init(comm: Any = None) -> tuple[int, int]:
+    """(rank, size) of this process. Under mpirun this initialises MPI (importing mpi4py);
+    started without mpirun and without mpi4py, it is one process: (0, 1)."""
+    global _comm, _rank, _size
+    if _comm is not None and comm is None:
+        return _rank, _size
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        if any(k in os.environ for k in _MPI_ENV):
+            raise ImportError("dy.distributed.init(): started by mpirun, but mpi4py is not installed; "
+                              "pip install 'dynagraph[mpi]' (needs an MPI such as Debian's libopenmpi-dev)") from None
+        _comm, _rank, _size = None, 0, 1
+        return 0, 1
+    _comm = comm if comm is not None else MPI.COMM_WORLD
+    # Errors from MPI calls become Python exceptions we can report, not an abort without a word.
+    _comm.Set_errhandler(MPI.ERRORS_RETURN)
+    _rank, _size = _comm.Get_rank(), _comm.Get_size()
+    return _rank, _size
+
+
+def rank() -> int:
+    return _rank
+
+
+def size() -> int:
+    return _size
+
+
+def is_main() -> bool:
+    """True on rank 0, the rank that shows bars, logs and writes checkpoints."""
+    return _rank == 0
+
+
+def shard(items: Sequence, rank: int | None = None, size: int | None = None) -> list:
+    """This rank's part of `items`: a contiguous slice, sizes differing by at most one.
+
+    Contiguous (not strided) so that the concatenation of the shards in rank order is
+    `items` itself: the combined mini-batch, in order."""
+    r = _rank if rank is None else int(rank)
+    n = _size if size is None else int(size)
+    items = list(items)
+    base, extra = divmod(len(items), n)
+    start = r * base + min(r, extra)
+    return items[start:start + base + (1 if r < extra else 0)]
+
+
+def log(*args, **kwargs) -> None:
+    """print() on rank 0 only (to stderr unless `file=` says otherwise)."""
+    if is_main():
+        kwargs.setdefault("file", sys.stderr)
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
+
+
+def tqdm(iterable: Iterable | None = None, **kwargs):
+    """A tqdm bar on rank 0; the other ranks iterate silently."""
+    from tqdm import tqdm as _tqdm
+    kwargs["disable"] = kwargs.get("disable", False) or not is_main()
+    return _tqdm(iterable, **kwargs)
+
+
+def _timeout(t: float | None) -> float:
+    return float(os.environ.get("DYNAGRAPH_MPI_TIMEOUT", 300.0)) if t is None else float(t)
+
+
+def _wait(requests: list, what: str, timeout: float) -> None:
+    """Wait for non-blocking requests, polling against a deadline.
+
+    Blocking MPI collectives cannot time out; a stuck peer would hang every rank.
+    Polling backs off to 5 ms so that waiting ranks leave the (shared) cores to the
+    ranks still computing."""
+    from mpi4py import MPI
+    deadline, pause = time.monotonic() + timeout, 2e-5
+    try:
+        while not MPI.Request.Testall(requests):
+            if time.monotonic() > deadline:
+                msg = (f"dy.distributed: rank {_rank}/{_size}: {what} did not complete within {timeout:g} s; "
+                       f"another rank is stuck or dead. Aborting the job.")
+                sys.stderr.write(msg + "\n")
+                sys.stderr.flush()
+                _comm.Abort(3)  # the others are blocked inside MPI: only an abort ends them
+                raise DistributedError(msg)
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
+    except MPI.Exception as e:
+        raise DistributedError(f"dy.distributed: rank {_rank}/{_size}: {what} failed: {e}") from None
+
+
+def barrier(timeout: float | None = None) -> None:
+    if _comm is not None:
+        _wait([_comm.Ibarrier()], "barrier", _timeout(timeout))
+
+
+def _bcast_object(obj: Any, what: str, timeout: float | None = None) -> Any:
+    """rank 0's `obj` on every rank (pickled in memory between our own processes, never from a file)."""
+    if _comm is None:
+        return obj
+    import pickle
+    data = np.frombuffer(pickle.dumps(obj), np.uint8) if is_main() else None
+    n = np.array([0 if data is None else data.size], np.int64)
+    _wait([_comm.Ibcast(n, root=0)], what, _timeout(timeout))
+    buf = data.copy() if is_main() else np.empty(int(n[0]), np.uint8)
+    _wait([_comm.Ibcast(buf, root=0)], what, _timeout(timeout))
+    return obj if is_main() else pickle.loads(buf.tobytes())
+
+
+def _gather_object(obj: Any, what: str, timeout: float | None = None) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if _comm is None:
+        return [obj]
+    import pickle
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    return [pickle.loads(b.tobytes()) for b in _allgatherv(data, what, _timeout(timeout))]
+
+
+def _allgatherv(local: np.ndarray, what: str, timeout: float) -> list:
+    """Every rank's 1-d `local` (same dtype on all ranks), in rank order."""
+    from mpi4py import MPI
+    counts = np.zeros(_size, np.int64)
+    _wait([_comm.Iallgather(np.array([local.size], np.int64), counts)], what, timeout)
+    out = np.empty(int(counts.sum()), local.dtype)
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    mpi_type = MPI._typedict[local.dtype.char]
+    _wait([_comm.Iallgatherv(np.ascontiguousarray(local), [out, counts, displs, mpi_type])], what, timeout)
+    return np.split(out, np.cumsum(counts)[:-1])
+
+
+# ------------------------------------------------------------------- the wrapper
+class DataParallelTrainer:
+    """Wraps any trainer: parameters broadcast from rank 0 now, gradients summed across
+    ranks in every `update()`. Attributes it does not define are the trainer's
+    (learning_rate, set_clip_threshold, status, ...)."""
+
+    def __init__(self, trainer, bucket_bytes: int = 25 << 20, timeout: float | None = None,
+                 broadcast: bool = True):
+        if not hasattr(trainer, "update") or not hasattr(trainer, "model"):
+            raise TypeError(f"DataParallelTrainer wraps a trainer, got {type(trainer).__name__}")
+        if _comm is None and _size == 1 and any(k in os.environ for k in _MPI_ENV):
+            init()
+        self.trainer = trainer
+        self.timeout = _timeout(timeout)
+        pc = trainer.model
+        self._dense = pc.parameters_list()
+        self._lookups = pc.lookup_parameters_list()
+        self._buckets = _make_buckets(self._dense, int(bucket_bytes))
+        self.step = 0               # update() calls, for checkpoints
+        self.comm_seconds = 0.0     # time spent in gradient collectives (for the bench)
+        if broadcast:
+            self.broadcast_parameters()
+
+    def __getattr__(self, name: str):
+        if name == "trainer":  # not yet set (during unpickling or a failed __init__)
+            raise AttributeError(name)
+        return getattr(self.trainer, name)
+
+    # ------------------------------------------------------------ collectives
+    def broadcast_parameters(self) -> None:
+        """Every rank takes rank 0's values (initialisers drew different numbers per rank
+        only if the seeds differ; this makes the start identical either way)."""
+        if _comm is None:
+            return
+        reqs = [_comm.Ibcast(p.values, root=0) for p in self._dense + self._lookups]
+        _wait(reqs, "parameter broadcast", self.timeout)
+
+    def allreduce_gradients(self) -> None:
+        """Sum every gradient across ranks, in place (what update() does first)."""
+        if _comm is None:
+            return
+        t0 = time.perf_counter()
+        self._allreduce_dense()
+        for p in self._lookups:
+            self._allreduce_lookup(p)
+        self.comm_seconds += time.perf_counter() - t0
+
+    def _allreduce_dense(self) -> None:
+        from mpi4py import MPI
+        bufs = []
+        for params, buf in self._buckets:
+            off = 0
+            for p in params:
+                n = p.grad.size
+                buf[off:off + n] = p.grad.reshape(-1)
+                off += n
+            bufs.append(buf)
+        # All buckets in flight at once: MPI pipelines them.
+        _wait([_comm.Iallreduce(MPI.IN_PLACE, b, op=MPI.SUM) for b in bufs], "gradient all-reduce", self.timeout)
+        for params, buf in self._buckets:
+            off = 0
+            for p in params:
+                n = p.grad.size
+                p.grad[...] = buf[off:off + n].reshape(p.grad.shape)
+                off += n
+
+    def _allreduce_lookup(self, p) -> None:
+        """Touched rows only: gather every rank's (ids, rows), add them in rank order."""
+        rows = p.touched_rows()
+        ids = _allgatherv(rows.astype(np.int64), f"row ids of {p.name()}", self.timeout)
+        grads = _allgatherv(np.ascontiguousarray(p.grad[rows]).reshape(-1), f"rows of {p.name()}", self.timeout)
+        all_ids = np.concatenate(ids)
+        if all_ids.size == 0:
+            return
+        row_shape = p.grad.shape[1:]
+        p.clear_grad()
+        p.add_sparse_grad(all_ids, np.concatenate(grads).reshape((all_ids.size,) + row_shape))
+
+    def update(self) -> None:
+        self.allreduce_gradients()
+        self.trainer.update()
+        self.step += 1
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str, extra: dict | None = None) -> None:
+        """Rank 0 writes parameters, optimizer state, counters, step and every rank's RNG
+        state atomically to `path` (an .npz, never pickled). Call it on every rank."""
+        rng_states = _gather_object(json.dumps(config.rng.bit_generator.state), "checkpoint RNG gather",
+                                    self.timeout)
+        if is_main():
+            arrays = _checkpoint_arrays(self.trainer, self.step, rng_states, extra or {})
+            checkpoint.write_arrays(path, arrays)
+        barrier(self.timeout)  # nobody goes on (or reads it) before the file is complete
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what save_checkpoint wrote (rank 0 reads, every rank receives); returns
+        the `extra` dict that was saved."""
+        arrays = checkpoint.read_arrays(path) if is_main() else None
+        arrays = _bcast_object(arrays, "checkpoint broadcast", self.timeout)
+        return _restore(self, arrays, path)
+
+
+def _make_buckets(params: list, bucket_bytes: int) -> list:
+    """Consecutive parameters grouped into flat buffers of about bucket_bytes each."""
+    buckets, cur, nbytes = [], [], 0
+    for p in params:
+        if cur and nbytes + p.grad.nbytes > bucket_bytes:
+            buckets.append(cur)
+            cur, nbytes = [], 0
+        cur.append(p)
+        nbytes += p.grad.nbytes
+    if cur:
+        buckets.append(cur)
+    return [(b, np.empty(sum(p.grad.size for p in b), b[0].grad.dtype)) for b in buckets]
+
+
+_SCALARS = ("updates", "clips", "learning_rate")
+
+
+def _checkpoint_arrays(trainer, step: int, rng_states: list, extra: dict) -> dict:
+    arrays = {}
+    pc = trainer.model
+    for p in pc.parameters_list() + pc.lookup_parameters_list():
+        arrays["param" + p.name()] = p.values
+        for i, s in enumerate(trainer.state_arrays(p)):
+            arrays[f"state{p.name()}/{i}"] = s
+    meta = {"step": step, "size": _size, "trainer": type(trainer).__name__,
+            "scalars": {k: getattr(trainer, k) for k in _SCALARS}, "rng": rng_states, "extra": extra}
+    arrays["meta/json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    return arrays
+
+
+def _restore(dp: DataParallelTrainer, arrays: dict, path: str) -> dict:
+    trainer, pc = dp.trainer, dp.trainer.model
+    meta = json.loads(arrays["meta/json"].tobytes().decode()) if "meta/json" in arrays else None
+    if meta is None:
+        raise ValueError(f"{path}: not a dy.distributed checkpoint (no meta/json entry)")
+    if meta["trainer"] != type(trainer).__name__:
+        raise ValueError(f"{path}: saved from a {meta['trainer']}, resuming a {type(trainer).__name__}")
+    if meta["size"] != _size:
+        raise ValueError(f"{path}: saved by {meta['size']} ranks, resuming with {_size}; "
+                         f"the data shards and per-rank RNG states would not line up")
+    params = pc.parameters_list() + pc.lookup_parameters_list()
+    wanted = [("param" + p.name(), p) for p in params]
+    checkpoint.fill(wanted, arrays, path, scope="param/")
+    for p in params:
+        for i, s in enumerate(trainer.state_arrays(p)):
+            key = f"state{p.name()}/{i}"
+            if key not in arrays or arrays[key].shape != s.shape:
+                raise ValueError(f"{path}: optimizer state {key} missing or of another shape")
+            s[...] = arrays[key]
+    for k, v in meta["scalars"].items():
+        setattr(trainer, k, v)
+    config.rng.bit_generator.state = json.loads(meta["rng"][_rank])
+    dp.step = int(meta["step"])
+    return meta["extra"]

@@ -1,0 +1,131 @@
+"""dy.distributed under `mpirun -np 2` (skipped without mpirun or mpi4py).
+
+Each test starts tests/distributed_worker.py as a bounded subprocess: under mpirun
+(2 ranks, each with half of every mini-batch) and as one plain process (the combined
+mini-batch); the results must agree to 1e-10 in float64.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import dynagraph as dy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "distributed_worker.py")
+MPIRUN = shutil.which("mpirun")
+needs_mpi = pytest.mark.skipif(MPIRUN is None or importlib.util.find_spec("mpi4py") is None,
+                               reason="needs mpirun (OpenMPI) and mpi4py")
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def _run(args: list, np_: int, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, WORKER] + [str(a) for a in args]
+    if np_ > 0:
+        cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", "--bind-to", "none"] + cmd
+    return subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(p: subprocess.CompletedProcess) -> None:
+    assert p.returncode == 0, f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+
+
+def _load(d) -> list:
+    return [dict(np.load(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.startswith("rank")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("trainer,sparse", [("sgd", 0), ("adam", 0), ("sgd", 1), ("adam", 1)])
+def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path, trainer, sparse):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    _ok(_run([one, trainer, sparse, 5], np_=0))
+    _ok(_run([two, trainer, sparse, 5], np_=2))
+    (ref,), ranks = _load(one), _load(two)
+    assert len(ranks) == 2
+    # A loss summed over each rank's shard adds up to the loss over the combined batch.
+    np.testing.assert_allclose(ranks[0]["losses"] + ranks[1]["losses"], ref["losses"], rtol=0, atol=1e-10)
+    assert ref["losses"].shape == (5,)
+    for r in ranks:
+        for k, v in ref.items():
+            if k != "losses":
+                np.testing.assert_allclose(r[k], v, rtol=0, atol=1e-10, err_msg=k)
+    # The ranks hold bit-identical weights (same summed gradients, same rule).
+    for k in ref:
+        assert np.array_equal(ranks[0][k], ranks[1][k]) or k == "losses"
+    moved = ref["/E"] if sparse else ref["/W"]
+    assert np.abs(moved).sum() > 0  # the parameters were trained, not left alone
+
+
+@needs_mpi
+def test_resume_from_checkpoint_continues_exactly(tmp_path):
+    straight, first, second = tmp_path / "straight", tmp_path / "first", tmp_path / "second"
+    for d in (straight, first, second):
+        d.mkdir()
+    ckpt = str(tmp_path / "ckpt.npz")
+    _ok(_run([straight, "adam", 1, 5], np_=2))
+    _ok(_run([first, "adam", 1, 5, "--save-at", 3, ckpt], np_=2))
+    assert os.path.exists(ckpt) and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    _ok(_run([second, "adam", 1, 5, "--resume", ckpt], np_=2))
+    a, b, c = _load(straight), _load(first), _load(second)
+    for r in range(2):
+        np.testing.assert_array_equal(np.concatenate([b[r]["losses"], c[r]["losses"]]), a[r]["losses"])
+        for k, v in a[r].items():
+            if k != "losses":
+                np.testing.assert_array_equal(c[r][k], v, err_msg=k)
+
+
+@needs_mpi
+def test_a_killed_rank_ends_the_job_with_an_error(tmp_path):
+    t0 = time.monotonic()
+    p = _run([tmp_path, "sgd", 1, 5, "--fail", "kill"], np_=2, timeout=90)
+    assert p.returncode != 0
+    assert time.monotonic() - t0 < 90
+    out = p.stdout + p.stderr
+    assert "signal 9" in out or "Killed" in out or "exited" in out, out
+
+
+@needs_mpi
+def test_a_hung_rank_ends_the_job_with_a_timeout_error(tmp_path):
+    t0 = time.monotonic()
+    p = _run([tmp_path, "sgd", 1, 5, "--fail", "hang"], np_=2, timeout=90, DYNAGRAPH_MPI_TIMEOUT="3")
+    assert p.returncode != 0
+    assert time.monotonic() - t0 < 90
+    assert "gradient all-reduce did not complete within 3 s" in p.stderr, p.stderr
+
+
+def test_shard_splits_in_order_and_covers_everything():
+    items = list(range(11))
+    parts = [dy.distributed.shard(items, rank=r, size=3) for r in range(3)]
+    assert sum(parts, []) == items
+    assert [len(s) for s in parts] == [4, 4, 3]
+    assert dy.distributed.shard([1, 2], rank=2, size=3) == []
+
+
+def test_single_process_without_mpirun_is_rank_0_of_1():
+    # Without mpirun the wrapper is a plain trainer: the same numbers as the bare one.
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((2, 3))
+    ref = W.as_array()
+    trainer = dy.distributed.DataParallelTrainer(dy.SimpleSGDTrainer(pc, 0.5))
+    dy.renew_cg()
+    loss = dy.squared_norm(W * dy.inputVector([1.0, 2.0, 3.0]))
+    loss.backward()
+    g = W.grad_as_array()
+    trainer.update()
+    np.testing.assert_allclose(W.as_array(), ref - 0.5 * g * min(1.0, 5.0 / np.linalg.norm(g)), rtol=1e-6)
+    assert trainer.step == 1 and trainer.learning_rate == 0.5
