@@ -124,7 +124,7 @@ def _wait(requests: list, what: str, timeout: float) -> None:
     """Wait for non-blocking requests, polling against a deadline.
 
     Blocking MPI collectives cannot time out; a stuck peer would hang every rank.
-    Polling backs off to 5 ms so that waiting ranks leave the (shared) cores to the
+    Polling backs off to 1 ms so that waiting ranks leave the (shared) cores to the
     ranks still computing."""
     from mpi4py import MPI
     deadline, pause = time.monotonic() + timeout, 2e-5
@@ -138,7 +138,7 @@ def _wait(requests: list, what: str, timeout: float) -> None:
                 _comm.Abort(3)  # the others are blocked inside MPI: only an abort ends them
                 raise DistributedError(msg)
             time.sleep(pause)
-            pause = min(pause * 2, 5e-3)
+            pause = min(pause * 2, 1e-3)
     except MPI.Exception as e:
         raise DistributedError(f"dy.distributed: rank {_rank}/{_size}: {what} failed: {e}") from None
 
