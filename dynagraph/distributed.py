@@ -172,12 +172,12 @@ def _gather_object(obj: Any, what: str, timeout: float | None = None) -> list:
 
 def _allgatherv(local: np.ndarray, what: str, timeout: float) -> list:
     """Every rank's 1-d `local` (same dtype on all ranks), in rank order."""
-    from mpi4py import MPI
+    from mpi4py.util.dtlib import from_numpy_dtype
     counts = np.zeros(_size, np.int64)
     _wait([_comm.Iallgather(np.array([local.size], np.int64), counts)], what, timeout)
     out = np.empty(int(counts.sum()), local.dtype)
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    mpi_type = MPI._typedict[local.dtype.char]
+    mpi_type = from_numpy_dtype(local.dtype)
     _wait([_comm.Iallgatherv(np.ascontiguousarray(local), [out, counts, displs, mpi_type])], what, timeout)
     return np.split(out, np.cumsum(counts)[:-1])
 
@@ -320,19 +320,18 @@ def _restore(dp: DataParallelTrainer, arrays: dict, path: str) -> dict:
     if meta is None:
         raise ValueError(f"{path}: not a dy.distributed checkpoint (no meta/json entry)")
     if meta["trainer"] != type(trainer).__name__:
-        raise ValueError(f"{path}: saved from a {meta['trainer']}, resuming a {type(trainer).__name__}")
+        raise ValueError(f"{path}: saved from {meta['trainer']}, cannot resume {type(trainer).__name__}")
     if meta["size"] != _size:
         raise ValueError(f"{path}: saved by {meta['size']} ranks, resuming with {_size}; "
                          f"the data shards and per-rank RNG states would not line up")
     params = pc.parameters_list() + pc.lookup_parameters_list()
-    wanted = [("param" + p.name(), p) for p in params]
-    checkpoint.fill(wanted, arrays, path, scope="param/")
-    for p in params:
-        for i, s in enumerate(trainer.state_arrays(p)):
-            key = f"state{p.name()}/{i}"
-            if key not in arrays or arrays[key].shape != s.shape:
-                raise ValueError(f"{path}: optimizer state {key} missing or of another shape")
-            s[...] = arrays[key]
+    states = [(f"state{p.name()}/{i}", s) for p in params for i, s in enumerate(trainer.state_arrays(p))]
+    bad = [k for k, s in states if k not in arrays or arrays[k].shape != s.shape]
+    if bad:  # checked before anything is written: a failed resume changes nothing
+        raise ValueError(f"{path}: optimizer state missing or of another shape: {', '.join(bad[:8])}")
+    checkpoint.fill([("param" + p.name(), p) for p in params], arrays, path, scope="param/")
+    for k, s in states:
+        s[...] = arrays[k]
     for k, v in meta["scalars"].items():
         setattr(trainer, k, v)
     config.rng.bit_generator.state = json.loads(meta["rng"][_rank])

@@ -66,7 +66,8 @@ def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path, trainer, sp
                 np.testing.assert_allclose(r[k], v, rtol=0, atol=1e-10, err_msg=k)
     # The ranks hold bit-identical weights (same summed gradients, same rule).
     for k in ref:
-        assert np.array_equal(ranks[0][k], ranks[1][k]) or k == "losses"
+        if k != "losses":
+            np.testing.assert_array_equal(ranks[0][k], ranks[1][k], err_msg=k)
     moved = ref["/E"] if sparse else ref["/W"]
     assert np.abs(moved).sum() > 0  # the parameters were trained, not left alone
 
@@ -95,8 +96,8 @@ def test_a_killed_rank_ends_the_job_with_an_error(tmp_path):
     p = _run([tmp_path, "sgd", 1, 5, "--fail", "kill"], np_=2, timeout=90)
     assert p.returncode != 0
     assert time.monotonic() - t0 < 90
-    out = p.stdout + p.stderr
-    assert "signal 9" in out or "Killed" in out or "exited" in out, out
+    out = (p.stdout + p.stderr).lower()
+    assert "signal 9" in out or "signal: 9" in out, out  # OpenMPI / MPICH wording
 
 
 @needs_mpi
@@ -129,3 +130,45 @@ def test_single_process_without_mpirun_is_rank_0_of_1():
     trainer.update()
     np.testing.assert_allclose(W.as_array(), ref - 0.5 * g * min(1.0, 5.0 / np.linalg.norm(g)), rtol=1e-6)
     assert trainer.step == 1 and trainer.learning_rate == 0.5
+
+
+def _tiny_run(path: str, steps: int, resume: bool = False) -> tuple:
+    """One process: a lookup + dense model, Adam, batches drawn from dy.config's RNG."""
+    dy.reset_random_seed(3)
+    pc = dy.ParameterCollection()
+    E, W = pc.add_lookup_parameters((10, 3), name="E"), pc.add_parameters((2, 3), name="W")
+    trainer = dy.distributed.DataParallelTrainer(dy.AdamTrainer(pc, 0.1))
+    start = trainer.load_checkpoint(path)["next"] if resume else 0
+    losses = []
+    for step in range(start, steps):
+        ids = dy.config.config.rng.integers(0, 10, size=4)
+        dy.renew_cg()
+        loss = dy.esum([dy.pickneglogsoftmax(W * E[int(i)], int(i) % 2) for i in ids])
+        losses.append(loss.value())
+        loss.backward()
+        trainer.update()
+        if not resume and step + 1 == 2:
+            trainer.save_checkpoint(path, extra={"next": 2})
+    return losses, E.as_array(), W.as_array(), trainer
+
+
+def test_checkpoint_resume_in_one_process(tmp_path, float64):
+    path = str(tmp_path / "c.npz")
+    full, E, W, t = _tiny_run(path, 4)
+    rest, E2, W2, t2 = _tiny_run(path, 4, resume=True)
+    assert rest == full[2:]
+    np.testing.assert_array_equal(E2, E)
+    np.testing.assert_array_equal(W2, W)
+    assert t2.step == t.step == 4 and t2.updates == t.updates == 4
+
+
+def test_checkpoint_refuses_another_trainer_or_a_foreign_file(tmp_path, float64):
+    path = str(tmp_path / "c.npz")
+    _tiny_run(path, 2)
+    pc = dy.ParameterCollection()
+    pc.add_lookup_parameters((10, 3), name="E"), pc.add_parameters((2, 3), name="W")
+    with pytest.raises(ValueError, match="saved from AdamTrainer, cannot resume SimpleSGDTrainer"):
+        dy.distributed.DataParallelTrainer(dy.SimpleSGDTrainer(pc)).load_checkpoint(path)
+    pc.save(str(tmp_path / "plain.npz"))
+    with pytest.raises(ValueError, match="not a dy.distributed checkpoint"):
+        dy.distributed.DataParallelTrainer(dy.AdamTrainer(pc)).load_checkpoint(str(tmp_path / "plain.npz"))
