@@ -34,15 +34,15 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from . import checkpoint
 from .config import config
 
-__all__ = ["init", "rank", "size", "is_main", "shard", "log", "tqdm", "barrier", "DataParallelTrainer",
-           "DistributedError"]
+__all__ = ["init", "rank", "size", "is_main", "shard", "log", "tqdm", "barrier", "broadcast_object",
+           "allgather_object", "DataParallelTrainer", "DistributedError"]
 
 _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 _comm: Any = None          # mpi4py communicator once init() ran with MPI; None on one process
@@ -88,17 +88,36 @@ def is_main() -> bool:
     return _rank == 0
 
 
-def shard(items: Sequence, rank: int | None = None, size: int | None = None) -> list:
-    """This rank's part of `items`: a contiguous slice, sizes differing by at most one.
+def shard(items: Sequence, rank: int | None = None, size: int | None = None,
+          cost: Callable[[Any], float] | None = None) -> list:
+    """This rank's part of `items`: a contiguous slice.
 
     Contiguous (not strided) so that the concatenation of the shards in rank order is
-    `items` itself: the combined mini-batch, in order."""
+    `items` itself: the combined mini-batch, in order. Without `cost` the sizes differ
+    by at most one; with `cost` (e.g. `lambda tree: len(tree)`) the split points balance
+    the summed cost instead, so that no rank waits long for the slowest in update()."""
     r = _rank if rank is None else int(rank)
     n = _size if size is None else int(size)
+    if not 0 <= r < n:
+        raise ValueError(f"shard: rank {r} out of range for {n} rank(s)")
     items = list(items)
-    base, extra = divmod(len(items), n)
-    start = r * base + min(r, extra)
-    return items[start:start + base + (1 if r < extra else 0)]
+    if cost is None:
+        base, extra = divmod(len(items), n)
+        start = r * base + min(r, extra)
+        return items[start:start + base + (1 if r < extra else 0)]
+    costs = np.array([float(cost(x)) for x in items])
+    if costs.size and (not np.isfinite(costs).all() or (costs < 0).any()):
+        raise ValueError("shard: cost must give a finite, non-negative number for every item")
+    # Each item goes to the rank whose share of the total cost holds the item's midpoint:
+    # monotone in the item's position, so every shard stays contiguous.
+    total = float(costs.sum())
+    if total > 0:
+        mid = (np.cumsum(costs) - costs / 2) * (n / total)
+        owner = np.minimum(mid.astype(np.int64), n - 1)
+    else:
+        owner = np.arange(len(items)) * n // max(len(items), 1)
+    bounds = np.searchsorted(owner, np.arange(n + 1), side="left")
+    return items[bounds[r]:bounds[r + 1]]
 
 
 def log(*args, **kwargs) -> None:
@@ -148,7 +167,7 @@ def barrier(timeout: float | None = None) -> None:
         _wait([_comm.Ibarrier()], "barrier", _timeout(timeout))
 
 
-def _bcast_object(obj: Any, what: str, timeout: float | None = None) -> Any:
+def broadcast_object(obj: Any, what: str = "object broadcast", timeout: float | None = None) -> Any:
     """rank 0's `obj` on every rank (pickled in memory between our own processes, never from a file)."""
     if _comm is None:
         return obj
@@ -161,7 +180,7 @@ def _bcast_object(obj: Any, what: str, timeout: float | None = None) -> Any:
     return obj if is_main() else pickle.loads(buf.tobytes())
 
 
-def _gather_object(obj: Any, what: str, timeout: float | None = None) -> list:
+def allgather_object(obj: Any, what: str = "object all-gather", timeout: float | None = None) -> list:
     """Every rank's `obj`, in rank order, on every rank."""
     if _comm is None:
         return [obj]
@@ -269,7 +288,7 @@ class DataParallelTrainer:
     def save_checkpoint(self, path: str, extra: dict | None = None) -> None:
         """Rank 0 writes parameters, optimizer state, counters, step and every rank's RNG
         state atomically to `path` (an .npz, never pickled). Call it on every rank."""
-        rng_states = _gather_object(json.dumps(config.rng.bit_generator.state), "checkpoint RNG gather",
+        rng_states = allgather_object(json.dumps(config.rng.bit_generator.state), "checkpoint RNG gather",
                                     self.timeout)
         if is_main():
             arrays = _checkpoint_arrays(self.trainer, self.step, rng_states, extra or {})
@@ -280,7 +299,7 @@ class DataParallelTrainer:
         """Restore what save_checkpoint wrote (rank 0 reads, every rank receives); returns
         the `extra` dict that was saved."""
         arrays = checkpoint.read_arrays(path) if is_main() else None
-        arrays = _bcast_object(arrays, "checkpoint broadcast", self.timeout)
+        arrays = broadcast_object(arrays, "checkpoint broadcast", self.timeout)
         return _restore(self, arrays, path)
 
 

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dynagraph as dy
 
@@ -115,6 +117,22 @@ def test_shard_splits_in_order_and_covers_everything():
     assert sum(parts, []) == items
     assert [len(s) for s in parts] == [4, 4, 3]
     assert dy.distributed.shard([1, 2], rank=2, size=3) == []
+
+
+@given(st.lists(st.floats(0, 100), max_size=40), st.integers(1, 5))
+def test_cost_balanced_shards_are_contiguous_and_near_the_mean(costs, n):
+    items = list(range(len(costs)))
+    parts = [dy.distributed.shard(items, rank=r, size=n, cost=lambda i: costs[i]) for r in range(n)]
+    assert sum(parts, []) == items  # contiguous, in order: the combined mini-batch
+    bound = sum(costs) / n + max(costs, default=0.0)
+    assert all(sum(costs[i] for i in p) <= bound + 1e-9 for p in parts)
+
+
+def test_shard_rejects_bad_costs_and_ranks():
+    with pytest.raises(ValueError, match="finite, non-negative"):
+        dy.distributed.shard([1, 2], rank=0, size=2, cost=lambda x: -x)
+    with pytest.raises(ValueError, match="rank 2 out of range for 2"):
+        dy.distributed.shard([1, 2], rank=2, size=2)
 
 
 def test_single_process_without_mpirun_is_rank_0_of_1():
