@@ -280,6 +280,10 @@ class DataParallelTrainer:
         p.add_sparse_grad(all_ids, np.concatenate(grads).reshape((all_ids.size,) + row_shape))
 
     def update(self) -> None:
+        pc = self.trainer.model
+        if len(pc.parameters_list()) != len(self._dense) or len(pc.lookup_parameters_list()) != len(self._lookups):
+            raise ValueError("DataParallelTrainer: parameters were added to the collection after the trainer was "
+                             "wrapped; they were never broadcast from rank 0. Create every parameter first.")
         self.allreduce_gradients()
         self.trainer.update()
         self.step += 1

@@ -51,7 +51,7 @@ def _load(d) -> list:
 
 
 @needs_mpi
-@pytest.mark.parametrize("trainer,sparse", [("sgd", 0), ("adam", 0), ("sgd", 1), ("adam", 1)])
+@pytest.mark.parametrize("trainer,sparse", [("sgd", 0), ("adam", 0), ("sgd", 1), ("adam", 1), ("momentum", 1)])
 def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path, trainer, sparse):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
@@ -190,3 +190,12 @@ def test_checkpoint_refuses_another_trainer_or_a_foreign_file(tmp_path, float64)
     pc.save(str(tmp_path / "plain.npz"))
     with pytest.raises(ValueError, match="not a dy.distributed checkpoint"):
         dy.distributed.DataParallelTrainer(dy.AdamTrainer(pc)).load_checkpoint(str(tmp_path / "plain.npz"))
+
+
+def test_parameters_added_after_wrapping_are_an_error():
+    pc = dy.ParameterCollection()
+    pc.add_parameters(2)
+    trainer = dy.distributed.DataParallelTrainer(dy.SimpleSGDTrainer(pc))
+    pc.add_parameters(3)
+    with pytest.raises(ValueError, match="added to the collection after the trainer was wrapped"):
+        trainer.update()
