@@ -308,10 +308,10 @@ class DataParallelTrainer:
 
 
 def _make_buckets(params: list, bucket_bytes: int) -> list:
-    """Consecutive parameters grouped into flat buffers of about bucket_bytes each."""
+    """Consecutive parameters of one dtype grouped into flat buffers of about bucket_bytes each."""
     buckets, cur, nbytes = [], [], 0
     for p in params:
-        if cur and nbytes + p.grad.nbytes > bucket_bytes:
+        if cur and (nbytes + p.grad.nbytes > bucket_bytes or p.grad.dtype != cur[0].grad.dtype):
             buckets.append(cur)
             cur, nbytes = [], 0
         cur.append(p)
