@@ -106,14 +106,14 @@ def shard(items: Sequence, rank: int | None = None, size: int | None = None,
         start = r * base + min(r, extra)
         return items[start:start + base + (1 if r < extra else 0)]
     costs = np.array([float(cost(x)) for x in items])
-    if costs.size and (not np.isfinite(costs).all() or (costs < 0).any()):
-        raise ValueError("shard: cost must give a finite, non-negative number for every item")
+    if costs.size and (not np.isfinite(costs.sum()) or (costs < 0).any()):  # a finite sum: finite items
+        raise ValueError("shard: cost must give finite, non-negative numbers (with a finite sum)")
     # Each item goes to the rank whose share of the total cost holds the item's midpoint:
     # monotone in the item's position, so every shard stays contiguous.
     total = float(costs.sum())
     if total > 0:
-        mid = (np.cumsum(costs) - costs / 2) * (n / total)
-        owner = np.minimum(mid.astype(np.int64), n - 1)
+        mid = np.clip((np.cumsum(costs) - costs / 2) / total, 0.0, 1.0)  # in [0, 1], even for subnormal totals
+        owner = np.minimum((mid * n).astype(np.int64), n - 1)
     else:
         owner = np.arange(len(items)) * n // max(len(items), 1)
     bounds = np.searchsorted(owner, np.arange(n + 1), side="left")

@@ -131,6 +131,8 @@ def test_cost_balanced_shards_are_contiguous_and_near_the_mean(costs, n):
 def test_shard_rejects_bad_costs_and_ranks():
     with pytest.raises(ValueError, match="finite, non-negative"):
         dy.distributed.shard([1, 2], rank=0, size=2, cost=lambda x: -x)
+    with pytest.raises(ValueError, match="finite, non-negative"):
+        dy.distributed.shard([1, 2], rank=0, size=2, cost=lambda x: 1e308)
     with pytest.raises(ValueError, match="rank 2 out of range for 2"):
         dy.distributed.shard([1, 2], rank=2, size=2)
 
