@@ -106,7 +106,9 @@ def shard(items: Sequence, rank: int | None = None, size: int | None = None,
         start = r * base + min(r, extra)
         return items[start:start + base + (1 if r < extra else 0)]
     costs = np.array([float(cost(x)) for x in items])
-    if costs.size and (not np.isfinite(costs.sum()) or (costs < 0).any()):  # a finite sum: finite items
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite_sum = bool(np.isfinite(costs.sum()))  # implies finite items
+    if costs.size and (not finite_sum or (costs < 0).any()):
         raise ValueError("shard: cost must give finite, non-negative numbers (with a finite sum)")
     # Each item goes to the rank whose share of the total cost holds the item's midpoint:
     # monotone in the item's position, so every shard stays contiguous.
