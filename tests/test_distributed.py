@@ -201,3 +201,12 @@ def test_parameters_added_after_wrapping_are_an_error():
     pc.add_parameters(3)
     with pytest.raises(ValueError, match="added to the collection after the trainer was wrapped"):
         trainer.update()
+
+
+@needs_mpi
+def test_bench_runs_and_prints_the_scaling_table():
+    bench = os.path.join(os.path.dirname(HERE), "bench", "distributed_bench.py")
+    p = subprocess.run([sys.executable, bench, "--H", "8", "--batch", "4", "--steps", "1", "--rounds", "1"],
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    _ok(p)
+    assert "1 rank tree/s" in p.stdout and "wall-clock scaling: median" in p.stdout, p.stdout
