@@ -210,3 +210,19 @@ def test_bench_runs_and_prints_the_scaling_table():
                        env=_env(), capture_output=True, text=True, timeout=120)
     _ok(p)
     assert "1 rank tree/s" in p.stdout and "wall-clock scaling: median" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("under_mpirun", [False, True])
+def test_without_mpi4py_import_works_and_init_is_one_process_or_a_clear_error(under_mpirun):
+    code = ("import sys; sys.modules['mpi4py'] = None\n"  # as if mpi4py were not installed
+            "import dynagraph as dy\n"
+            "print(dy.distributed.init())\n")
+    env = {k: v for k, v in _env().items() if not k.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))}
+    if under_mpirun:
+        env["OMPI_COMM_WORLD_SIZE"] = "2"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    if under_mpirun:
+        assert p.returncode != 0 and "mpi4py is not installed; pip install 'dynagraph[mpi]'" in p.stderr, p.stderr
+    else:
+        _ok(p)
+        assert p.stdout.strip() == "(0, 1)"
