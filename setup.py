@@ -53,6 +53,7 @@ setup(
         "bench": ["dynet38", "torch==2.13.0"],
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib>=3.5"],
+        "mpi": ["mpi4py>=3.1"],
         "dev": ["pytest>=7", "hypothesis>=6", "ruff"],
     },
     ext_modules=[bookkeeping_extension()],

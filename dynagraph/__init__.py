@@ -18,6 +18,7 @@ from .subgraph import Block, block  # noqa: F401
 from . import cavs  # noqa: F401  (dy.cavs: Cavs vertex functions)
 from . import fsm  # noqa: F401  (dy.fsm: ED-Batch's learned batching policy)
 from . import viz  # noqa: F401  (dy.viz: pictures of the recorded graph and its schedule)
+from . import distributed  # noqa: F401  (dy.distributed: data parallelism on MPI; mpi4py imported lazily)
 from .expressions import *  # noqa: F401,F403
 
 

@@ -145,6 +145,11 @@ class Trainer:
             s = self._state[id(p)] = [np.zeros_like(p.values) for _ in range(self.n_states)]
         return s
 
+    def state_arrays(self, p) -> list:
+        """p's optimizer arrays (momenta, moment estimates), in place, created on first use;
+        for checkpoints and dy.distributed. Empty for plain SGD."""
+        return self._states(p)
+
     def _rule(self, w: np.ndarray, g: np.ndarray, states: list, gscale: float) -> None:
         """Update w (and states) in place from gradient g scaled by gscale. g must not be kept."""
         raise NotImplementedError
