@@ -130,20 +130,61 @@ static int type_graph(TW *s) {
                 bv[s->typ[u] >> 6] |= (uint64_t)1 << (s->typ[u] & 63);
         }
     }
-    Py_ssize_t mark = 2;
-    for (Py_ssize_t t = 0; t < T; t++) {
-        uint64_t tb = (uint64_t)1 << (t & 63);
-        Py_ssize_t tw = t >> 6;
+    /* a node matters to type t when it lies between two type-t nodes, or has type t and one of
+       them above or below: per type, the list of such nodes (CSR, recording order) */
+    uint64_t *above = PyMem_Calloc((size_t)(n * W) + 1, sizeof(uint64_t));
+    Py_ssize_t *tstart = tw_alloc(T + 1), *tlist = NULL, *near_tag = tw_alloc(n);
+    int rc = -1;
+    if (!above || !tstart || !near_tag)
+        goto nomem;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        uint64_t *av = above + v * W;
+        for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
+            Py_ssize_t p = s->argv[e];
+            uint64_t *ap = above + p * W;
+            for (Py_ssize_t w = 0; w < W; w++)
+                av[w] |= ap[w];
+            if (s->typ[p] >= 0)
+                av[s->typ[p] >> 6] |= (uint64_t)1 << (s->typ[p] & 63);
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
-            s->near_len[v] = 0;
             if (!s->pending[v])
                 continue;
-            int own = s->typ[v] == t;
-            if (!own && !(s->below[v * W + tw] & tb))
-                continue;
+            Py_ssize_t tv = s->typ[v];
+            for (Py_ssize_t w = 0; w < W; w++) {
+                uint64_t a = above[v * W + w], b = s->below[v * W + w], m = a & b;
+                if (tv >= 0 && (tv >> 6) == w && ((a | b) >> (tv & 63) & 1))
+                    m |= (uint64_t)1 << (tv & 63);
+                while (m) {
+                    Py_ssize_t t = w * 64 + __builtin_ctzll(m);
+                    m &= m - 1;
+                    if (pass == 0)
+                        tstart[t + 1]++;
+                    else
+                        tlist[tstart[t + 1]++] = v;
+                }
+            }
+        }
+        if (pass == 0) {
+            for (Py_ssize_t t = 0; t < T; t++)
+                tstart[t + 1] += tstart[t];
+            if (!(tlist = tw_alloc(tstart[T])))
+                goto nomem;
+            memmove(tstart + 1, tstart, (size_t)T * sizeof(Py_ssize_t));
+            tstart[0] = 0;
+        }
+    }
+    Py_ssize_t mark = 2;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        for (Py_ssize_t k = tstart[t]; k < tstart[t + 1]; k++) {
+            Py_ssize_t v = tlist[k];
             Py_ssize_t uo = 0, ul = 0;
             for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
                 Py_ssize_t p = s->argv[e];
+                if (near_tag[p] != t + 1)
+                    continue;
                 Py_ssize_t po = s->near_off[p], pl = s->near_len[p];
                 if (pl == 0 || (po == uo && pl == ul))
                     continue;
@@ -154,13 +195,14 @@ static int type_graph(TW *s) {
                 }
                 mark += 2;
                 if (near_union(s, uo, ul, po, pl, mark, &uo, &ul) < 0)
-                    return -1;
+                    goto done;
             }
-            if (own) {
+            near_tag[v] = t + 1;
+            if (s->typ[v] == t) {
                 s->pset_off[v] = uo;
                 s->pset_len[v] = ul;
                 if (pool_reserve(s, 1) < 0)
-                    return -1;
+                    goto done;
                 s->pool[s->pool_len] = v;
                 s->near_off[v] = s->pool_len++;
                 s->near_len[v] = 1;
@@ -170,6 +212,17 @@ static int type_graph(TW *s) {
             }
         }
     }
+    rc = 0;
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    PyMem_Free(above);
+    PyMem_Free(tstart);
+    PyMem_Free(tlist);
+    PyMem_Free(near_tag);
+    if (rc < 0)
+        return -1;
     /* children lists (CSR) from the parent sets */
     for (Py_ssize_t v = 0; v < n; v++) {
         if (s->typ[v] < 0)
