@@ -73,8 +73,35 @@ static int cmp_ssize_tw(const void *a, const void *b) {
 
 /* The pruned union of pool ranges (xo, xl) and (yo, yl), appended to the pool; its range in *off, *len.
    Members that are G_a parents of other members are dropped (pset holds each typed node's parents). */
+/* Whether every member of pool range (xo, xl) is a G_a parent of node q (sorted ranges). */
+static int all_parents_of(const TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t q) {
+    Py_ssize_t pl = s->pset_len[q], j = 0;
+    const Py_ssize_t *p = s->pool + s->pset_off[q], *x = s->pool + xo;
+    if (pl < xl)
+        return 0;
+    for (Py_ssize_t i = 0; i < xl; i++) {
+        while (j < pl && p[j] < x[i])
+            j++;
+        if (j == pl || p[j] != x[i])
+            return 0;
+    }
+    return 1;
+}
+
 static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t mark,
                       Py_ssize_t *off, Py_ssize_t *len) {
+    /* the common case, a node and the cell before it: one side is a single node whose
+       G_a parents hold the whole other side, so the union is that side, shared */
+    if (yl == 1 && all_parents_of(s, xo, xl, s->pool[yo])) {
+        *off = yo;
+        *len = 1;
+        return 0;
+    }
+    if (xl == 1 && all_parents_of(s, yo, yl, s->pool[xo])) {
+        *off = xo;
+        *len = 1;
+        return 0;
+    }
     if (pool_reserve(s, xl + yl) < 0)
         return -1;
     Py_ssize_t *x = s->pool + xo, *y = s->pool + yo, *out = s->pool + s->pool_len, i = 0, j = 0, m = 0;
