@@ -102,6 +102,11 @@ static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssi
         *len = 1;
         return 0;
     }
+    if (xl == yl && memcmp(s->pool + xo, s->pool + yo, (size_t)xl * sizeof(Py_ssize_t)) == 0) {
+        *off = xo;  /* one set reached along two paths */
+        *len = xl;
+        return 0;
+    }
     if (pool_reserve(s, xl + yl) < 0)
         return -1;
     Py_ssize_t *x = s->pool + xo, *y = s->pool + yo, *out = s->pool + s->pool_len, i = 0, j = 0, m = 0;
