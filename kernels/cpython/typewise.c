@@ -210,6 +210,151 @@ static Py_ssize_t fsm_lookup(TW *s, PyObject *table, const Py_ssize_t *vmap, con
     return (t >= 0 && s->blen[t] > 0) ? t : -1;
 }
 
+/* The FSM's side of a call: its table and the per-type vocabulary ids (vmap) and back (inv). */
+typedef struct {
+    PyObject *table, *vocab;  /* borrowed; vocab: vocabulary id per signature id */
+    Py_ssize_t V, *vmap, *inv, *full;
+    int on, encoding, settle;
+    Item *items;
+} Fsm;
+
+/* Unpack the policy argument: None (typewise) or (table, vocab_by_sig, n_vocab, encoding, settle). */
+static int parse_policy(PyObject *policy, Fsm *f) {
+    f->on = policy != Py_None;
+    f->settle = 1;
+    if (!f->on)
+        return 0;
+    long e = 0;
+    if (!PyArg_ParseTuple(policy, "O!O!nlp", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
+                          &f->settle))
+        return -1;
+    if (e < 0 || e > 2 || f->V < 0) {
+        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1 or 2");
+        return -1;
+    }
+    f->encoding = (int)e;
+    return 0;
+}
+
+/* Per-node arrays, then the columns (tw_columns); 1: Python decides. */
+static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
+                    Py_ssize_t lo, Py_ssize_t *sig_type) {
+    Py_ssize_t n = s->n;
+    s->typ = tw_alloc(n);
+    s->indeg = tw_alloc(n);
+    s->ustart = tw_alloc(n + 1);
+    s->argstart = tw_alloc(n + 1);
+    s->pending = PyMem_Calloc((size_t)n + 1, 1);
+    s->node = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    s->lone = tw_alloc(n);
+    s->bucket = tw_alloc(n);
+    if (!s->typ || !s->indeg || !s->ustart || !s->argstart || !s->pending || !s->node || !s->lone || !s->bucket) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k <= s->S; k++)
+        sig_type[k] = -1;
+    for (Py_ssize_t v = 0; v < n; v++)
+        s->typ[v] = -1;  /* not pending: no type */
+    return tw_columns(s, args, sig, batchable, ids, B, lo, sig_type);
+}
+
+/* Per-type arrays: bucket ranges, F_a counts, the FSM's vocabulary maps; G_a when needed. */
+static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
+    Py_ssize_t n = s->n, T = s->T;
+    s->W = (T + 63) / 64;
+    f->vmap = tw_alloc(T);
+    f->inv = tw_alloc(f->V);
+    f->full = tw_alloc(T);
+    f->items = PyMem_Calloc((size_t)T + 1, sizeof(Item));
+    s->bstart = tw_alloc(T);
+    s->blen = tw_alloc(T);
+    s->fcount = tw_alloc(T);
+    if (!f->vmap || !f->inv || !f->full || !f->items || !s->bstart || !s->blen || !s->fcount) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < f->V; v++)
+        f->inv[v] = -1;
+    for (Py_ssize_t sg = 0; sg < s->S; sg++) {
+        Py_ssize_t t = sig_type[sg];
+        if (t < 0)
+            continue;
+        f->vmap[t] = -1;
+        if (f->vocab) {
+            Py_ssize_t x = PyLong_AsSsize_t(PyList_GET_ITEM(f->vocab, sg));
+            if (x == -1 && PyErr_Occurred())
+                return -1;
+            if (x >= 0 && x < f->V) {
+                f->vmap[t] = x;
+                f->inv[x] = t;
+            }
+        }
+    }
+    /* each node joins its type's bucket once: give every type its own range */
+    for (Py_ssize_t v = 0; v < n; v++)
+        if (s->typ[v] >= 0)
+            s->bstart[s->typ[v] + 1]++;
+    for (Py_ssize_t t = 0; t < T; t++)
+        s->bstart[t + 1] += s->bstart[t];
+    if (!typewise)
+        return 0;
+    s->below = PyMem_Calloc((size_t)(n * s->W) + 1, sizeof(uint64_t));
+    s->near_off = tw_alloc(n);
+    s->near_len = tw_alloc(n);
+    s->pset_off = tw_alloc(n);
+    s->pset_len = tw_alloc(n);
+    s->stamp = tw_alloc(n);
+    s->gpar = tw_alloc(n);
+    s->gstart = tw_alloc(n + 1);
+    if (!s->below || !s->near_off || !s->near_len || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
+        !s->gstart) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return tw_type_graph(s);
+}
+
+/* Simulation.reset and the decision loop (TypewiseBatching / FSMScheduler.schedule_py). */
+static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *misses) {
+    int rc = 0;
+    for (Py_ssize_t v = 0; v < s->n && rc == 0; v++) {  /* ready nodes; unbatchable ones run at once */
+        if (!s->pending[v] || s->indeg[v] != 0)
+            continue;
+        if (s->typ[v] >= 0) {
+            s->bucket[s->bstart[s->typ[v]] + s->blen[s->typ[v]]++] = v;
+        } else {
+            s->unbatchable++;
+            rc = emit(s, &v, 1);
+            if (rc == 0)
+                rc = tw_release(s, &v, 1);
+        }
+    }
+    while (rc == 0) {
+        if (f->on && f->settle && (rc = tw_settle(s, f->full)) != 0)
+            break;
+        Py_ssize_t t = most_common_c(s);
+        if (t < 0)
+            break;  /* nothing ready: done */
+        if (!f->on) {
+            t = choose_typewise(s);
+        } else {
+            int err = 0;
+            Py_ssize_t a = fsm_lookup(s, f->table, f->vmap, f->inv, f->V, f->encoding, f->items, &err);
+            if (err)
+                return -1;
+            if (a >= 0) {
+                (*hits)++;
+                t = a;
+            } else {
+                (*misses)++;
+            }
+        }
+        rc = tw_step(s, t, typewise);
+    }
+    return rc;
+}
+
 /* typewise_batches(args, sig, batchable, nodes, policy): the typewise heuristic (policy None) or
    the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2, settle)). Returns
    (batches, hits, misses), or None when Python must decide (a signature outside the tables,
@@ -221,27 +366,15 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "typewise_batches(args, sig, batchable: lists, nodes, policy)");
         return NULL;
     }
-    PyObject *args = argv[0], *sig = argv[1], *batchable = argv[2], *nodes = argv[3], *policy = argv[4];
-    PyObject *table = NULL, *vocab = NULL;
-    Py_ssize_t V = 0;
-    int fsm = policy != Py_None, encoding = 0, settle = 1;
-    if (fsm) {
-        long e = 0;
-        int st = 0;
-        if (!PyArg_ParseTuple(policy, "O!O!nlp", &PyDict_Type, &table, &PyList_Type, &vocab, &V, &e, &st))
-            return NULL;
-        if (e < 0 || e > 2 || V < 0) {
-            PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1 or 2");
-            return NULL;
-        }
-        encoding = (int)e;
-        settle = st;
-    }
+    PyObject *args = argv[0], *sig = argv[1], *batchable = argv[2], *nodes = argv[3];
+    Fsm f = {0};
+    if (parse_policy(argv[4], &f) < 0)
+        return NULL;
     Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), total = PyList_GET_SIZE(args);
     PyObject **ids = PySequence_Fast_ITEMS(nodes);
     if (B == 0)
         return Py_BuildValue("(Nii)", PyList_New(0), 0, 0);
-    if (PyList_GET_SIZE(sig) != total || (vocab && PyList_GET_SIZE(vocab) != PyList_GET_SIZE(batchable))) {
+    if (PyList_GET_SIZE(sig) != total || (f.vocab && PyList_GET_SIZE(f.vocab) != PyList_GET_SIZE(batchable))) {
         PyErr_SetString(PyExc_ValueError, "typewise_batches: column or table lengths differ");
         return NULL;
     }
@@ -255,147 +388,28 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     TW s = {0};
     s.n = hi + 1 - lo;
     s.S = PyList_GET_SIZE(batchable);
-    Py_ssize_t n = s.n, hits = 0, misses = 0;
+    Py_ssize_t hits = 0, misses = 0;
     Py_ssize_t *sig_type = PyMem_Malloc(((size_t)s.S + 1) * sizeof(Py_ssize_t));
-    Py_ssize_t *vmap = NULL, *inv = NULL, *full = NULL;
-    Item *items = NULL;
     PyObject *out = NULL;
-    s.typ = tw_alloc(n);
-    s.indeg = tw_alloc(n);
-    s.ustart = tw_alloc(n + 1);
-    s.argstart = tw_alloc(n + 1);
-    s.pending = PyMem_Calloc((size_t)n + 1, 1);
-    s.node = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
-    s.lone = tw_alloc(n);
-    s.bucket = tw_alloc(n);
-    if (!sig_type || !s.typ || !s.indeg || !s.ustart || !s.argstart || !s.pending || !s.node || !s.lone ||
-        !s.bucket) {
+    int typewise = !f.on || f.settle, rc = -1;
+    if (!sig_type)
         PyErr_NoMemory();
-        goto done;
+    else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&
+             (rc = tw_types(&s, &f, sig_type, typewise)) == 0) {
+        rc = (s.result = PyList_New(0)) ? tw_run(&s, &f, typewise, &hits, &misses) : -1;
     }
-    for (Py_ssize_t k = 0; k <= s.S; k++)
-        sig_type[k] = -1;
-    for (Py_ssize_t v = 0; v < n; v++)
-        s.typ[v] = -1;  /* not pending: no type */
-    int rc = tw_columns(&s, args, sig, batchable, ids, B, lo, sig_type);
-    if (rc < 0)
-        goto done;
     if (rc > 0) {
         out = Py_None;
         Py_INCREF(out);
-        goto done;
+    } else if (rc == 0) {
+        out = Py_BuildValue("(Onn)", s.result, hits, misses);
     }
-    Py_ssize_t T = s.T;
-    s.W = (T + 63) / 64;
-    vmap = tw_alloc(T);
-    inv = tw_alloc(V);
-    full = tw_alloc(T);
-    items = PyMem_Calloc((size_t)T + 1, sizeof(Item));
-    s.bstart = tw_alloc(T);
-    s.blen = tw_alloc(T);
-    s.fcount = tw_alloc(T);
-    if (!vmap || !inv || !full || !items || !s.bstart || !s.blen || !s.fcount) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t v = 0; v < V; v++)
-        inv[v] = -1;
-    for (Py_ssize_t sg = 0; sg < s.S; sg++) {
-        Py_ssize_t t = sig_type[sg];
-        if (t < 0)
-            continue;
-        vmap[t] = -1;
-        if (vocab) {
-            Py_ssize_t x = PyLong_AsSsize_t(PyList_GET_ITEM(vocab, sg));
-            if (x == -1 && PyErr_Occurred())
-                goto done;
-            if (x >= 0 && x < V) {
-                vmap[t] = x;
-                inv[x] = t;
-            }
-        }
-    }
-    /* each node joins its type's bucket once: give every type its own range */
-    for (Py_ssize_t v = 0; v < n; v++)
-        if (s.typ[v] >= 0)
-            s.bstart[s.typ[v] + 1]++;
-    for (Py_ssize_t t = 0; t < T; t++)
-        s.bstart[t + 1] += s.bstart[t];
-    int typewise = !fsm || settle;
-    if (typewise) {
-        s.below = PyMem_Calloc((size_t)(n * s.W) + 1, sizeof(uint64_t));
-        s.near_off = tw_alloc(n);
-        s.near_len = tw_alloc(n);
-        s.pset_off = tw_alloc(n);
-        s.pset_len = tw_alloc(n);
-        s.stamp = tw_alloc(n);
-        s.gpar = tw_alloc(n);
-        s.gstart = tw_alloc(n + 1);
-        if (!s.below || !s.near_off || !s.near_len || !s.pset_off || !s.pset_len || !s.stamp || !s.gpar ||
-            !s.gstart) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        if (tw_type_graph(&s) < 0)
-            goto done;
-    }
-    if (!(s.result = PyList_New(0)))
-        goto done;
-    /* reset: the ready nodes; unbatchable ones run at once */
-    rc = 0;
-    for (Py_ssize_t v = 0; v < n && rc == 0; v++) {
-        if (!s.pending[v] || s.indeg[v] != 0)
-            continue;
-        if (s.typ[v] >= 0) {
-            s.bucket[s.bstart[s.typ[v]] + s.blen[s.typ[v]]++] = v;
-        } else {
-            s.unbatchable++;
-            rc = emit(&s, &v, 1);
-            if (rc == 0)
-                rc = tw_release(&s, &v, 1);
-        }
-    }
-    for (;;) {
-        if (rc)
-            break;
-        if (fsm && settle && (rc = tw_settle(&s, full)) != 0)
-            break;
-        Py_ssize_t t = most_common_c(&s);
-        if (t < 0)
-            break;  /* nothing ready: done */
-        if (!fsm) {
-            t = choose_typewise(&s);
-        } else {
-            int err = 0;
-            Py_ssize_t a = fsm_lookup(&s, table, vmap, inv, V, encoding, items, &err);
-            if (err) {
-                rc = -1;
-                break;
-            }
-            if (a >= 0) {
-                hits++;
-                t = a;
-            } else {
-                misses++;
-            }
-        }
-        rc = tw_step(&s, t, typewise);
-    }
-    if (rc < 0)
-        goto done;
-    if (rc > 0) {
-        out = Py_None;
-        Py_INCREF(out);
-        goto done;
-    }
-    out = Py_BuildValue("(Onn)", s.result, hits, misses);
-done:
     Py_XDECREF(s.result);
     PyMem_Free(sig_type);
-    PyMem_Free(vmap);
-    PyMem_Free(inv);
-    PyMem_Free(full);
-    PyMem_Free(items);
+    PyMem_Free(f.vmap);
+    PyMem_Free(f.inv);
+    PyMem_Free(f.full);
+    PyMem_Free(f.items);
     tw_free_all(&s);
     return out;
 }
