@@ -16,6 +16,20 @@ members that are G_a parents of other members (which keeps an LSTM's cell chain 
 #include <stdlib.h>
 #include <string.h>
 
+/* Index of the lowest set bit of m (m != 0). */
+static inline int lowest_bit(uint64_t m) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(m);
+#else
+    int k = 0;
+    while (!(m & 1)) {
+        m >>= 1;
+        k++;
+    }
+    return k;
+#endif
+}
+
 void tw_free_all(TW *s) {
     void *all[] = {s->typ, s->indeg, s->ustart, s->users, s->argstart, s->argv, s->pending, s->node, s->gpar,
                    s->gstart, s->gch, s->fcount, s->bstart, s->blen, s->bucket, s->lone, s->pool, s->near_off,
@@ -161,7 +175,7 @@ static int type_lists(TW *s, const uint64_t *above, Py_ssize_t *tstart, Py_ssize
                 if (tv >= 0 && (tv >> 6) == w && ((a | b) >> (tv & 63) & 1))
                     m |= (uint64_t)1 << (tv & 63);
                 while (m) {
-                    Py_ssize_t t = w * 64 + __builtin_ctzll(m);
+                    Py_ssize_t t = w * 64 + lowest_bit(m);
                     m &= m - 1;
                     if (pass == 0)
                         tstart[t + 1]++;
