@@ -3,6 +3,8 @@
     python bench/compare_schedulers.py                          # every workload, every scheduler
     python bench/compare_schedulers.py --workloads treelstm,latticelstm --instances 16
     python bench/compare_schedulers.py --quick                  # small graphs, few episodes
+    python bench/compare_schedulers.py --workloads nerlattice,latticelstm,latticegru --encodings base
+                                      # the real NER lattices: DYNAGRAPH_DATA=/path/to/shared/data
 
 For each workload, FSM policies (one per encoding) are trained on one graph of
 `--instances` samples (data seed 1); every scheduler is then measured on a
@@ -11,8 +13,10 @@ the policy never saw. Columns:
 
     batches      forward batches of the schedule of the whole graph
     x LB         batches / lower bound (schedulers.lower_bound)
-    sched ms     one schedule() call on the recorded graph
-    e2e ms       renew_cg + record + forward + backward (median of --reps)
+    sched ms     one schedule() call on the recorded graph (best of --reps); "x agenda" per node
+    record/forward/backward/step ms
+                 one training step (renew_cg + record, forward, backward), best of --reps
+                 rounds interleaved across schedulers; "step x agenda" is the ratio
     hit %        FSM decisions found in the policy table (the rest use the fallback);
                  "-" when settling left no decision to make
     train s      FSM training time (episodes run in parentheses)
@@ -25,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -33,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `python bench/compare_schedulers.py` puts bench/, not the repo, on the path
     sys.path.insert(0, ROOT)
 
+import dynagraph as dy  # noqa: E402
 import dynagraph.fsm as fsm  # noqa: E402
 from dynagraph import schedulers  # noqa: E402
 from dynagraph.schedulers import typewise  # noqa: E402,F401  (registers "typewise")
@@ -57,29 +61,49 @@ def train_policies(w, xs, encodings, args) -> dict:
     return out
 
 
-def measure(w, xs, name, sched, reps: int) -> dict:
-    """Batches, scheduling time and end-to-end time of one scheduler on the graph of xs."""
+def schedule_stats(w, xs, name, sched, reps: int) -> dict:
+    """Batches and scheduling time (best of reps) of one scheduler on the recorded graph of xs."""
     cg = w.graph(xs)
     nodes = pending(cg)
-    if hasattr(sched, "hits"):
-        sched.hits = sched.misses = 0
-    t0 = time.perf_counter()
-    batches = sched.schedule(cg, nodes)
-    t_sched = time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(reps):
+        if hasattr(sched, "hits"):
+            sched.hits = sched.misses = 0
+        t0 = time.perf_counter()
+        batches = sched.schedule(cg, nodes)
+        best = min(best, time.perf_counter() - t0)
     schedulers.validate(cg, nodes, batches, name)
     extra = {}
     if hasattr(sched, "hits"):  # FSM: share of decisions found in the table (None: no decision left)
         decisions = sched.hits + sched.misses
         extra = {"hit_rate": sched.hits / decisions if decisions else None, "decisions": decisions}
-    times = []
+    return {"batches": len(batches), "nodes": len(nodes), "sched_ms": 1e3 * best,
+            "sched_us_node": 1e6 * best / max(len(nodes), 1), **extra}
+
+
+def step_times(w, xs, sched) -> dict:
+    """One training step: record (renew_cg + record), forward, backward; seconds of each."""
+    t0 = time.perf_counter()
+    w.graph(xs, scheduler=sched)
+    t1 = time.perf_counter()
+    w.last_loss.value()
+    t2 = time.perf_counter()
+    w.last_loss.backward()
+    t3 = time.perf_counter()
+    return {"record_ms": 1e3 * (t1 - t0), "forward_ms": 1e3 * (t2 - t1), "backward_ms": 1e3 * (t3 - t2),
+            "e2e_ms": 1e3 * (t3 - t0)}
+
+
+def measure_steps(w, xs, scheds: list, reps: int) -> dict:
+    """Best of reps per scheduler, rounds interleaved (every scheduler once per round) so load
+    changes on a shared machine hit all of them alike."""
+    best: dict = {}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        w.graph(xs, scheduler=sched)
-        w.last_loss.value()
-        w.last_loss.backward()
-        times.append(time.perf_counter() - t0)
-    return {"batches": len(batches), "nodes": len(nodes), "sched_ms": 1e3 * t_sched,
-            "e2e_ms": 1e3 * statistics.median(times), **extra}
+        for sname, sched in scheds:
+            r = step_times(w, xs, sched)
+            if sname not in best or r["e2e_ms"] < best[sname]["e2e_ms"]:
+                best[sname] = r
+    return best
 
 
 def run_workload(name: str, args) -> list[dict]:
@@ -90,11 +114,13 @@ def run_workload(name: str, args) -> list[dict]:
     lb = schedulers.lower_bound(cg, pending(cg))
     policies = train_policies(w, train_xs, args.encodings, args)
     rows = []
-    scheds = [(s, schedulers.get(s)) for s in BASELINES]
+    scheds = [(s, schedulers.get(s)) for s in args.baselines]
     scheds += [(f"fsm-{enc}", fsm.Scheduler(pol)) for enc, (pol, _) in policies.items()]
+    steps = measure_steps(w, test_xs, scheds, args.reps)
     for sname, sched in scheds:
         r = {"workload": name, "kind": w.kind, "scheduler": sname, "lower_bound": lb}
-        r.update(measure(w, test_xs, sname, sched, args.reps))
+        r.update(schedule_stats(w, test_xs, sname, sched, args.reps))
+        r.update(steps[sname])
         r["x_lb"] = r["batches"] / max(lb, 1)
         if sname.startswith("fsm-"):
             pol, secs = policies[sname[4:]]
@@ -102,36 +128,49 @@ def run_workload(name: str, args) -> list[dict]:
                       "train_batches": pol.meta["batches"], "train_lower_bound": pol.meta["lower_bound"],
                       "states": len(pol)})
         rows.append(r)
+    agenda = next((r for r in rows if r["scheduler"] == "agenda"), None)
+    for r in rows:
+        if agenda:
+            r["x_agenda_e2e"] = r["e2e_ms"] / agenda["e2e_ms"]
+            r["x_agenda_sched_node"] = r["sched_us_node"] / agenda["sched_us_node"]
         if not args.quiet:
-            print(f"  {name:<14} {sname:<10} {r['batches']:>6} batches (x{r['x_lb']:.2f} LB)", flush=True)
+            print(f"  {name:<14} {r['scheduler']:<10} {r['batches']:>6} batches (x{r['x_lb']:.2f} LB) "
+                  f"{r['e2e_ms']:.0f} ms/step", flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| workload | scheduler | batches | LB | x LB | sched ms | e2e ms | hit % | train s (episodes) |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---|")
+    head = ("| workload | scheduler | batches | LB | x LB | sched ms | sched x agenda (per node) | record ms | "
+            "forward ms | backward ms | step ms | step x agenda | hit % | train s (episodes) |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     lines = [head]
     for r in rows:
         hit = "" if "hit_rate" not in r else "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.0f}"
         tr = f"{r['train_s']:.1f} ({r['episodes']})" if "train_s" in r else ""
         lines.append(f"| {r['workload']} | {r['scheduler']} | {r['batches']} | {r['lower_bound']} | "
-                     f"{r['x_lb']:.3f} | {r['sched_ms']:.1f} | {r['e2e_ms']:.0f} | {hit} | {tr} |")
+                     f"{r['x_lb']:.3f} | {r['sched_ms']:.1f} | {r.get('x_agenda_sched_node', float('nan')):.2f} | "
+                     f"{r['record_ms']:.0f} | {r['forward_ms']:.0f} | {r['backward_ms']:.0f} | {r['e2e_ms']:.0f} | "
+                     f"{r.get('x_agenda_e2e', float('nan')):.2f} | {hit} | {tr} |")
     return "\n".join(lines)
 
 
 def summary(rows: list[dict]) -> str:
-    """Per workload: best FSM vs the better of depth and agenda, and vs the lower bound."""
+    """Per workload: best FSM (fewest batches) against the lower bound, agenda's step and the better
+    of agenda and depth end to end."""
     out = []
     for name in dict.fromkeys(r["workload"] for r in rows):
         rs = {r["scheduler"]: r for r in rows if r["workload"] == name}
         fsms = [r for k, r in rs.items() if k.startswith("fsm-")]
-        if not fsms:
+        if not fsms or "agenda" not in rs:
             continue
         best = min(fsms, key=lambda r: r["batches"])
-        base = min(rs["depth"]["batches"], rs["agenda"]["batches"])
-        out.append(f"- {name}: best FSM ({best['scheduler']}) {best['batches']} batches = "
-                   f"x{best['x_lb']:.3f} LB, {base / best['batches']:.2f}x fewer than min(depth, agenda) = {base}; "
-                   f"typewise {rs['typewise']['batches']}")
+        line = (f"- {name}: {best['scheduler']} {best['batches']} batches = x{best['x_lb']:.3f} LB; "
+                f"step x{best['e2e_ms'] / rs['agenda']['e2e_ms']:.2f} agenda's")
+        if "depth" in rs:
+            line += f", x{best['e2e_ms'] / min(rs['agenda']['e2e_ms'], rs['depth']['e2e_ms']):.2f} min(agenda, depth)"
+        if "typewise" in rs:
+            line += f"; typewise {rs['typewise']['batches']} batches"
+        out.append(line)
     return "\n".join(out)
 
 
@@ -139,11 +178,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all)")
     ap.add_argument("--encodings", default="base,max,sort")
+    ap.add_argument("--baselines", default=",".join(BASELINES), help=f"comma-separated (default {BASELINES})")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1, the project convention)")
     ap.add_argument("--instances", type=int, default=32, help="samples per graph (default 32)")
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--episodes", type=int, default=1000, help="FSM training episodes at most")
     ap.add_argument("--time-limit", type=float, default=25.0, help="FSM training seconds at most")
-    ap.add_argument("--reps", type=int, default=3, help="end-to-end repetitions (median)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions, interleaved across schedulers (best kept)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="8 instances, 100 episodes, 1 rep")
     ap.add_argument("--quiet", action="store_true")
@@ -152,6 +193,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.encodings = [e for e in args.encodings.split(",") if e]
+    args.baselines = [b for b in args.baselines.split(",") if b]
     if args.quick:
         args.instances, args.episodes, args.reps = 8, 100, 1
     unknown = [w for w in args.workloads if w not in WORKLOADS]
@@ -162,6 +204,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    dy.config.set(threads=args.threads)
     rows = []
     for name in args.workloads:
         rows += run_workload(name, args)

@@ -66,7 +66,7 @@ try:
 except ImportError:  # pragma: no cover - tqdm is a dependency
     tqdm = None
 
-__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update"]
+__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step"]
 
 Scheduler = FSMScheduler
 
@@ -233,8 +233,81 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     time_limit: stop at the first greedy evaluation after this many seconds (None: never).
     The returned policy's `meta` holds the episodes run, the best greedy batch count,
     the lower bound, the seconds taken and the (episode, greedy batches) history.
+    With progress on, it ends by printing the step it expects under the policy against
+    agenda's (expected_step; kept in meta["expected_step"]): whole steps timed when `graph`
+    is a callable, scheduling time and batches only for an already recorded graph.
     """
     cg = _graph_of(graph)
     trainer = Trainer(cg, encoding, seed, step_size, gamma, epsilon, epsilon_decay, epsilon_min, n_step,
                       bootstrap, settle)
-    return trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
+    policy = trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
+    if progress:
+        est = expected_step(graph if callable(graph) and not isinstance(graph, ComputationGraph) else cg, policy)
+        policy.meta["expected_step"] = est
+        print(_expected_line(est))
+    return policy
+
+
+def _time_step(record: Callable[[], ComputationGraph], sched) -> tuple[float, float, int]:
+    """Seconds of one record + forward (+ backward when the last node is a scalar) under `sched`,
+    the seconds of its scheduling call, and its batch count."""
+    t0 = time.perf_counter()
+    cg = _graph_of(record)
+    cg._sync_values()
+    nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
+    t1 = time.perf_counter()
+    n_batches = len(sched.schedule(cg, nodes)) if nodes else 0
+    t_sched = time.perf_counter() - t1
+    cg.scheduler = sched
+    last = len(cg.op) - 1
+    if last >= 0:
+        if cg.shape[last] == (1,):
+            cg.backward(Expression(cg, last))
+        else:
+            cg.forward_to(last)
+    return time.perf_counter() - t0 - t_sched, t_sched, n_batches
+
+
+def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
+    """What a training step is expected to cost under the policy against agenda's.
+
+    With a callable (it records a fresh graph), each scheduler runs whole steps (record, forward,
+    backward of the last node when it is a scalar), rounds interleaved, best kept. With a recorded
+    graph nothing may run: only scheduling is timed and batches counted.
+    """
+    from .schedulers import get
+    scheds = {"agenda": get("agenda"), "fsm": FSMScheduler(policy)}
+    if callable(graph) and not isinstance(graph, ComputationGraph):
+        best: dict = {}
+        for _ in range(rounds):
+            for name, sched in scheds.items():
+                step, sched_s, nb = _time_step(graph, sched)
+                prev = best.get(name)
+                total = step + sched_s
+                if prev is None or total < prev["step_ms"] / 1e3:
+                    best[name] = {"step_ms": 1e3 * total, "sched_ms": 1e3 * sched_s, "batches": nb}
+        return best
+    cg = _graph_of(graph)
+    cg._sync_values()
+    nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
+    out = {}
+    for name, sched in scheds.items():
+        t = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            nb = len(sched.schedule(cg, nodes)) if nodes else 0
+            t.append(time.perf_counter() - t0)
+        out[name] = {"sched_ms": 1e3 * min(t), "batches": nb}
+    return out
+
+
+def _expected_line(est: dict) -> str:
+    a, f = est["agenda"], est["fsm"]
+    line = (f"fsm: {f['batches']} batches (agenda {a['batches']}), scheduling {f['sched_ms']:.1f} ms "
+            f"(agenda {a['sched_ms']:.1f} ms)")
+    if "step_ms" in f:
+        line += (f"; expected step {f['step_ms']:.0f} ms against agenda's {a['step_ms']:.0f} ms "
+                 f"(x{f['step_ms'] / max(a['step_ms'], 1e-9):.2f})")
+    else:
+        line += "; pass a callable that records a graph to time whole steps"
+    return line

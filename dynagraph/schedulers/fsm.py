@@ -34,8 +34,9 @@ import json
 import os
 from typing import Sequence
 
+from ..recording import NATIVE
 from .base import register
-from .typewise import Simulation, stable_keys
+from .typewise import Simulation, base_key, batchable_by_sig, param_names, stable_keys
 
 ENCODINGS = ("base", "max", "sort")
 FORMAT = "dynagraph.fsm.policy"
@@ -153,6 +154,8 @@ class FSMScheduler:
         self.policy = policy
         self.hits = 0
         self.misses = 0
+        self._keys: dict = {}      # signature tuple -> base_key, valid for the parameter names in _names
+        self._names: dict = {}
 
     @classmethod
     def from_file(cls, path: str) -> "FSMScheduler":
@@ -180,6 +183,46 @@ class FSMScheduler:
         return self.hits / n if n else 0.0
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
+        """In C when dynagraph._bookkeeping is built (same decisions); schedule_py is its twin."""
+        if NATIVE is not None and nodes:
+            vocab = self._vocab_by_sig(cg)
+            if vocab is not None:
+                pol = self.policy
+                out = NATIVE.typewise_batches(cg.args, cg.sig, batchable_by_sig(cg), nodes,
+                                              (pol.table, vocab, len(pol.types), ENCODINGS.index(pol.encoding),
+                                               pol.settle))
+                if out is not None:
+                    batches, hits, misses = out
+                    self._count(cg, hits, misses)
+                    return batches
+        return self.schedule_py(cg, nodes)
+
+    def _vocab_by_sig(self, cg) -> list | None:
+        """The policy's vocabulary id of every signature of cg (-1: not in it), or None when two
+        signatures share a key (stable_keys would number them by the pending ones: Python decides)."""
+        names = param_names(cg)
+        if names != self._names:
+            self._keys, self._names = {}, names
+        cache, index = self._keys, self.policy.index
+        keys = []
+        for sig in cg.signatures:
+            k = cache.get(sig)
+            if k is None:
+                k = cache[sig] = base_key(sig, names)
+            keys.append(k)
+        if len(set(keys)) < len(keys):
+            return None
+        return [index.get(k, -1) for k in keys]
+
+    def _count(self, cg, hits: int, misses: int) -> None:
+        self.hits += hits
+        self.misses += misses
+        st = cg.stats
+        if hasattr(st, "policy_hits"):
+            st.policy_hits += hits
+            st.policy_misses += misses
+
+    def schedule_py(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         if not nodes:
             return []
         pol = self.policy
@@ -203,12 +246,7 @@ class FSMScheduler:
                 misses += 1
                 t = most_common(ready)
             sim.step(t)
-        self.hits += hits
-        self.misses += misses
-        st = cg.stats
-        if hasattr(st, "policy_hits"):
-            st.policy_hits += hits
-            st.policy_misses += misses
+        self._count(cg, hits, misses)
         return sim.batches
 
 

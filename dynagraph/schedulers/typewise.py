@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..recording import NATIVE
 from .base import register, users_of
 
 
@@ -48,6 +49,12 @@ def param_names(cg) -> dict:
     return out
 
 
+def base_key(signature: tuple, names: dict) -> str:
+    """A signature's model-level key before collisions are numbered (see stable_keys)."""
+    op, attrs, parts = signature
+    return f"{op.name}{_canon(attrs, names)!r}{_canon(parts, names)!r}"
+
+
 def stable_keys(cg, sigs: Sequence[int]) -> dict:
     """Signature id -> a string stable across graphs of one model.
 
@@ -60,8 +67,7 @@ def stable_keys(cg, sigs: Sequence[int]) -> dict:
     out: dict = {}
     used: set = set()
     for s in sorted(set(sigs)):
-        op, attrs, parts = cg.signatures[s]
-        key = f"{op.name}{_canon(attrs, names)!r}{_canon(parts, names)!r}"
+        key = base_key(cg.signatures[s], names)
         k, base = 1, key
         while key in used:
             key = f"{base}#{k}"
@@ -319,6 +325,11 @@ def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:
 
 
 # ------------------------------------------------------------------ heuristic
+def batchable_by_sig(cg) -> list:
+    """op.batchable per signature id (the op is a signature's first part): the compiled path's table."""
+    return [key[0].batchable for key in cg.signatures]
+
+
 class TypewiseBatching:
     """Greedy ED-Batch heuristic: run the ready type with the highest |ready| / |F_a|.
 
@@ -328,6 +339,14 @@ class TypewiseBatching:
     trusted = True  # validated by tests/schedulers/test_typewise.py
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
+        """In C when dynagraph._bookkeeping is built (same decisions); schedule_py is its twin."""
+        if NATIVE is not None and nodes:
+            out = NATIVE.typewise_batches(cg.args, cg.sig, batchable_by_sig(cg), nodes, None)
+            if out is not None:
+                return out[0]
+        return self.schedule_py(cg, nodes)
+
+    def schedule_py(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         if not nodes:
             return []
         sim = Simulation(cg, nodes, typewise=True)

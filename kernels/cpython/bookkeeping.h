@@ -25,5 +25,6 @@ PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_node_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 
 #endif

@@ -17,6 +17,8 @@ static PyMethodDef functions[] = {
     FAST(depth_batches, "depth_batches(depth, sig, batchable, nodes): the depth scheduler's batches, or None."),
     FAST(node_arrays, "node_arrays(args, sig, depth, lo, n): (counts, flat args - lo, sig, depth) as raw buffers."),
     FAST(agenda_batches, "agenda_batches(args, sig, depth, batchable, cost, nodes): the agenda scheduler's batches, or None."),
+    FAST(typewise_batches, "typewise_batches(args, sig, batchable, nodes, policy): (batches, hits, misses) of "
+                           "the typewise heuristic (policy None) or the FSM, or None."),
     {NULL, NULL, 0, NULL},
 };
 

@@ -216,3 +216,19 @@ def test_fsm_matches_none_on_trees(encoding, trained):
     _, cg = two_type_graph(3)
     pol = fsm.train(cg, encoding=encoding, episodes=10, eval_every=5, progress=False)
     compare_with_none(fsm.Scheduler(pol), build)
+
+
+def test_train_prints_the_expected_step_against_agenda(capsys):
+    w = WORKLOADS["latticegru"](hidden=2, seed=0)
+    xs = w.instances(3, seed=1)
+    pol = fsm.train(lambda: w.graph(xs), episodes=4, eval_every=2, seed=0, progress=True)
+    out = capsys.readouterr().out
+    assert "expected step" in out and "against agenda's" in out
+    est = pol.meta["expected_step"]
+    cg = w.graph(xs)
+    nodes = pending(cg)
+    assert est["fsm"]["batches"] == len(FSMScheduler(pol).schedule(cg, nodes))
+    assert est["agenda"]["batches"] == len(sbase.get("agenda").schedule(cg, nodes))
+    assert est["fsm"]["step_ms"] > 0 and est["agenda"]["step_ms"] > 0
+    recorded = fsm.expected_step(w.graph(xs), pol)  # a recorded graph: nothing runs, scheduling only
+    assert "step_ms" not in recorded["fsm"] and recorded["fsm"]["batches"] == est["fsm"]["batches"]

@@ -1,0 +1,34 @@
+/* Shared by typewise_graph.c (the pending graph and G_a) and typewise.c (the simulation).
+See typewise.c for what these schedulers do and how the compiled path equals its Python twins. */
+#ifndef DYNAGRAPH_TYPEWISE_H
+#define DYNAGRAPH_TYPEWISE_H
+
+#include "bookkeeping.h"
+
+#include <stdint.h>
+
+/* One scheduling call's arrays (local node ids v = id - lo), freed together by tw_free_all. */
+typedef struct {
+    Py_ssize_t n, T, S;
+    /* graph */
+    Py_ssize_t *typ, *indeg, *ustart, *users, *argstart, *argv;
+    char *pending;
+    PyObject **node;
+    /* type graph */
+    Py_ssize_t *gpar, *gstart, *gch, *fcount;
+    /* ready buckets */
+    Py_ssize_t *bstart, *blen, *bucket, *lone, ltop;
+    /* near sets */
+    Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp;
+    uint64_t *below;
+    Py_ssize_t W, depth, steps, unbatchable;
+    PyObject *result;
+} TW;
+
+Py_ssize_t *tw_alloc(Py_ssize_t n);
+void tw_free_all(TW *s);
+int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
+               Py_ssize_t lo, Py_ssize_t *sig_type);
+int tw_type_graph(TW *s);
+
+#endif

@@ -1,0 +1,363 @@
+/* The pending graph and the per-type frontier graphs G_a of the compiled typewise/FSM schedulers
+(part of dynagraph._bookkeeping; see typewise.c, bookkeeping.h).
+
+Twins: schedulers.base.users_of and typewise._type_graph.
+
+G_a. A type-a node n joins the frontier F_a once every pending type-a ancestor has run.
+Any set P(n) of type-a ancestors that covers them (each type-a ancestor is a member or an
+ancestor of one) reaches "all run" at the same moment, so the count |P(n)| decremented per
+executed member gives the same F_a counts however P(n) was pruned. Per type a, one pass in
+recording order computes near(v), the nearest type-a nodes at or above v, as sorted arrays
+in a pool, shared between a node and its single contributing argument; a union drops the
+members that are G_a parents of other members (which keeps an LSTM's cell chain linear).
+*/
+#include "typewise.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Index of the lowest set bit of m (m != 0). */
+static inline int lowest_bit(uint64_t m) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(m);
+#else
+    int k = 0;
+    while (!(m & 1)) {
+        m >>= 1;
+        k++;
+    }
+    return k;
+#endif
+}
+
+void tw_free_all(TW *s) {
+    void *all[] = {s->typ, s->indeg, s->ustart, s->users, s->argstart, s->argv, s->pending, s->node, s->gpar,
+                   s->gstart, s->gch, s->fcount, s->bstart, s->blen, s->bucket, s->lone, s->pool, s->near_off,
+                   s->near_len, s->pset_off, s->pset_len, s->stamp, s->below};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        PyMem_Free(all[k]);
+}
+
+Py_ssize_t *tw_alloc(Py_ssize_t n) { return PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t)); }
+
+/* Room for k more pool entries; returns 0 or -1 (MemoryError set). */
+static int pool_reserve(TW *s, Py_ssize_t k) {
+    if (s->pool_len + k <= s->pool_cap)
+        return 0;
+    Py_ssize_t cap = s->pool_cap ? s->pool_cap : 1024;
+    while (cap < s->pool_len + k)
+        cap *= 2;
+    Py_ssize_t *p = PyMem_Realloc(s->pool, (size_t)cap * sizeof(Py_ssize_t));
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->pool = p;
+    s->pool_cap = cap;
+    return 0;
+}
+
+/* Whether every member of pool range (xo, xl) is a G_a parent of node q (sorted ranges). */
+static int all_parents_of(const TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t q) {
+    Py_ssize_t pl = s->pset_len[q], j = 0;
+    const Py_ssize_t *p = s->pool + s->pset_off[q], *x = s->pool + xo;
+    if (pl < xl)
+        return 0;
+    for (Py_ssize_t i = 0; i < xl; i++) {
+        while (j < pl && p[j] < x[i])
+            j++;
+        if (j == pl || p[j] != x[i])
+            return 0;
+    }
+    return 1;
+}
+
+/* The pruned union of pool ranges (xo, xl) and (yo, yl), appended to the pool; its range in *off, *len.
+   Members that are G_a parents of other members are dropped (pset holds each typed node's parents). */
+static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t mark,
+                      Py_ssize_t *off, Py_ssize_t *len) {
+    /* the common case, a node and the cell before it: one side is a single node whose
+       G_a parents hold the whole other side, so the union is that side, shared */
+    if (yl == 1 && all_parents_of(s, xo, xl, s->pool[yo])) {
+        *off = yo;
+        *len = 1;
+        return 0;
+    }
+    if (xl == 1 && all_parents_of(s, yo, yl, s->pool[xo])) {
+        *off = xo;
+        *len = 1;
+        return 0;
+    }
+    if (xl == yl && memcmp(s->pool + xo, s->pool + yo, (size_t)xl * sizeof(Py_ssize_t)) == 0) {
+        *off = xo;  /* one set reached along two paths */
+        *len = xl;
+        return 0;
+    }
+    if (pool_reserve(s, xl + yl) < 0)
+        return -1;
+    Py_ssize_t *x = s->pool + xo, *y = s->pool + yo, *out = s->pool + s->pool_len, i = 0, j = 0, m = 0;
+    while (i < xl || j < yl) {
+        Py_ssize_t v;
+        if (j >= yl || (i < xl && x[i] < y[j]))
+            v = x[i++];
+        else if (i >= xl || y[j] < x[i])
+            v = y[j++];
+        else {
+            v = x[i++];
+            j++;
+        }
+        out[m++] = v;
+    }
+    for (Py_ssize_t k = 0; k < m; k++)
+        s->stamp[out[k]] = mark;
+    Py_ssize_t dropped = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t q = out[k];
+        for (Py_ssize_t e = 0; e < s->pset_len[q]; e++) {
+            Py_ssize_t r = s->pool[s->pset_off[q] + e];
+            if (s->stamp[r] == mark) {
+                s->stamp[r] = mark - 1;  /* mark - 1 never names a live set: drop r */
+                dropped = 1;
+            }
+        }
+    }
+    if (dropped) {
+        Py_ssize_t w = 0;
+        for (Py_ssize_t k = 0; k < m; k++)
+            if (s->stamp[out[k]] == mark)
+                out[w++] = out[k];
+        m = w;
+    }
+    *off = s->pool_len;
+    *len = m;
+    s->pool_len += m;
+    return 0;
+}
+
+/* Bit masks of the types strictly below (users' side) and above (arguments' side) each node. */
+static void type_masks(TW *s, uint64_t *above) {
+    Py_ssize_t n = s->n, W = s->W;
+    for (Py_ssize_t v = n - 1; v >= 0; v--) {
+        uint64_t *bv = s->below + v * W;
+        for (Py_ssize_t e = s->ustart[v]; e < s->ustart[v + 1]; e++) {
+            Py_ssize_t u = s->users[e];
+            uint64_t *bu = s->below + u * W;
+            for (Py_ssize_t w = 0; w < W; w++)
+                bv[w] |= bu[w];
+            if (s->typ[u] >= 0)
+                bv[s->typ[u] >> 6] |= (uint64_t)1 << (s->typ[u] & 63);
+        }
+    }
+    for (Py_ssize_t v = 0; v < n; v++) {
+        uint64_t *av = above + v * W;
+        for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
+            Py_ssize_t p = s->argv[e];
+            uint64_t *ap = above + p * W;
+            for (Py_ssize_t w = 0; w < W; w++)
+                av[w] |= ap[w];
+            if (s->typ[p] >= 0)
+                av[s->typ[p] >> 6] |= (uint64_t)1 << (s->typ[p] & 63);
+        }
+    }
+}
+
+/* A node matters to type t when it lies between two type-t nodes, or has type t and one of
+   them above or below: per type, the list of such nodes (CSR in *tstart, *tlist; recording order). */
+static int type_lists(TW *s, const uint64_t *above, Py_ssize_t *tstart, Py_ssize_t **tlist) {
+    Py_ssize_t n = s->n, T = s->T, W = s->W;
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t v = 0; v < n; v++) {
+            if (!s->pending[v])
+                continue;
+            Py_ssize_t tv = s->typ[v];
+            for (Py_ssize_t w = 0; w < W; w++) {
+                uint64_t a = above[v * W + w], b = s->below[v * W + w], m = a & b;
+                if (tv >= 0 && (tv >> 6) == w && ((a | b) >> (tv & 63) & 1))
+                    m |= (uint64_t)1 << (tv & 63);
+                while (m) {
+                    Py_ssize_t t = w * 64 + lowest_bit(m);
+                    m &= m - 1;
+                    if (pass == 0)
+                        tstart[t + 1]++;
+                    else
+                        (*tlist)[tstart[t + 1]++] = v;
+                }
+            }
+        }
+        if (pass == 0) {
+            for (Py_ssize_t t = 0; t < T; t++)
+                tstart[t + 1] += tstart[t];
+            if (!(*tlist = tw_alloc(tstart[T]))) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memmove(tstart + 1, tstart, (size_t)T * sizeof(Py_ssize_t));
+            tstart[0] = 0;
+        }
+    }
+    return 0;
+}
+
+/* near(v) for type t along its node list, and pset(v) of its type-t nodes. near_tag[v] == t + 1
+   marks a near(v) computed in this pass; any other node has none for t. */
+static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, Py_ssize_t *near_tag,
+                     Py_ssize_t *mark) {
+    for (Py_ssize_t k = 0; k < len; k++) {
+        Py_ssize_t v = list[k], uo = 0, ul = 0;
+        for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
+            Py_ssize_t p = s->argv[e];
+            if (near_tag[p] != t + 1)
+                continue;
+            Py_ssize_t po = s->near_off[p], pl = s->near_len[p];
+            if (pl == 0 || (po == uo && pl == ul))
+                continue;
+            if (ul == 0) {
+                uo = po;
+                ul = pl;
+                continue;
+            }
+            *mark += 2;
+            if (near_union(s, uo, ul, po, pl, *mark, &uo, &ul) < 0)
+                return -1;
+        }
+        near_tag[v] = t + 1;
+        if (s->typ[v] == t) {
+            s->pset_off[v] = uo;
+            s->pset_len[v] = ul;
+            if (pool_reserve(s, 1) < 0)
+                return -1;
+            s->pool[s->pool_len] = v;
+            s->near_off[v] = s->pool_len++;
+            s->near_len[v] = 1;
+        } else {
+            s->near_off[v] = uo;
+            s->near_len[v] = ul;
+        }
+    }
+    return 0;
+}
+
+/* gpar counts, children lists gch (CSR) and the F_a counts from the parent sets. */
+static int children(TW *s) {
+    Py_ssize_t n = s->n;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        if (s->typ[v] < 0)
+            continue;
+        s->gpar[v] = s->pset_len[v];
+        if (s->gpar[v] == 0)
+            s->fcount[s->typ[v]]++;
+        for (Py_ssize_t e = 0; e < s->pset_len[v]; e++)
+            s->gstart[s->pool[s->pset_off[v] + e] + 1]++;
+    }
+    for (Py_ssize_t v = 0; v < n; v++)
+        s->gstart[v + 1] += s->gstart[v];
+    Py_ssize_t *fill = tw_alloc(n);
+    if (!fill || !(s->gch = tw_alloc(s->gstart[n]))) {
+        PyMem_Free(fill);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(fill, s->gstart, (size_t)n * sizeof(Py_ssize_t));
+    for (Py_ssize_t v = 0; v < n; v++)
+        if (s->typ[v] >= 0)
+            for (Py_ssize_t e = 0; e < s->pset_len[v]; e++)
+                s->gch[fill[s->pool[s->pset_off[v] + e]]++] = v;
+    PyMem_Free(fill);
+    return 0;
+}
+
+/* G_a of every type: parent sets (pset), then gpar counts, gch and the F_a counts. */
+int tw_type_graph(TW *s) {
+    Py_ssize_t n = s->n, T = s->T, mark = 2;
+    uint64_t *above = PyMem_Calloc((size_t)(n * s->W) + 1, sizeof(uint64_t));
+    Py_ssize_t *tstart = tw_alloc(T + 1), *tlist = NULL, *near_tag = tw_alloc(n);
+    int rc = -1;
+    if (!above || !tstart || !near_tag) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    type_masks(s, above);
+    if (type_lists(s, above, tstart, &tlist) < 0)
+        goto done;
+    for (Py_ssize_t t = 0; t < T; t++)
+        if (near_pass(s, t, tlist + tstart[t], tstart[t + 1] - tstart[t], near_tag, &mark) < 0)
+            goto done;
+    rc = children(s);
+done:
+    PyMem_Free(above);
+    PyMem_Free(tstart);
+    PyMem_Free(tlist);
+    PyMem_Free(near_tag);
+    return rc;
+}
+
+/* Columns of the pending graph: types (dense, first-recorded order), in-degrees, user and
+   argument lists (CSR, local ids, duplicates kept like users_of). 1: a signature outside the tables. */
+int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
+               Py_ssize_t lo, Py_ssize_t *sig_type) {
+    Py_ssize_t n = s->n;
+    for (Py_ssize_t j = 0; j < B; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
+        if (i == -1 && PyErr_Occurred())
+            return -1;
+        if (i < lo || i >= lo + n || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
+            PyErr_Format(PyExc_IndexError, "typewise_batches: node ids must increase, got %zd", i);
+            return -1;
+        }
+        long sg = PyLong_AsLong(PyList_GET_ITEM(sig, i));
+        if (sg == -1 && PyErr_Occurred())
+            return -1;
+        if (sg < 0 || sg >= s->S)
+            return 1;
+        Py_ssize_t v = i - lo;
+        s->pending[v] = 1;
+        s->node[v] = ids[j];
+        if (PyList_GET_ITEM(batchable, sg) == Py_True) {
+            if (sig_type[sg] < 0)
+                sig_type[sg] = s->T++;
+            s->typ[v] = sig_type[sg];
+        } else {
+            s->typ[v] = -1;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t v = 0; v < n; v++) {
+            if (!s->pending[v])
+                continue;
+            PyObject *t = PyList_GET_ITEM(args, lo + v);
+            if (!PyTuple_CheckExact(t)) {
+                PyErr_SetString(PyExc_TypeError, "typewise_batches: argument lists must be tuples");
+                return -1;
+            }
+            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
+                Py_ssize_t u = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k)) - lo;
+                if (PyErr_Occurred())
+                    return -1;
+                if (u < 0 || u >= n || !s->pending[u])
+                    continue;
+                if (pass == 0) {
+                    s->ustart[u + 1]++;
+                    s->argstart[v + 1]++;
+                    s->indeg[v]++;
+                } else {
+                    s->users[s->ustart[u + 1]++] = v;  /* ustart shifted by one while filling */
+                    s->argv[s->argstart[v + 1]++] = u;
+                }
+            }
+        }
+        if (pass == 0) {
+            for (Py_ssize_t v = 0; v < n; v++) {
+                s->ustart[v + 1] += s->ustart[v];
+                s->argstart[v + 1] += s->argstart[v];
+            }
+            if (!(s->users = tw_alloc(s->ustart[n])) || !(s->argv = tw_alloc(s->argstart[n]))) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memmove(s->ustart + 1, s->ustart, (size_t)n * sizeof(Py_ssize_t));
+            memmove(s->argstart + 1, s->argstart, (size_t)n * sizeof(Py_ssize_t));
+            s->ustart[0] = s->argstart[0] = 0;
+        }
+    }
+    return 0;
+}
