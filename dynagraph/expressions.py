@@ -45,6 +45,8 @@ __all__ = [
     "lookup_batch", "const_lookup_batch", "pick_batch", "pick_batch_elem", "pick_batch_elems",
     "pickneglogsoftmax_batch", "hinge_batch", "sum_batches", "mean_batches", "std_batches", "moment_batches",
     "concatenate_to_batch",
+    # images (dynagraph/ops/conv.py)
+    "conv2d", "conv2d_bias", "maxpooling2d", "kmax_pooling",
 ]
 
 
@@ -481,3 +483,36 @@ def std_batches(x) -> Expression:
 
 # parameters.py cannot import this module (a cycle): E.batch(ids) reaches lookup_batch here.
 _params_module.batch_hook = lookup_batch
+
+
+# ---------------------------------------------------------------------- images
+def _two(v, what: str) -> tuple:
+    try:
+        t = tuple(int(s) for s in v)
+    except TypeError:
+        t = ()
+    if len(t) != 2 or min(t) < 1:
+        raise DynagraphError(f"{what} must be a list of two positive ints, got {v!r}\n  at {user_line()}")
+    return t
+
+
+def conv2d(x, f, stride, is_valid: bool = True) -> Expression:
+    """DyNet's conv2d: x (H, W, C), filters f (kh, kw, C, O), stride [sh, sw]; is_valid=False is
+    TensorFlow's "SAME" padding. A cross-correlation, as in DyNet."""
+    return record(_O["conv2d"], (x, f), (_two(stride, "conv2d stride"), bool(is_valid)))
+
+
+def conv2d_bias(x, f, b, stride, is_valid: bool = True) -> Expression:
+    """conv2d plus b, one bias per output channel (shape (O,))."""
+    return record(_O["conv2d_bias"], (x, f, b), (_two(stride, "conv2d_bias stride"), bool(is_valid)))
+
+
+def maxpooling2d(x, ksize, stride, is_valid: bool = True) -> Expression:
+    """DyNet's maxpooling2d over windows ksize [kh, kw] of an (H, W, C) input, per channel."""
+    return record(_O["maxpooling2d"], (x,), (_two(ksize, "maxpooling2d ksize"),
+                                             _two(stride, "maxpooling2d stride"), bool(is_valid)))
+
+
+def kmax_pooling(x, k: int, d: int = 1) -> Expression:
+    """DyNet's kmax_pooling: the k largest values along dimension d, in their original order."""
+    return record(_O["kmax_pooling"], (x,), (_int(k, "kmax_pooling k"), _int(d, "kmax_pooling d")))

@@ -82,6 +82,17 @@ CASES = {
     "squared_norm": (lambda m, x: m.squared_norm(x), [V5]),
     "concatenate": (lambda m, x, y: m.concatenate([x, y]), [V5, AWAY]),
     "sum_elems_matrix": (lambda m, x: m.sum_elems(x), [M34]),
+    # images: cross-correlation, TensorFlow's SAME padding, -inf pool padding, kmax order
+    "conv2d_valid": (lambda m, x, f: m.conv2d(x, f, [1, 1]), [_arr((5, 6, 2), seed=13), _arr((3, 2, 2, 3), seed=14)]),
+    "conv2d_same_strided": (lambda m, x, f: m.conv2d(x, f, [2, 3], False),
+                            [_arr((5, 7, 2), seed=15), _arr((2, 3, 2, 3), seed=16)]),
+    "conv2d_bias_2d_input": (lambda m, x, f, b: m.conv2d_bias(x, f, b, [1, 2], False),
+                             [_arr((4, 4), seed=17), _arr((2, 2, 1, 3), seed=18), _arr((3,), seed=19)]),
+    "maxpooling2d_valid": (lambda m, x: m.maxpooling2d(x, [2, 2], [2, 2]), [_arr((5, 6, 2), seed=20)]),
+    "maxpooling2d_same_negative": (lambda m, x: m.maxpooling2d(x, [2, 3], [2, 2], False),
+                                   [_arr((5, 7, 2), -4, -2, seed=21)]),
+    "kmax_pooling_d1": (lambda m, x: m.kmax_pooling(x, 2), [_arr((3, 6), seed=22)]),
+    "kmax_pooling_d0": (lambda m, x: m.kmax_pooling(x, 3, 0), [_arr((5, 2), seed=23)]),
 }
 
 
