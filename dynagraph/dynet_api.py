@@ -20,7 +20,8 @@ from .errors import DynagraphError, user_line
 from .expressions import inputTensor
 from .graph import Expression
 
-__all__ = ["DynetParams", "init", "init_from_params", "vecInput", "matInput", "forward", "zeroes"]
+__all__ = ["DynetParams", "init", "init_from_params", "vecInput", "matInput", "forward", "zeroes", "npvalues",
+           "values"]
 
 # DyNet's flag -> our DynetParams field; DyNet also accepts the underscore spelling.
 _VALUED = {"mem": "mem", "seed": "random_seed", "autobatch": "autobatch", "profiling": "profiling",
@@ -199,6 +200,20 @@ def forward(exps: Iterable, recalculate: bool = False) -> None:
         if recalculate:
             cg.invalidate()
         cg.forward_to(max(e.i for e in exprs if e.cg is cg))
+
+
+def npvalues(exps: Iterable) -> list:
+    """DyNet's dy.npvalues([e1, e2]): evaluated together (one forward), as numpy arrays."""
+    exps = list(exps)
+    forward(exps)
+    return [e.npvalue() for e in exps]
+
+
+def values(exps: Iterable) -> list:
+    """DyNet's dy.values([e1, e2]): evaluated together, each as e.value() gives it."""
+    exps = list(exps)
+    forward(exps)
+    return [e.value() for e in exps]
 
 
 def zeroes(dim, batch_size: int = 1):

@@ -35,6 +35,8 @@ __all__ = [
     "random_normal", "random_uniform", "random_bernoulli",
     "tanh", "logistic", "sigmoid", "rectify", "relu", "elu", "selu", "exp", "log", "square", "sqrt", "abs",
     "cube", "softsign", "pow", "nobackprop", "flip_gradient",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log_sigmoid",
+    "silu", "scale_gradient", "floor", "ceil", "round",
     "cmult", "cdiv", "cadd", "bmax", "bmin", "dot_product", "colwise_add",
     "esum", "average", "emax", "logsumexp", "concatenate", "concatenate_cols", "affine_transform",
     "reshape", "transpose", "pick", "pick_range", "pickrange", "select_rows", "select_cols",
@@ -232,6 +234,34 @@ relu = rectify
 nobackprop = _u("nobackprop")
 flip_gradient = _u("flip_gradient")
 sum_elems, mean_elems, squared_norm, l2_norm = (_u(n) for n in ("sum_elems", "mean_elems", "squared_norm", "l2_norm"))
+
+
+sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, log_sigmoid = (
+    _u(n) for n in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                    "log_sigmoid"))
+
+
+def silu(x, beta: float = 1.0) -> Expression:
+    """x * logistic(beta * x) (SiLU / swish)."""
+    return record1(_O["silu"], x, (float(beta),))
+
+
+def scale_gradient(x, lambd: float = 1.0) -> Expression:
+    """x forward; the gradient is multiplied by lambd on the way back."""
+    return record1(_O["scale_gradient"], x, (float(lambd),))
+
+
+def _rounding(name: str):
+    def f(x, gradient_mode: str = "zero_gradient") -> Expression:
+        if gradient_mode not in ("zero_gradient", "straight_through_gradient"):
+            raise DynagraphError(f"{name}: gradient_mode must be 'zero_gradient' or 'straight_through_gradient', "
+                                 f"got {gradient_mode!r}\n  at {user_line()}")
+        return record1(_O[name], x, (gradient_mode == "straight_through_gradient",))
+    return _named(f, name, f"{name}(x, gradient_mode='zero_gradient'): elementwise {name}; "
+                           f"'straight_through_gradient' passes the gradient through unchanged.")
+
+
+floor, ceil, round = (_rounding(n) for n in ("floor", "ceil", "round"))
 
 
 def elu(x, alpha: float = 1.0) -> Expression:

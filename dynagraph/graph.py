@@ -272,6 +272,9 @@ class ComputationGraph(GraphBase):
         """Replace node nid's payload (an input's values, a lookup's or pick's index) and
         forget the values of nid and of every node computed from it, so the next evaluation
         recomputes only those (DyNet's Expression.set on a graph built once)."""
+        if self.retired:
+            raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
+                                       f"replaced by renew_cg()\n  used at {user_line()}")
         op = self.op[nid]
         if op.check is not None:
             try:

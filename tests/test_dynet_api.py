@@ -112,6 +112,18 @@ def test_forward_list_and_lookup_set_match_dynet():
 
 
 @needs_dynet
+def test_values_and_npvalues_match_dynet():
+    got = []
+    for m in (dn, dy):
+        m.renew_cg()
+        a, b = m.inputVector([1.0, 2.0]), m.scalarInput(3.0)
+        got.append((m.values([a, b]), m.npvalues([a, m.tanh(a)])))
+    assert got[0][0] == got[1][0]
+    for o, t in zip(got[1][1], got[0][1]):
+        np.testing.assert_allclose(o, t, rtol=RTOL)
+
+
+@needs_dynet
 def test_vecinput_starts_at_zero_like_dynet():
     dn.renew_cg()
     dy.renew_cg()
@@ -206,6 +218,9 @@ def test_set_rejects_bad_values():
         e.set(9)
     with pytest.raises(dy.DynagraphError, match="positive int"):
         dy.vecInput(0)
+    dy.renew_cg()
+    with pytest.raises(dy.StaleExpressionError):
+        x.set([1.0, 2.0, 3.0])
 
 
 def test_pick_set_index():
