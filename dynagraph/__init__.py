@@ -28,4 +28,6 @@ from .dynet_api import (  # noqa: F401
 )
 from .dynet_api import read_flags_at_import as _read_flags
 
+from .composites import *  # noqa: F401,F403  (DyNet functions built from existing ops)
+
 _read_flags()  # DyNet's --dynet-seed, --dynet-autobatch, ... (dynagraph/dynet_api.py)
