@@ -1,6 +1,7 @@
 """Reference checks for the image ops: value vs loop formulas, gradients vs finite differences."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import dynagraph as dy
@@ -26,3 +27,11 @@ def test_bad_arguments_raise_at_record_time(build, match):
     f = dy.inputTensor([[[[1.0] * 3] * 4] * 2] * 2)  # (2, 2, 4, 3): 4 input channels
     with pytest.raises(dy.DynagraphError, match=match):
         build(x, f)
+
+
+def test_kmax_pooling_keeps_the_k_largest_in_order_with_ties():
+    """Ties go to the earlier entry; the k largest are always kept (DyNet 2.2 can drop one:
+    README, remaining differences)."""
+    dy.renew_cg()
+    x = dy.inputTensor(np.array([[0.0, 0.0, 0.06, 0.0, 0.14]]))
+    np.testing.assert_array_equal(dy.kmax_pooling(x, 3, 1).npvalue(), [[0.0, 0.06, 0.14]])

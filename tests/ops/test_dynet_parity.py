@@ -168,3 +168,40 @@ def test_rounding_values_match_dynet(name):
     np.testing.assert_array_equal(got, want)
     _, zero = _run(dy, lambda m, x: getattr(m, name)(x, "zero_gradient"), [ROUNDING])
     assert got_g[0].any() and not zero[0].any()
+
+
+def _conv_net_training(lib):
+    """DyNet's MNIST --conv style: conv2d_bias, rectify, maxpooling2d, kmax_pooling, a softmax
+    layer; two SGD updates from the same weights. Returns losses and weights after training."""
+    rng = np.random.default_rng(0)
+    pc = lib.ParameterCollection()
+    F = pc.parameters_from_numpy(_arr((3, 3, 1, 4), -0.3, 0.3, seed=30))
+    b = pc.parameters_from_numpy(np.zeros(4))
+    W = pc.parameters_from_numpy(_arr((3, 64), -0.3, 0.3, seed=31))
+    trainer = lib.SimpleSGDTrainer(pc, 0.1)
+    images = rng.uniform(0, 1, (6, 8, 8, 1)).astype(np.float32).astype(np.float64)
+    losses = []
+    for _ in range(2):
+        lib.renew_cg()
+        parts = []
+        for x, label in zip(images, [0, 1, 2, 0, 1, 2]):
+            c = lib.conv2d_bias(lib.inputTensor(x), lib.parameter(F), lib.parameter(b), [1, 1], is_valid=False)
+            p = lib.maxpooling2d(lib.rectify(c), [2, 2], [2, 2])
+            # kmax on values without ties: DyNet 2.2 returns the first k entries >= the k-th
+            # largest, which with ties (the zeros of a rectifier) need not be the k largest
+            top = lib.kmax_pooling(lib.reshape(lib.maxpooling2d(c, [2, 2], [2, 2]), (16, 4)), 3, 0)
+            parts.append(lib.pickneglogsoftmax(lib.parameter(W) * lib.reshape(p, (64,)), label)
+                         + lib.sum_elems(top) * 0.01)
+        loss = lib.esum(parts)
+        losses.append(loss.value())
+        loss.backward()
+        trainer.update()
+    return losses, [F.as_array(), b.as_array(), W.as_array()]
+
+
+def test_conv_net_training_matches_dynet():
+    want_l, want_w = _conv_net_training(dynet)
+    got_l, got_w = _conv_net_training(dy)
+    np.testing.assert_allclose(got_l, want_l, rtol=1e-4)
+    for g, w in zip(got_w, want_w):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
