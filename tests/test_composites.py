@@ -43,6 +43,13 @@ CASES = {
     "trace_of_product": (lambda m, x, y: m.trace_of_product(x, y), [M, N], lambda x, y: np.trace(x @ y.T)),
     "layer_norm": (lambda m, x, g, b: m.layer_norm(x, g, b), [X, G, B],
                    lambda x, g, b: g * (x - x.mean()) / np.sqrt(x.var() + 1e-8) + b),
+    "moment_dim": (lambda m, x: m.moment_dim(x, [1], 2, False), [M], lambda x: (x ** 2).mean(1)),
+    "moment_dim_n": (lambda m, x: m.moment_dim(x, [0], 3, False, 4), [M], lambda x: (x ** 3).sum(0) / 4),
+    "std_dim0": (lambda m, x: m.std_dim(x, [0], False), [M], lambda x: x.std(0)),
+    "std_dim1": (lambda m, x: m.std_dim(x, [1], False), [M], lambda x: x.std(1)),
+    "cumsum_vector": (lambda m, x: m.cumsum(x), [X], lambda x: np.cumsum(x)),
+    "cumsum_d0": (lambda m, x: m.cumsum(x, 0), [M], lambda x: np.cumsum(x, 0)),
+    "cumsum_d1": (lambda m, x: m.cumsum(x, 1), [M], lambda x: np.cumsum(x, 1)),
     "weight_norm": (lambda m, w, g: m.weight_norm(w, g), [M, np.array([1.7])],
                     lambda w, g: g[0] * w / np.linalg.norm(w)),
 }
