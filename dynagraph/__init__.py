@@ -25,3 +25,11 @@ from .expressions import *  # noqa: F401,F403
 __version__ = "0.1.0"
 from .nn import *  # noqa: F401,F403
 from .nn import load, load_generator, save  # noqa: F401
+from .dynet_api import (  # noqa: F401
+    DynetParams, forward, init, init_from_params, matInput, npvalues, values, vecInput, zeroes,
+)
+from .dynet_api import read_flags_at_import as _read_flags
+
+from .composites import *  # noqa: F401,F403  (DyNet functions built from existing ops)
+
+_read_flags()  # DyNet's --dynet-seed, --dynet-autobatch, ... (dynagraph/dynet_api.py)

@@ -35,6 +35,8 @@ __all__ = [
     "random_normal", "random_uniform", "random_bernoulli",
     "tanh", "logistic", "sigmoid", "rectify", "relu", "elu", "selu", "exp", "log", "square", "sqrt", "abs",
     "cube", "softsign", "pow", "nobackprop", "flip_gradient",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log_sigmoid",
+    "silu", "scale_gradient", "floor", "ceil", "round",
     "cmult", "cdiv", "cadd", "bmax", "bmin", "dot_product", "colwise_add",
     "esum", "average", "emax", "logsumexp", "concatenate", "concatenate_cols", "affine_transform",
     "reshape", "transpose", "pick", "pick_range", "pickrange", "select_rows", "select_cols",
@@ -45,6 +47,8 @@ __all__ = [
     "lookup_batch", "const_lookup_batch", "pick_batch", "pick_batch_elem", "pick_batch_elems",
     "pickneglogsoftmax_batch", "hinge_batch", "sum_batches", "mean_batches", "std_batches", "moment_batches",
     "concatenate_to_batch",
+    # images (dynagraph/ops/conv.py)
+    "conv2d", "conv2d_bias", "maxpooling2d", "kmax_pooling",
 ]
 
 
@@ -230,6 +234,34 @@ relu = rectify
 nobackprop = _u("nobackprop")
 flip_gradient = _u("flip_gradient")
 sum_elems, mean_elems, squared_norm, l2_norm = (_u(n) for n in ("sum_elems", "mean_elems", "squared_norm", "l2_norm"))
+
+
+sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, log_sigmoid = (
+    _u(n) for n in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                    "log_sigmoid"))
+
+
+def silu(x, beta: float = 1.0) -> Expression:
+    """x * logistic(beta * x) (SiLU / swish)."""
+    return record1(_O["silu"], x, (float(beta),))
+
+
+def scale_gradient(x, lambd: float = 1.0) -> Expression:
+    """x forward; the gradient is multiplied by lambd on the way back."""
+    return record1(_O["scale_gradient"], x, (float(lambd),))
+
+
+def _rounding(name: str):
+    def f(x, gradient_mode: str = "zero_gradient") -> Expression:
+        if gradient_mode not in ("zero_gradient", "straight_through_gradient"):
+            raise DynagraphError(f"{name}: gradient_mode must be 'zero_gradient' or 'straight_through_gradient', "
+                                 f"got {gradient_mode!r}\n  at {user_line()}")
+        return record1(_O[name], x, (gradient_mode == "straight_through_gradient",))
+    return _named(f, name, f"{name}(x, gradient_mode='zero_gradient'): elementwise {name}; "
+                           f"'straight_through_gradient' passes the gradient through unchanged.")
+
+
+floor, ceil, round = (_rounding(n) for n in ("floor", "ceil", "round"))
 
 
 def elu(x, alpha: float = 1.0) -> Expression:
@@ -481,3 +513,36 @@ def std_batches(x) -> Expression:
 
 # parameters.py cannot import this module (a cycle): E.batch(ids) reaches lookup_batch here.
 _params_module.batch_hook = lookup_batch
+
+
+# ---------------------------------------------------------------------- images
+def _two(v, what: str) -> tuple:
+    try:
+        t = tuple(int(s) for s in v)
+    except TypeError:
+        t = ()
+    if len(t) != 2 or min(t) < 1:
+        raise DynagraphError(f"{what} must be a list of two positive ints, got {v!r}\n  at {user_line()}")
+    return t
+
+
+def conv2d(x, f, stride, is_valid: bool = True) -> Expression:
+    """DyNet's conv2d: x (H, W, C), filters f (kh, kw, C, O), stride [sh, sw]; is_valid=False is
+    TensorFlow's "SAME" padding. A cross-correlation, as in DyNet."""
+    return record(_O["conv2d"], (x, f), (_two(stride, "conv2d stride"), bool(is_valid)))
+
+
+def conv2d_bias(x, f, b, stride, is_valid: bool = True) -> Expression:
+    """conv2d plus b, one bias per output channel (shape (O,))."""
+    return record(_O["conv2d_bias"], (x, f, b), (_two(stride, "conv2d_bias stride"), bool(is_valid)))
+
+
+def maxpooling2d(x, ksize, stride, is_valid: bool = True) -> Expression:
+    """DyNet's maxpooling2d over windows ksize [kh, kw] of an (H, W, C) input, per channel."""
+    return record(_O["maxpooling2d"], (x,), (_two(ksize, "maxpooling2d ksize"),
+                                             _two(stride, "maxpooling2d stride"), bool(is_valid)))
+
+
+def kmax_pooling(x, k: int, d: int = 1) -> Expression:
+    """DyNet's kmax_pooling: the k largest values along dimension d, in their original order."""
+    return record(_O["kmax_pooling"], (x,), (_int(k, "kmax_pooling k"), _int(d, "kmax_pooling d")))

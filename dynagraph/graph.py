@@ -268,6 +268,53 @@ class ComputationGraph(GraphBase):
         self.executed = []
         self.grad_blocks = None
 
+    def set_data(self, nid: int, data: Any) -> None:
+        """Replace node nid's payload (an input's values, a lookup's or pick's index) and
+        forget the values of nid and of every node computed from it, so the next evaluation
+        recomputes only those (DyNet's Expression.set on a graph built once)."""
+        if self.retired:
+            raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
+                                       f"replaced by renew_cg()\n  used at {user_line()}")
+        op = self.op[nid]
+        if op.check is not None:
+            try:
+                op.check(self.attrs[nid], data, *[self.shape[i] for i in self.args[nid]])
+            except (IndexError, ValueError) as e:
+                raise self._op_error(op, self.args[nid], e) from None
+        self._sync_values()
+        self.data[nid] = data
+        # A trainer may have updated the parameters since the last evaluation: like DyNet
+        # (whose set() invalidates the whole graph), nodes computed from updatable
+        # parameters recompute too. Leaves re-read their storage and are never recomputed.
+        affected = {nid}
+        for key, leaf in self._leaves.items():
+            self.blocks[self.blk[leaf]] = self.attrs[leaf][1].values[None]
+            if self.needs_grad[leaf]:
+                affected.add(leaf)
+        args = self.args
+        for j in range(min(affected) + 1, len(self.op)):
+            for a in args[j]:
+                if a in affected:
+                    affected.add(j)
+                    break
+        for j in affected:
+            if not self.op[j].leaf:
+                self.blk[j] = -1
+        # a batch all of whose nodes are stale is dropped (its value block with it), so a graph
+        # re-evaluated many times does not grow; a mixed batch stays for its valid rows, and
+        # its stale rows only ever receive zero gradient (their users are recomputed elsewhere)
+        kept = []
+        for rec in self.executed:
+            nodes = rec.nodes
+            if all(n in affected for n in nodes):
+                for b in (rec.bids if hasattr(rec, "bids") else (rec.block,)):
+                    self.blocks[b] = None
+            else:
+                kept.append(rec)
+        self.executed = kept
+        self.done = min(self.done, min(j for j in affected if not self.op[j].leaf))
+        self.grad_blocks = None
+
     def backward(self, expr: "Expression", full: bool = False) -> None:
         self.forward_to(expr.i)
         if self.shape[expr.i] != (1,):
@@ -336,6 +383,7 @@ class ComputationGraph(GraphBase):
 
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
 _LOOKUP = OPS["lookup"]
+_INPUT, _PICK = OPS["input"], OPS["pick"]
 _ADD, _ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
     OPS[n] for n in ("add", "addc", "sub", "rsubc", "mulc", "matmul", "cdiv", "rdivc", "neg", "powc", "pow"))
 
@@ -378,6 +426,31 @@ class Expression(ExprBase):
 
     def backward(self, full: bool = False) -> None:
         self.cg.backward(self, full)
+
+    def set(self, value) -> None:
+        """DyNet's set() on an input (new values, same shape; vecInput/matInput take DyNet's
+        column-major list) or a lookup (a new row index). The next evaluation recomputes
+        this node and the nodes computed from it; nothing else."""
+        cg, op = self.cg, self.cg.op[self.i]
+        if op is _INPUT:
+            shape = cg.shape[self.i]
+            a = np.asarray(value, dtype=np.float64)
+            if a.size != int(np.prod(shape)):
+                raise DynagraphError(f"set(): {a.size} values for an input of shape {shape}\n  at {user_line()}")
+            a = a.reshape(shape, order="F") if a.shape != shape else a.copy()
+            if not np.isfinite(a).all():
+                raise DynagraphError(f"set(): the values contain NaN or inf\n  at {user_line()}")
+            cg.set_data(self.i, a)
+        elif op is _LOOKUP or op is _PICK:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"set(): {op.name} index must be an int, got {type(value).__name__} "
+                                f"(at {user_line()})")
+            cg.set_data(self.i, int(value))
+        else:
+            raise DynagraphError(f"set() works on inputs and lookups, not on a {op.name} expression"
+                                 f"\n  at {user_line()}")
+
+    set_index = set  # DyNet's pick(...).set_index(i)
 
     def gradient(self) -> np.ndarray:
         return self.cg.gradient(self.i)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, dynet_format
 from .config import config
 from .ops.base import as_shape
 
@@ -92,6 +92,20 @@ class NumpyInitializer(Initializer):
         if self.array.shape != shape:
             raise ValueError(f"initial array has shape {self.array.shape}, parameter has {shape}")
         return self.array
+
+
+def dynet_lookup_layout(array: np.ndarray) -> np.ndarray:
+    """The (rows, *dim) table DyNet's lookup_parameters_from_numpy makes of `array`.
+
+    DyNet swaps the first and last axes and copies the result in column-major order into its
+    (*dim, rows) column-major tensor. For one vector per row that is array itself; for a matrix
+    per row (array of shape (V, a, b)) row i is array[i] read row-major into a column-major
+    (a, b) matrix, and so on for higher ranks (checked against dynet38 for ranks 2 to 5)."""
+    if array.ndim <= 2:
+        return array
+    rows, dim = array.shape[0], array.shape[1:]
+    flat = np.swapaxes(array, 0, array.ndim - 1).ravel(order="F")
+    return np.ascontiguousarray(np.moveaxis(flat.reshape(dim + (rows,), order="F"), -1, 0))
 
 
 def make_initializer(init, scale: float = 1.0) -> Initializer:
@@ -202,8 +216,14 @@ class LookupParameters(_Stored):
         self.touched = np.zeros(self.values.shape[0], dtype=bool)
 
     def init_row(self, i: int, row) -> None:
+        """A flat list fills a matrix (or higher) entry in DyNet's column-major order, as
+        DyNet does; an array of the entry's shape is taken as it is."""
         self._row_index(i)
-        self.values[i] = self._check_shape(row, self.values.shape[1:])
+        shape = self.values.shape[1:]
+        row = np.asarray(row, dtype=self.values.dtype)
+        if len(shape) > 1 and row.ndim == 1 and row.size == int(np.prod(shape)):
+            row = row.reshape(shape, order="F")
+        self.values[i] = self._check_shape(row, shape)
 
     def init_from_array(self, arr) -> None:
         self.values[...] = self._check_shape(arr, self.values.shape)
@@ -301,8 +321,10 @@ class ParameterCollection:
         return p
 
     def lookup_parameters_from_numpy(self, array, name: str = "", device: str = "") -> LookupParameters:
+        """Entries laid out as DyNet lays them out (see dynet_lookup_layout): for a matrix (or
+        higher) per row this is not array[i], and a program must give the same numbers as in DyNet."""
         array = np.asarray(array)
-        return self.add_lookup_parameters(array.shape, init=array, name=name)
+        return self.add_lookup_parameters(array.shape, init=dynet_lookup_layout(array), name=name)
 
     def add_subcollection(self, name: str | None = None) -> "ParameterCollection":
         sub = ParameterCollection(self._name + self._sub_names.fresh(name or "") + "/", self)
@@ -339,8 +361,27 @@ class ParameterCollection:
         checkpoint.save_collection(self, fname, key=key, append=append)
 
     def populate(self, fname: str, key: str = "") -> None:
-        """Load values saved by `save`, checking names and shapes."""
+        """Load values saved by `save`, checking names and shapes; a file written by DyNet
+        (its text format) is read by dynagraph.dynet_format with DyNet's rules."""
+        if dynet_format.is_dynet_text(fname):
+            dynet_format.populate(self, fname, key)
+            return
         checkpoint.populate_collection(self, fname, key=key)
+
+    populate_from_textfile = populate
+
+    def load_param(self, fname: str, key: str) -> Parameters:
+        """DyNet's load_param: a new Parameters holding the DyNet-file entry named `key`."""
+        e = dynet_format.find(fname, key)
+        if e.kind != "#Parameter#":
+            raise ValueError(f"{fname}:{e.line}: {key} is a lookup parameter (use load_lookup_param)")
+        return self.add_parameters(e.values.shape, init=e.values.copy())
+
+    def load_lookup_param(self, fname: str, key: str) -> LookupParameters:
+        e = dynet_format.find(fname, key)
+        if e.kind != "#LookupParameter#":
+            raise ValueError(f"{fname}:{e.line}: {key} is not a lookup parameter (use load_param)")
+        return self.add_lookup_parameters(e.values.shape, init=e.values.copy())
 
 
 Model = ParameterCollection

@@ -4,8 +4,8 @@
 
 1. Trains the TreeLSTM of examples/treelstm.py on SST (synthetic SST-like trees
    when ../shared/data is absent) for a short time.
-2. Runs one more training epoch three times from the same weights on the same
-   trees, once per scheduler:
+2. Runs one more training epoch from the same weights on the same trees, once per
+   scheduler (five by default, --schedulers picks others):
      none    one kernel launch per node (what an unbatched framework does)
      depth   batch nodes with equal depth and signature (TensorFlow Fold)
      agenda  DyNet's agenda-based autobatching
@@ -14,6 +14,11 @@
              whole minibatch at once
    and prints time, trees/s, kernel launches vs nodes, and the losses, which
    are the same for every scheduler: batching changes speed, not results.
+   The speed-up column is relative to the first row ('none': no batching).
+3. When DyNet (dynet38) is installed, also times DyNet with its autobatching and
+   dynagraph's agenda scheduler on the same TreeLSTM, written once with plain DyNet
+   ops (bench/dy_models.py) and run by each library in its own process, so the
+   speed-up against DyNet itself is shown too (--no-dynet skips it).
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          f"append '+block' to record tree nodes as static subgraphs (dy.block); "
                          f"'cavs' runs the cells as Cavs vertex functions (dy.cavs)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-dynet", action="store_true", help="skip the comparison with DyNet itself")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap.parse_args(argv)
 
@@ -120,7 +126,7 @@ def print_table(rows: list[dict], n_trees: int, bound: int, repeat: int) -> None
     base = rows[0]
     print(f"\nOne training epoch over {n_trees} trees (forward + backward + SGD update), same start weights "
           f"(best of {repeat} runs):\n")
-    head = (f"{'scheduler':<14}{'s/epoch':>9}{'trees/s':>9}{'speed-up':>10}{'nodes':>10}{'launches':>10}"
+    head = (f"{'scheduler':<14}{'s/epoch':>9}{'trees/s':>9}{'vs none':>10}{'nodes':>10}{'launches':>10}"
             f"{'nodes/launch':>14}{'mean loss':>11}{'max |dloss|':>13}{'max |dW|':>10}")
     print(head)
     print("-" * len(head))
@@ -134,6 +140,49 @@ def print_table(rows: list[dict], n_trees: int, bound: int, repeat: int) -> None
           f" no op-level schedule can use fewer than {bound}.")
     print(f"max |dloss| and max |dW|: largest difference from '{base['scheduler']}' in any minibatch loss "
           f"and in the weights after the epoch.")
+
+
+def compare_with_dynet(args, n_trees: int) -> list[dict] | None:
+    """DyNet (autobatch 1) and dynagraph (agenda) on one program text, each in its own worker
+    process (bench/worker.py), rounds interleaved, one BLAS thread; the best round counts.
+    None when DyNet is not installed."""
+    import importlib.util
+    if importlib.util.find_spec("dynet") is None:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench.run import Worker
+    cfg = {"workload": "treelstm", "H": args.hidden, "batch_size": args.batch_size, "warmup": 1,
+           "batches": max(n_trees // args.batch_size, 1), "seed": args.seed, "lr": args.lr, "mode": "train"}
+    workers = {"DyNet autobatch": Worker("dynet", "1", 1), "dynagraph agenda": Worker("dynagraph", "agenda", 1)}
+    best: dict = {}
+    try:
+        for w in workers.values():
+            w.start()
+            if not w.wait_ready():
+                print(f"(DyNet comparison skipped: {w.error})")
+                return None
+        for _ in range(max(args.repeat, 1)):
+            for name, w in workers.items():
+                r = w.run(cfg)
+                if "error" in r:
+                    print(f"(DyNet comparison skipped: {name}: {r['error']})")
+                    return None
+                if name not in best or r["samples_per_sec"] > best[name]["samples_per_sec"]:
+                    best[name] = r
+    finally:
+        for w in workers.values():
+            w.stop()
+    base = best["DyNet autobatch"]["samples_per_sec"]
+    print(f"\nThe same TreeLSTM (H={args.hidden}, batch {args.batch_size}, {cfg['batches'] * args.batch_size} trees) "
+          f"written once with DyNet ops, each library in its own process (best of {args.repeat}):\n")
+    print(f"{'system':<20}{'trees/s':>9}{'vs DyNet':>10}")
+    rows = []
+    for name, r in best.items():
+        print(f"{name:<20}{r['samples_per_sec']:>9.0f}{r['samples_per_sec'] / base:>9.2f}x")
+        rows.append({"system": name, "trees_per_s": r["samples_per_sec"], "losses": r["losses"]})
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -161,7 +210,8 @@ def main(argv=None) -> dict:
     restore(pc, saved)
     bound = bench_lower_bound(model, bench, vocab, args.batch_size)
     print_table(rows, len(bench), bound, args.repeat)
-    return {"rows": rows, "lower_bound": bound, "source": source}
+    dynet_rows = None if args.no_dynet else compare_with_dynet(args, len(bench))
+    return {"rows": rows, "lower_bound": bound, "source": source, "dynet": dynet_rows}
 
 
 if __name__ == "__main__":

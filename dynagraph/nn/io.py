@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .. import checkpoint
+from .. import checkpoint, dynet_format
 from ..parameters import LookupParameters, ParameterCollection, Parameters
 
 __all__ = ["save", "load", "load_generator"]
@@ -74,6 +74,9 @@ def load(basename: str, pc: ParameterCollection) -> list:
 
 
 def load_generator(basename: str, pc: ParameterCollection) -> Iterator:
+    if dynet_format.is_dynet_text(basename + ".data"):  # written by DyNet's dy.save
+        yield from dynet_format.load_objects(basename, pc)
+        return
     meta = _read_meta(basename + ".meta")
     stored = checkpoint.read_arrays(basename + ".data")
     if _ID + meta["data_id"] not in stored:

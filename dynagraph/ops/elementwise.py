@@ -59,6 +59,40 @@ SQRT = _unary("sqrt", lambda xp, a, x: xp.sqrt(x), lambda xp, a, x, y, g: g / (2
 ABS = _unary("abs", lambda xp, a, x: xp.abs(x), lambda xp, a, x, y, g: g * xp.sign(x))
 SOFTSIGN = _unary("softsign", lambda xp, a, x: x / (1 + xp.abs(x)),
                   lambda xp, a, x, y, g: g / ((1 + xp.abs(x)) ** 2))
+# Trigonometric and hyperbolic functions (DyNet 2.1+).
+SIN = _unary("sin", lambda xp, a, x: xp.sin(x), lambda xp, a, x, y, g: g * xp.cos(x))
+COS = _unary("cos", lambda xp, a, x: xp.cos(x), lambda xp, a, x, y, g: -g * xp.sin(x))
+TAN = _unary("tan", lambda xp, a, x: xp.tan(x), lambda xp, a, x, y, g: g * (1 + y * y))
+ASIN = _unary("asin", lambda xp, a, x: xp.arcsin(x), lambda xp, a, x, y, g: g / xp.sqrt(1 - x * x))
+ACOS = _unary("acos", lambda xp, a, x: xp.arccos(x), lambda xp, a, x, y, g: -g / xp.sqrt(1 - x * x))
+ATAN = _unary("atan", lambda xp, a, x: xp.arctan(x), lambda xp, a, x, y, g: g / (1 + x * x))
+SINH = _unary("sinh", lambda xp, a, x: xp.sinh(x), lambda xp, a, x, y, g: g * xp.cosh(x))
+COSH = _unary("cosh", lambda xp, a, x: xp.cosh(x), lambda xp, a, x, y, g: g * xp.sinh(x))
+ASINH = _unary("asinh", lambda xp, a, x: xp.arcsinh(x), lambda xp, a, x, y, g: g / xp.sqrt(x * x + 1))
+ACOSH = _unary("acosh", lambda xp, a, x: xp.arccosh(x), lambda xp, a, x, y, g: g / xp.sqrt(x * x - 1))
+ATANH = _unary("atanh", lambda xp, a, x: xp.arctanh(x), lambda xp, a, x, y, g: g / (1 - x * x))
+# log(logistic(x)) = -log(1 + e^-x), without overflow; its derivative is 1 - logistic(x) = 1 - e^y.
+LOG_SIGMOID = _unary("log_sigmoid", lambda xp, a, x: -xp.logaddexp(0, -x), lambda xp, a, x, y, g: -g * xp.expm1(y))
+
+
+def _silu_grad(xp, beta, x, g):
+    s = _logistic(xp, beta * x)
+    return g * (s + beta * x * s * (1 - s))
+
+
+SILU = _unary("silu", lambda xp, a, x: x * _logistic(xp, a[0] * x), lambda xp, a, x, y, g: _silu_grad(xp, a[0], x, g))
+SCALE_GRADIENT = _unary("scale_gradient", lambda xp, a, x: x, lambda xp, a, x, y, g: g * a[0])
+
+
+def _round_half_away(xp, x):  # DyNet rounds 2.5 to 3 and -0.5 to -1 (numpy: half to even)
+    return xp.sign(x) * xp.floor(xp.abs(x) + 0.5)
+
+
+# attrs = (straight_through,): DyNet's gradient_mode "straight_through_gradient" passes the
+# gradient unchanged; "zero_gradient" (the derivative almost everywhere) passes zero.
+FLOOR = _unary("floor", lambda xp, a, x: xp.floor(x), lambda xp, a, x, y, g: g if a[0] else g * 0)
+CEIL = _unary("ceil", lambda xp, a, x: xp.ceil(x), lambda xp, a, x, y, g: g if a[0] else g * 0)
+ROUND = _unary("round", lambda xp, a, x: _round_half_away(xp, x), lambda xp, a, x, y, g: g if a[0] else g * 0)
 # Scalar-constant forms: the constant is an attribute, hence part of the signature.
 ADDC = _unary("addc", lambda xp, a, x: x + a[0], lambda xp, a, x, y, g: g)
 MULC = _unary("mulc", lambda xp, a, x: x * a[0], lambda xp, a, x, y, g: g * a[0])

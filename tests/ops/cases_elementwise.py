@@ -23,6 +23,41 @@ def _u(cid, op, f, ref, arg=V4):
     return Case(cid, op, lambda k, x: f(x), [arg], lambda k, x: ref(x))
 
 
+_BOUNDED = A((4,), -0.9, 0.9)
+_OFF_INT = A((4,), 0.1, 0.4)  # + integers below: never at a jump of floor/ceil/round
+
+
+def _rounded(cid, op, mode, ref):
+    return Case(cid, op, lambda k, x: getattr(dy, op)(x * 1.0 + dy.inputTensor(np.array([-2.0, 0.0, 1.0, 3.0])),
+                                                      mode),
+                [_OFF_INT], lambda k, x: ref(x + np.array([-2.0, 0.0, 1.0, 3.0])),
+                grad=None if mode == "straight_through_gradient" else 1.0)
+
+
+MATH = [
+    _u("sin", "sin", dy.sin, np.sin),
+    _u("cos", "cos", dy.cos, np.cos),
+    _u("tan", "tan", dy.tan, np.tan),
+    _u("asin", "asin", dy.asin, np.arcsin, _BOUNDED),
+    _u("acos", "acos", dy.acos, np.arccos, _BOUNDED),
+    _u("atan", "atan", dy.atan, np.arctan),
+    _u("sinh", "sinh", dy.sinh, np.sinh),
+    _u("cosh", "cosh", dy.cosh, np.cosh),
+    _u("asinh", "asinh", dy.asinh, np.arcsinh),
+    _u("acosh", "acosh", dy.acosh, np.arccosh, A((4,), 1.2, 3.0)),
+    _u("atanh", "atanh", dy.atanh, np.arctanh, _BOUNDED),
+    _u("log_sigmoid", "log_sigmoid", dy.log_sigmoid, lambda x: np.log(_sig(x)), A((4,), -3.0, 3.0)),
+    _u("silu", "silu", dy.silu, lambda x: x * _sig(x)),
+    _u("silu_beta", "silu", lambda x: dy.silu(x, 2.5), lambda x: x * _sig(2.5 * x)),
+    Case("scale_gradient", "scale_gradient", lambda k, x: dy.scale_gradient(x, 0.5), [V4], lambda k, x: x,
+         grad=0.5),
+    _rounded("floor_zero_gradient", "floor", "zero_gradient", np.floor),
+    _rounded("ceil_zero_gradient", "ceil", "zero_gradient", np.ceil),
+    _rounded("round_zero_gradient", "round", "zero_gradient", lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5)),
+    _rounded("round_straight_through", "round", "straight_through_gradient",
+             lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5)),
+]
+
 UNARY = [
     _u("neg", "neg", lambda x: -x, lambda x: -x),
     _u("tanh", "tanh", dy.tanh, np.tanh),
@@ -105,4 +140,4 @@ NARY = [
     _n("logsumexp", "logsumexp", dy.logsumexp, lambda s: np.log(np.exp(s).sum(axis=0))),
 ]
 
-CASES = UNARY + SCALAR_CONST + BINARY + NARY
+CASES = UNARY + MATH + SCALAR_CONST + BINARY + NARY

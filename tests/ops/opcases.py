@@ -102,12 +102,12 @@ def batched_builder(case: Case, variant: str, nodes: int = NODES) -> Callable:
     def build_fn(pc):
         holders = []
         for i, (a, v) in enumerate(zip(case.args, values)):
-            if a.kind == "table":
-                holders.append(pc.lookup_parameters_from_numpy(v.copy()))
+            if a.kind == "table":  # entries as drawn (lookup_parameters_from_numpy uses DyNet's layout)
+                holders.append(pc.add_lookup_parameters(v.shape, init=dy.NumpyInitializer(v.copy())))
             elif i == shared:
                 holders.append(pc.parameters_from_numpy(v.copy()))
             elif a.kind == "param":
-                holders.append(pc.lookup_parameters_from_numpy(v.copy()))
+                holders.append(pc.add_lookup_parameters(v.shape, init=dy.NumpyInitializer(v.copy())))
             else:
                 holders.append(v)
         row = {"rows_reversed": lambda k: nodes - 1 - k, "rows_repeated": lambda k: 0}.get(variant, lambda k: k)
