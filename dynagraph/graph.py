@@ -9,6 +9,7 @@ Evaluation is delegated to an *engine* installed by a higher layer
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -19,6 +20,7 @@ from .config import config
 from .errors import (
     DynagraphError,
     DynagraphIndexError,
+    NonFiniteError,
     StaleExpressionError,
     op_error,
     user_line,
@@ -272,6 +274,14 @@ class ComputationGraph(GraphBase):
         self.forward_to(expr.i)
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
+                                 f"\n  called at {user_line()}")
+        loss = float(np.asarray(self.value(expr.i)).reshape(-1)[0])
+        if not math.isfinite(loss):
+            # A gradient from an infinite or nan loss is meaningless; stop here, before any
+            # parameter gradient is accumulated (check_validity finds the producing op).
+            raise NonFiniteError(f"backward() from a non-finite loss ({loss}) computed by "
+                                 f"{self.op[expr.i].name}; no gradient was accumulated (renew_cg("
+                                 f"check_validity=True) names the op that first produced it)"
                                  f"\n  called at {user_line()}")
         self.grad_full = full
         _engine.backward(self, expr.i, full)

@@ -439,7 +439,9 @@ def pickneglogsoftmax_forward(x, labels) -> np.ndarray:
         raise ValueError(f"pickneglogsoftmax: {x.shape[0]} rows of scores for {rows} labels")
     loss = np.empty((rows, 1), x.dtype)
     work = np.empty(x.shape[1], x.dtype)
-    _fn("dg_pnls_fwd", x.dtype)(_p(loss), _p(work), _p(x), x.shape[1] if x.shape[0] > 1 or rows == 1 else 0,
+    # The row stride is 0 only for one shared row: a (0, n) x with no labels is not
+    # shared (its buffer holds no row to read).
+    _fn("dg_pnls_fwd", x.dtype)(_p(loss), _p(work), _p(x), x.shape[1] if x.shape[0] == rows else 0,
                                 _pi(lab), rows, x.shape[1])
     return loss
 
@@ -453,7 +455,7 @@ def pickneglogsoftmax_backward(x, labels, g) -> np.ndarray:
     if x.shape[0] not in (1, rows) or g.shape[0] != rows:
         raise ValueError(f"pickneglogsoftmax backward: x {x.shape}, {rows} labels, g of {g.shape[0]}")
     gx = np.empty_like(x)
-    _fn("dg_pnls_bwd", x.dtype)(_p(gx), _p(x), x.shape[1] if x.shape[0] > 1 or rows == 1 else 0,
+    _fn("dg_pnls_bwd", x.dtype)(_p(gx), _p(x), x.shape[1] if x.shape[0] == rows else 0,
                                 _pi(lab), _p(g), rows, x.shape[1])
     return gx
 
