@@ -15,7 +15,7 @@ backends/__init__.py then warns once and uses the numpy backend.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -113,14 +113,45 @@ def _rows_operand(vals, n: int, width: int, dt: np.dtype) -> tuple:
     return v, width
 
 
-class RowIndex(NamedTuple):
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A private int64 copy that nobody can make writeable again: its memory is a bytes object."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return np.frombuffer(a.tobytes(), np.int64).reshape(a.shape)
+
+
+class RowIndex:
     """A validated list of (block, row) pairs. The executor builds one per gathered
     argument and the backward scatter of that argument reuses it: the rows are checked
-    once, and only each block's shape is re-checked (per block, not per row)."""
-    ids: list          # distinct block ids
-    local: np.ndarray  # per row, the position of its block in ids
-    rows: np.ndarray   # int64, each within its own block
-    shapes: tuple      # the shape of each block in ids when the rows were checked
+    once, and only each block's shape is re-checked (per block, not per row).
+
+    Made only by `row_index`, which checks it; it cannot be built or changed from Python
+    (no constructor, read-only attributes, arrays in immutable memory), since the C
+    kernels trust its rows.
+      ids     distinct block ids (tuple)
+      local   per row, the position of its block in ids
+      rows    int64, each within its own block
+      shapes  the shape of each block in ids when the rows were checked
+    """
+    __slots__ = ("ids", "local", "rows", "shapes")
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("cpu.RowIndex is made only by cpu.row_index(...), which checks every row")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a checked cpu.RowIndex cannot be changed")
+
+    __delattr__ = __setattr__
+
+    def __repr__(self) -> str:
+        return f"RowIndex(ids={self.ids}, rows={self.rows.tolist()[:8]}..., shapes={self.shapes})"
+
+
+def _row_index_checked(ids, local, rows, shapes) -> RowIndex:
+    ix = object.__new__(RowIndex)
+    for name, value in (("ids", tuple(ids)), ("local", _frozen(local)), ("rows", _frozen(rows)),
+                        ("shapes", tuple(shapes))):
+        object.__setattr__(ix, name, value)
+    return ix
 
 
 def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
@@ -167,7 +198,7 @@ def row_index(shape_of: Callable[[int], tuple], n_blocks: int, blks: Sequence[in
         j = int(np.flatnonzero((r < 0) | (r >= limit))[0])
         lim = int(limit[j]) if len(ids) > 1 else limit
         raise IndexError(f"{what}: row {int(r[j])} out of range for block {ids[int(local[j])]} of {lim} rows")
-    return RowIndex(ids, local, r, shapes)
+    return _row_index_checked(ids, local, r, shapes)
 
 
 def _used(blocks: list, ix: RowIndex, what: str) -> None:
@@ -594,8 +625,17 @@ class KidRows:
 
     def __init__(self, rows, bound: int):
         r = self._checked(rows, bound)
-        self.rows, self.bound, (self.N, self.B), self.ld = r, int(bound), r.shape, r.shape[1]
-        self.ptr = ffi.from_buffer("int64_t[]", r)
+        self._set(r, int(bound), r.shape[0], r.shape[1], r.shape[1], ffi.from_buffer("int64_t[]", r))
+
+    def _set(self, rows, bound, N, B, ld, ptr) -> None:
+        for name, value in zip(self.__slots__, (rows, bound, N, B, ld, ptr)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        # The kernels trust a KidRows: its rows, bound and pointer are fixed once checked.
+        raise AttributeError("a checked cpu.KidRows cannot be changed")
+
+    __delattr__ = __setattr__
 
     @classmethod
     def windows(cls, rows, bound: int, spans: Sequence, axis: int) -> list:
@@ -609,9 +649,8 @@ class KidRows:
             if not 0 <= s <= e <= r.shape[axis]:
                 raise ValueError(f"KidRows.windows: span {s}..{e} beyond {r.shape[axis]}")
             k = cls.__new__(cls)
-            k.rows, k.bound = (r[:, s:e] if axis else r[s:e]), int(bound)
-            k.N, k.B, k.ld = (n0, e - s, n1) if axis else (e - s, n1, n1)
-            k.ptr = base + (s if axis else s * n1)
+            N, B, ld = (n0, e - s, n1) if axis else (e - s, n1, n1)
+            k._set(r[:, s:e] if axis else r[s:e], int(bound), N, B, ld, base + (s if axis else s * n1))
             out.append(k)
         return out
 
@@ -623,8 +662,7 @@ class KidRows:
         if r.size and (int(r.min()) < 0 or int(r.max()) >= bound):
             bad = int(r.min()) if r.min() < 0 else int(r.max())
             raise IndexError(f"KidRows: row {bad} out of range [0, {bound})")
-        r.flags.writeable = False
-        return r
+        return _frozen(r)  # never writeable again, even through .base
 
 
 def _kid_table(table, rows: KidRows, dt, H: int, B: int, what: str, out: bool = False) -> np.ndarray:
