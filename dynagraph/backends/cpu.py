@@ -49,8 +49,19 @@ def _real(dt, what: str = "array") -> np.dtype:
     return dt
 
 
+def _real_of(a, what: str) -> np.dtype:
+    """The dtype of an array a kernel reads or writes: a numpy array of float32/float64."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what}: compiled kernels take a numpy array here, got {type(a).__name__}")
+    return _real(a.dtype, what)
+
+
 def _in(a, dt: np.dtype) -> np.ndarray:
-    """An input: any array-like, made C-contiguous of dtype dt (copied only if needed)."""
+    """An input: any real array-like, made C-contiguous of dtype dt (copied only if needed).
+    Complex, string, date or object values are refused, never cast."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"compiled kernels take real numbers, got an array of {a.dtype}")
     return np.ascontiguousarray(a, dtype=dt)
 
 
@@ -215,7 +226,9 @@ def gather_rows(blocks: Sequence[np.ndarray], blks: Sequence[int], rows: Sequenc
 
 
 def gather_indexed(blocks: Sequence[np.ndarray], ix: RowIndex) -> np.ndarray:
-    dt = _real(blocks[ix.ids[0]].dtype, "gather_rows")
+    if type(ix) is not RowIndex:
+        raise TypeError(f"gather_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
+    dt = _real_of(blocks[ix.ids[0]], "gather_rows")
     used = [_in(blocks[b], dt) for b in ix.ids]
     _used(used, ix, "gather_rows")
     tail = ix.shapes[0][1:]
@@ -239,9 +252,11 @@ def scatter_add_rows(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray]
 
 def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray], ix: RowIndex, vals) -> None:
     """scatter_add_rows over a checked index (the one its forward gather used)."""
+    if type(ix) is not RowIndex:
+        raise TypeError(f"scatter_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
     get = targets if callable(targets) else targets.__getitem__
     used = [get(b) for b in ix.ids]
-    dt = _real(used[0].dtype, "scatter_add_rows")
+    dt = _real_of(used[0], "scatter_add_rows")
     for b, u in zip(ix.ids, used):
         _out(u, dt, f"scatter target block {b}")
     _used(used, ix, "scatter_add_rows")
@@ -255,7 +270,7 @@ def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray],
 
 def take_rows(table: np.ndarray, rows) -> np.ndarray:
     """table[rows] (an embedding lookup); rows checked against len(table)."""
-    dt = _real(table.dtype, "take_rows")
+    dt = _real_of(table, "take_rows")
     t = _in(table, dt)
     r = _index(rows, t.shape[0], "take_rows")
     out = np.empty((r.shape[0],) + t.shape[1:], dt)
@@ -266,7 +281,7 @@ def take_rows(table: np.ndarray, rows) -> np.ndarray:
 
 def add_rows(g: np.ndarray, rows, vals) -> None:
     """g[rows] += vals, unbuffered: a repeated row receives every contribution."""
-    dt = _real(g.dtype, "add_rows")
+    dt = _real_of(g, "add_rows")
     _out(g, dt, "add_rows target")
     r = _index(rows, g.shape[0], "add_rows")
     n, width = r.shape[0], _width(g.shape[1:])
@@ -286,9 +301,9 @@ def embedding_backward(grad: np.ndarray, touched: np.ndarray | None, idx, vals) 
     touched[idx] (a bool array, as LookupParameters keeps)."""
     if touched is None:
         return add_rows(grad, idx, vals)
-    dt = _real(grad.dtype, "embedding_backward")
+    dt = _real_of(grad, "embedding_backward")
     _out(grad, dt, "embedding gradient")
-    if touched.dtype != np.bool_ or touched.shape != grad.shape[:1] or not touched.flags.c_contiguous \
+    if not isinstance(touched, np.ndarray) or touched.dtype != np.bool_ or touched.shape != grad.shape[:1] or not touched.flags.c_contiguous \
             or not touched.flags.writeable:
         raise ValueError(f"touched must be a writeable contiguous bool array of shape {grad.shape[:1]}")
     r = _index(idx, grad.shape[0], "embedding_backward")
@@ -905,7 +920,7 @@ class TreeCellPlan:
 # ----------------------------------------------------------------- trainer rules
 def _rule_args(w: np.ndarray, g, states: Sequence[np.ndarray], rows, what: str) -> tuple:
     """Validated (g, row index array or None, nrows, width) for an in-place rule."""
-    dt = _real(w.dtype, what)
+    dt = _real_of(w, what)
     _out(w, dt, f"{what} weights")
     g = _in(g, dt)
     if g.shape != w.shape:
