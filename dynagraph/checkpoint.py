@@ -159,6 +159,15 @@ def read_arrays(path: str) -> dict:
         raise CheckpointError(f"{path}: not a dynagraph parameter file ({type(e).__name__}: {e})") from None
 
 
+def entry_names_in(path: str) -> list:
+    """The entry names of a parameter file, without reading any values (cheap on big files)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise CheckpointError(f"{path}: not a dynagraph parameter file ({type(e).__name__}: {e})") from None
+
+
 def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
     if info.file_size > _MAX_RATIO * info.compress_size + 4096:
         raise CheckpointError(f"{info.filename}: claims {info.file_size} bytes from {info.compress_size}")

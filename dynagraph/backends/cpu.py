@@ -220,9 +220,16 @@ def _used(blocks: list, ix: RowIndex, what: str) -> None:
 
 
 # ----------------------------------------------------------------- row movers
+def _block_shape(a, what: str) -> tuple:
+    if not isinstance(a, np.ndarray) or a.ndim < 1:
+        raise TypeError(f"{what}: blocks must be numpy arrays of at least one dimension, got {type(a).__name__}")
+    return a.shape
+
+
 def gather_rows(blocks: Sequence[np.ndarray], blks: Sequence[int], rows: Sequence[int]) -> np.ndarray:
     """Row j of the result is blocks[blks[j]][rows[j]], all source blocks in one call."""
-    return gather_indexed(blocks, row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows"))
+    return gather_indexed(blocks, row_index(lambda i: _block_shape(blocks[i], "gather_rows"), len(blocks), blks,
+                                            rows, "gather_rows"))
 
 
 def gather_indexed(blocks: Sequence[np.ndarray], ix: RowIndex) -> np.ndarray:
@@ -247,7 +254,8 @@ def scatter_add_rows(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray]
         return
     get = targets if callable(targets) else targets.__getitem__
     bound = 1 << 62 if callable(targets) else len(targets)
-    scatter_indexed(targets, row_index(lambda i: get(i).shape, bound, blks, rows, "scatter_add_rows"), vals)
+    scatter_indexed(targets, row_index(lambda i: _block_shape(get(i), "scatter_add_rows"), bound, blks, rows,
+                                       "scatter_add_rows"), vals)
 
 
 def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray], ix: RowIndex, vals) -> None:

@@ -96,7 +96,7 @@ def _finish_interrupted_save(basename: str) -> None:
 
 def _data_id(path: str) -> str | None:
     try:
-        ids = [k[len(_ID):] for k in checkpoint.read_arrays(path) if k.startswith(_ID)]
+        ids = [k[len(_ID):] for k in checkpoint.entry_names_in(path) if k.startswith(_ID)]
     except (CheckpointError, OSError):
         return None
     return ids[0] if len(ids) == 1 else None
