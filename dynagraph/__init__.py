@@ -4,7 +4,7 @@
 """
 from . import config  # noqa: F401
 from .config import reset_random_seed  # noqa: F401
-from .errors import DynagraphError, DynagraphIndexError, NonFiniteError, ShapeError, StaleExpressionError  # noqa: F401
+from .errors import CheckpointError, DynagraphError, DynagraphIndexError, NonFiniteError, ShapeError, StaleExpressionError  # noqa: F401
 from .parameters import (  # noqa: F401
     ConstInitializer, GlorotInitializer, IdentityInitializer, LookupParameters, Model, NormalInitializer,
     NumpyInitializer, ParameterCollection, Parameters, SaxeInitializer, UniformInitializer,
@@ -24,7 +24,7 @@ from .expressions import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 from .nn import *  # noqa: F401,F403
-from .nn import load, load_generator, save  # noqa: F401
+from .nn import load, load_generator, register_saveable, save  # noqa: F401
 from .dynet_api import (  # noqa: F401
     DynetParams, forward, init, init_from_params, matInput, npvalues, values, vecInput, zeroes,
 )

@@ -1,6 +1,7 @@
 """Error types that point at the user's line, not at dynagraph's internals."""
 from __future__ import annotations
 
+import operator
 import os
 import sys
 
@@ -37,6 +38,24 @@ class NonFiniteError(DynagraphError, FloatingPointError):
     pass
 
 
+class CheckpointError(DynagraphError):
+    """A parameter or model file that is corrupt, hostile, or does not fit the collection."""
+
+
 def op_error(kind: type, op: str, shapes, msg: str) -> DynagraphError:
     shp = ", ".join(str(tuple(s)) for s in shapes)
     return kind(f"{op}({shp}): {msg}\n  recorded at {user_line()}")
+
+
+def as_index(i, what: str) -> int:
+    """An index, dimension or range bound given to `what`: any integer (numpy's too),
+    never a float, bool or string silently truncated."""
+    if type(i) is int:
+        return i
+    if not isinstance(i, bool) and type(i).__name__ != "bool_":
+        try:
+            return operator.index(i)
+        except TypeError:
+            pass
+    raise TypeError(f"{what}: indices must be integers (int or numpy integer), got "
+                    f"{type(i).__name__} {i!r}\n  recorded at {user_line()}")

@@ -20,7 +20,7 @@ from .batched import (
     sample,
     samples_of,
 )
-from .errors import DynagraphError, user_line
+from .errors import DynagraphError, as_index, user_line
 from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
@@ -131,13 +131,9 @@ def const_lookup(p: LookupParameters, index: int) -> Expression:
 
 
 def _int(i, what: str) -> int:
-    if type(i) is int:
-        return i
-    if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
-        return int(i)
     if type(i) is IndexSlot:  # a runtime index inside a static subgraph
         return i
-    raise TypeError(f"{what}: index must be an int, got {type(i).__name__} (at {user_line()})")
+    return as_index(i, what)
 
 
 # ---------------------------------------------------------------------- inputs
@@ -299,7 +295,7 @@ _concatenate = _list_recorder("concatenate")
 
 
 def concatenate(xs: Sequence[Expression], d: int = 0) -> Expression:
-    return _concatenate(xs, (d if type(d) is int else int(d),))
+    return _concatenate(xs, (d if type(d) is int else as_index(d, "concatenate"),))
 
 
 concatenate_cols = _list_recorder("concatenate", "concatenate_cols", "concatenate_cols([x, ...]): side by side "
@@ -336,15 +332,15 @@ def _reshape_batch(x, d: tuple, n_out: int):
 
 
 def transpose(x, dims: Sequence[int] = (1, 0)) -> Expression:
-    return record1(_O["transpose"], x, (tuple(int(d) for d in dims),))
+    return record1(_O["transpose"], x, (tuple(as_index(d, "transpose") for d in dims),))
 
 
 def pick(x, index: int = 0, dim: int = 0) -> Expression:
-    return record1(_O["pick"], x, (int(dim),), _int(index, "pick"))
+    return record1(_O["pick"], x, (as_index(dim, "pick"),), _int(index, "pick"))
 
 
 def pick_range(x, s: int, e: int, d: int = 0) -> Expression:
-    return record1(_PICK_RANGE, x, (int(s), int(e), int(d)))
+    return record1(_PICK_RANGE, x, (as_index(s, "pick_range"), as_index(e, "pick_range"), as_index(d, "pick_range")))
 
 
 # Exact ints take the compiled path with no Python frame (a gate slice per gate per cell).
@@ -356,15 +352,15 @@ pickrange = pick_range
 
 
 def select_rows(x, rs: Sequence[int]) -> Expression:
-    return record1(_O["select"], x, (tuple(int(r) for r in rs), 0))
+    return record1(_O["select"], x, (tuple(as_index(r, "select_rows") for r in rs), 0))
 
 
 def select_cols(x, cs: Sequence[int]) -> Expression:
-    return record1(_O["select"], x, (tuple(int(c) for c in cs), 1))
+    return record1(_O["select"], x, (tuple(as_index(c, "select_cols") for c in cs), 1))
 
 
 def _dims(d) -> tuple:
-    return (int(d),) if isinstance(d, (int, np.integer)) else tuple(int(i) for i in d)
+    return (as_index(d, "dimension"),) if isinstance(d, (int, np.integer)) else tuple(as_index(i, "dimension") for i in d)
 
 
 def sum_dim(x, d: Sequence[int] = (0,), b: bool = False, n: int = 0) -> Expression:
@@ -384,20 +380,20 @@ def mean_dim(x, d: Sequence[int] = (0,), b: bool = False, n: int = 0) -> Express
 
 
 def max_dim(x, d: int = 0) -> Expression:
-    return record1(_O["max_dim"], x, (int(d),))
+    return record1(_O["max_dim"], x, (as_index(d, "max_dim"),))
 
 
 def min_dim(x, d: int = 0) -> Expression:
-    return record1(_O["min_dim"], x, (int(d),))
+    return record1(_O["min_dim"], x, (as_index(d, "min_dim"),))
 
 
 # ----------------------------------------------------------- softmax & losses
 def softmax(x, d: int = 0) -> Expression:
-    return record1(_O["softmax"], x, (int(d),))
+    return record1(_O["softmax"], x, (as_index(d, "softmax"),))
 
 
 def log_softmax(x, restrict: Sequence[int] | None = None) -> Expression:
-    return record1(_O["log_softmax"], x, (None if restrict is None else tuple(int(i) for i in restrict),))
+    return record1(_O["log_softmax"], x, (None if restrict is None else tuple(as_index(i, "log_softmax restrict") for i in restrict),))
 
 
 def pickneglogsoftmax(x, v: int) -> Expression:

@@ -9,6 +9,7 @@ Evaluation is delegated to an *engine* installed by a higher layer
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -19,7 +20,9 @@ from .config import config
 from .errors import (
     DynagraphError,
     DynagraphIndexError,
+    NonFiniteError,
     StaleExpressionError,
+    as_index,
     op_error,
     user_line,
 )
@@ -320,6 +323,14 @@ class ComputationGraph(GraphBase):
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
                                  f"\n  called at {user_line()}")
+        loss = float(np.asarray(self.value(expr.i)).reshape(-1)[0])
+        if not math.isfinite(loss):
+            # A gradient from an infinite or nan loss is meaningless; stop here, before any
+            # parameter gradient is accumulated (check_validity finds the producing op).
+            raise NonFiniteError(f"backward() from a non-finite loss ({loss}) computed by "
+                                 f"{self.op[expr.i].name}; no gradient was accumulated (renew_cg("
+                                 f"check_validity=True) names the op that first produced it)"
+                                 f"\n  called at {user_line()}")
         self.grad_full = full
         _engine.backward(self, expr.i, full)
 
@@ -539,16 +550,10 @@ class Expression(ExprBase):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            n = self.cg.shape[self.i][0]
-            start, stop, step = i.indices(n)
-            if step != 1:
-                raise DynagraphError(f"pick_range: slices with a step are not supported\n  at {user_line()}")
-            return record1(OPS["pick_range"], self, (start, stop, 0))
+            return record1(OPS["pick_range"], self, _slice_range(i, self.cg.shape[self.i][0]))
         if type(i) is IndexSlot:
             return record1(OPS["pick"], self, (0,), i)
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"expression index must be an int or a slice, got {type(i).__name__}")
-        i = int(i)
+        i = as_index(i, "expression[i] (i an int or a slice)")
         if i < 0:  # DyNet counts negative indices from the end
             i += self.cg.shape[self.i][0]
         return record1(OPS["pick"], self, (0,), i)
@@ -668,11 +673,24 @@ class IndexSlot:
 
 
 def _index(i) -> int:
-    if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
-        return int(i)
     if type(i) is IndexSlot:
         return i
-    raise TypeError(f"lookup index must be an int, got {type(i).__name__}")
+    return as_index(i, "lookup")
+
+
+def _slice_range(sl: slice, n: int) -> tuple:
+    """pick_range attributes of x[start:stop] on a length-n vector. Negative bounds count
+    from the end (as in Python and DyNet); bounds past the end raise instead of being
+    clamped, since a clamped slice silently changes the shape the program expects."""
+    if sl.step not in (None, 1):
+        raise DynagraphError(f"pick_range: slices with a step are not supported\n  at {user_line()}")
+    start = 0 if sl.start is None else as_index(sl.start, "pick_range")
+    stop = n if sl.stop is None else as_index(sl.stop, "pick_range")
+    start, stop = start + n if start < 0 else start, stop + n if stop < 0 else stop
+    if not 0 <= start < stop <= n:
+        raise DynagraphIndexError(f"pick_range: slice [{sl.start}:{sl.stop}] is out of range (or empty) for a "
+                                  f"vector of size {n}\n  recorded at {user_line()}")
+    return (start, stop, 0)
 
 
 _params.expression_hook = _expression_of

@@ -151,18 +151,21 @@ def test_recorders_look_like_functions():
 
 def test_int_attribute_recorders_take_exact_ints_and_fall_back_otherwise():
     """pick_range(x, s, e, d=0): exact ints fill the attrs (d keeps its default); a bool,
-    a numpy int, a keyword or a missing argument goes to the Python function."""
+    a numpy int, a keyword or a missing argument goes to the Python function (which
+    refuses the bool: indices are integers)."""
     x = dy.inputVector([0.0, 1.0, 2.0, 3.0])
     cg = x.cg
     for call, want in [(lambda: dy.pick_range(x, 1, 3), (1, 3, 0)),
                        (lambda: dy.pick_range(x, 1, 3, 0), (1, 3, 0)),
-                       (lambda: dy.pick_range(x, np.int64(0), True), (0, 1, 0)),
+                       (lambda: dy.pick_range(x, np.int64(0), np.int32(1)), (0, 1, 0)),
                        (lambda: dy.pick_range(x, 2, e=4), (2, 4, 0))]:
         e = call()
         assert cg.attrs[e.i] == want and all(type(v) is int for v in cg.attrs[e.i])
     np.testing.assert_allclose(dy.pick_range(x, 1, 3).npvalue(), [1.0, 2.0])
     with pytest.raises(TypeError, match="pick_range"):
         dy.pick_range(x, 1)
+    with pytest.raises(TypeError, match="pick_range: indices must be integers"):
+        dy.pick_range(x, 0, True)
     with pytest.raises(DynagraphError, match="pick_range"):
         dy.pick_range(x, 3, 9)
     assert dy.pick_range.__name__ == "pick_range" and "pick_range" in dy.pick_range.__doc__

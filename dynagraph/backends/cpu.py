@@ -15,7 +15,7 @@ backends/__init__.py then warns once and uses the numpy backend.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -49,8 +49,19 @@ def _real(dt, what: str = "array") -> np.dtype:
     return dt
 
 
+def _real_of(a, what: str) -> np.dtype:
+    """The dtype of an array a kernel reads or writes: a numpy array of float32/float64."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what}: compiled kernels take a numpy array here, got {type(a).__name__}")
+    return _real(a.dtype, what)
+
+
 def _in(a, dt: np.dtype) -> np.ndarray:
-    """An input: any array-like, made C-contiguous of dtype dt (copied only if needed)."""
+    """An input: any real array-like, made C-contiguous of dtype dt (copied only if needed).
+    Complex, string, date or object values are refused, never cast."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"compiled kernels take real numbers, got an array of {a.dtype}")
     return np.ascontiguousarray(a, dtype=dt)
 
 
@@ -113,14 +124,45 @@ def _rows_operand(vals, n: int, width: int, dt: np.dtype) -> tuple:
     return v, width
 
 
-class RowIndex(NamedTuple):
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A private int64 copy that nobody can make writeable again: its memory is a bytes object."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return np.frombuffer(a.tobytes(), np.int64).reshape(a.shape)
+
+
+class RowIndex:
     """A validated list of (block, row) pairs. The executor builds one per gathered
     argument and the backward scatter of that argument reuses it: the rows are checked
-    once, and only each block's shape is re-checked (per block, not per row)."""
-    ids: list          # distinct block ids
-    local: np.ndarray  # per row, the position of its block in ids
-    rows: np.ndarray   # int64, each within its own block
-    shapes: tuple      # the shape of each block in ids when the rows were checked
+    once, and only each block's shape is re-checked (per block, not per row).
+
+    Made only by `row_index`, which checks it; it cannot be built or changed from Python
+    (no constructor, read-only attributes, arrays in immutable memory), since the C
+    kernels trust its rows.
+      ids     distinct block ids (tuple)
+      local   per row, the position of its block in ids
+      rows    int64, each within its own block
+      shapes  the shape of each block in ids when the rows were checked
+    """
+    __slots__ = ("ids", "local", "rows", "shapes")
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("cpu.RowIndex is made only by cpu.row_index(...), which checks every row")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a checked cpu.RowIndex cannot be changed")
+
+    __delattr__ = __setattr__
+
+    def __repr__(self) -> str:
+        return f"RowIndex(ids={self.ids}, rows={self.rows.tolist()[:8]}..., shapes={self.shapes})"
+
+
+def _row_index_checked(ids, local, rows, shapes) -> RowIndex:
+    ix = object.__new__(RowIndex)
+    for name, value in (("ids", tuple(ids)), ("local", _frozen(local)), ("rows", _frozen(rows)),
+                        ("shapes", tuple(shapes))):
+        object.__setattr__(ix, name, value)
+    return ix
 
 
 def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
@@ -167,7 +209,7 @@ def row_index(shape_of: Callable[[int], tuple], n_blocks: int, blks: Sequence[in
         j = int(np.flatnonzero((r < 0) | (r >= limit))[0])
         lim = int(limit[j]) if len(ids) > 1 else limit
         raise IndexError(f"{what}: row {int(r[j])} out of range for block {ids[int(local[j])]} of {lim} rows")
-    return RowIndex(ids, local, r, shapes)
+    return _row_index_checked(ids, local, r, shapes)
 
 
 def _used(blocks: list, ix: RowIndex, what: str) -> None:
@@ -178,13 +220,22 @@ def _used(blocks: list, ix: RowIndex, what: str) -> None:
 
 
 # ----------------------------------------------------------------- row movers
+def _block_shape(a, what: str) -> tuple:
+    if not isinstance(a, np.ndarray) or a.ndim < 1:
+        raise TypeError(f"{what}: blocks must be numpy arrays of at least one dimension, got {type(a).__name__}")
+    return a.shape
+
+
 def gather_rows(blocks: Sequence[np.ndarray], blks: Sequence[int], rows: Sequence[int]) -> np.ndarray:
     """Row j of the result is blocks[blks[j]][rows[j]], all source blocks in one call."""
-    return gather_indexed(blocks, row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows"))
+    return gather_indexed(blocks, row_index(lambda i: _block_shape(blocks[i], "gather_rows"), len(blocks), blks,
+                                            rows, "gather_rows"))
 
 
 def gather_indexed(blocks: Sequence[np.ndarray], ix: RowIndex) -> np.ndarray:
-    dt = _real(blocks[ix.ids[0]].dtype, "gather_rows")
+    if type(ix) is not RowIndex:
+        raise TypeError(f"gather_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
+    dt = _real_of(blocks[ix.ids[0]], "gather_rows")
     used = [_in(blocks[b], dt) for b in ix.ids]
     _used(used, ix, "gather_rows")
     tail = ix.shapes[0][1:]
@@ -203,14 +254,17 @@ def scatter_add_rows(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray]
         return
     get = targets if callable(targets) else targets.__getitem__
     bound = 1 << 62 if callable(targets) else len(targets)
-    scatter_indexed(targets, row_index(lambda i: get(i).shape, bound, blks, rows, "scatter_add_rows"), vals)
+    scatter_indexed(targets, row_index(lambda i: _block_shape(get(i), "scatter_add_rows"), bound, blks, rows,
+                                       "scatter_add_rows"), vals)
 
 
 def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray], ix: RowIndex, vals) -> None:
     """scatter_add_rows over a checked index (the one its forward gather used)."""
+    if type(ix) is not RowIndex:
+        raise TypeError(f"scatter_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
     get = targets if callable(targets) else targets.__getitem__
     used = [get(b) for b in ix.ids]
-    dt = _real(used[0].dtype, "scatter_add_rows")
+    dt = _real_of(used[0], "scatter_add_rows")
     for b, u in zip(ix.ids, used):
         _out(u, dt, f"scatter target block {b}")
     _used(used, ix, "scatter_add_rows")
@@ -224,7 +278,7 @@ def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray],
 
 def take_rows(table: np.ndarray, rows) -> np.ndarray:
     """table[rows] (an embedding lookup); rows checked against len(table)."""
-    dt = _real(table.dtype, "take_rows")
+    dt = _real_of(table, "take_rows")
     t = _in(table, dt)
     r = _index(rows, t.shape[0], "take_rows")
     out = np.empty((r.shape[0],) + t.shape[1:], dt)
@@ -235,7 +289,7 @@ def take_rows(table: np.ndarray, rows) -> np.ndarray:
 
 def add_rows(g: np.ndarray, rows, vals) -> None:
     """g[rows] += vals, unbuffered: a repeated row receives every contribution."""
-    dt = _real(g.dtype, "add_rows")
+    dt = _real_of(g, "add_rows")
     _out(g, dt, "add_rows target")
     r = _index(rows, g.shape[0], "add_rows")
     n, width = r.shape[0], _width(g.shape[1:])
@@ -255,9 +309,9 @@ def embedding_backward(grad: np.ndarray, touched: np.ndarray | None, idx, vals) 
     touched[idx] (a bool array, as LookupParameters keeps)."""
     if touched is None:
         return add_rows(grad, idx, vals)
-    dt = _real(grad.dtype, "embedding_backward")
+    dt = _real_of(grad, "embedding_backward")
     _out(grad, dt, "embedding gradient")
-    if touched.dtype != np.bool_ or touched.shape != grad.shape[:1] or not touched.flags.c_contiguous \
+    if not isinstance(touched, np.ndarray) or touched.dtype != np.bool_ or touched.shape != grad.shape[:1] or not touched.flags.c_contiguous \
             or not touched.flags.writeable:
         raise ValueError(f"touched must be a writeable contiguous bool array of shape {grad.shape[:1]}")
     r = _index(idx, grad.shape[0], "embedding_backward")
@@ -439,7 +493,9 @@ def pickneglogsoftmax_forward(x, labels) -> np.ndarray:
         raise ValueError(f"pickneglogsoftmax: {x.shape[0]} rows of scores for {rows} labels")
     loss = np.empty((rows, 1), x.dtype)
     work = np.empty(x.shape[1], x.dtype)
-    _fn("dg_pnls_fwd", x.dtype)(_p(loss), _p(work), _p(x), x.shape[1] if x.shape[0] > 1 or rows == 1 else 0,
+    # The row stride is 0 only for one shared row: a (0, n) x with no labels is not
+    # shared (its buffer holds no row to read).
+    _fn("dg_pnls_fwd", x.dtype)(_p(loss), _p(work), _p(x), x.shape[1] if x.shape[0] == rows else 0,
                                 _pi(lab), rows, x.shape[1])
     return loss
 
@@ -453,7 +509,7 @@ def pickneglogsoftmax_backward(x, labels, g) -> np.ndarray:
     if x.shape[0] not in (1, rows) or g.shape[0] != rows:
         raise ValueError(f"pickneglogsoftmax backward: x {x.shape}, {rows} labels, g of {g.shape[0]}")
     gx = np.empty_like(x)
-    _fn("dg_pnls_bwd", x.dtype)(_p(gx), _p(x), x.shape[1] if x.shape[0] > 1 or rows == 1 else 0,
+    _fn("dg_pnls_bwd", x.dtype)(_p(gx), _p(x), x.shape[1] if x.shape[0] == rows else 0,
                                 _pi(lab), _p(g), rows, x.shape[1])
     return gx
 
@@ -592,8 +648,17 @@ class KidRows:
 
     def __init__(self, rows, bound: int):
         r = self._checked(rows, bound)
-        self.rows, self.bound, (self.N, self.B), self.ld = r, int(bound), r.shape, r.shape[1]
-        self.ptr = ffi.from_buffer("int64_t[]", r)
+        self._set(r, int(bound), r.shape[0], r.shape[1], r.shape[1], ffi.from_buffer("int64_t[]", r))
+
+    def _set(self, rows, bound, N, B, ld, ptr) -> None:
+        for name, value in zip(self.__slots__, (rows, bound, N, B, ld, ptr)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        # The kernels trust a KidRows: its rows, bound and pointer are fixed once checked.
+        raise AttributeError("a checked cpu.KidRows cannot be changed")
+
+    __delattr__ = __setattr__
 
     @classmethod
     def windows(cls, rows, bound: int, spans: Sequence, axis: int) -> list:
@@ -607,9 +672,8 @@ class KidRows:
             if not 0 <= s <= e <= r.shape[axis]:
                 raise ValueError(f"KidRows.windows: span {s}..{e} beyond {r.shape[axis]}")
             k = cls.__new__(cls)
-            k.rows, k.bound = (r[:, s:e] if axis else r[s:e]), int(bound)
-            k.N, k.B, k.ld = (n0, e - s, n1) if axis else (e - s, n1, n1)
-            k.ptr = base + (s if axis else s * n1)
+            N, B, ld = (n0, e - s, n1) if axis else (e - s, n1, n1)
+            k._set(r[:, s:e] if axis else r[s:e], int(bound), N, B, ld, base + (s if axis else s * n1))
             out.append(k)
         return out
 
@@ -621,8 +685,7 @@ class KidRows:
         if r.size and (int(r.min()) < 0 or int(r.max()) >= bound):
             bad = int(r.min()) if r.min() < 0 else int(r.max())
             raise IndexError(f"KidRows: row {bad} out of range [0, {bound})")
-        r.flags.writeable = False
-        return r
+        return _frozen(r)  # never writeable again, even through .base
 
 
 def _kid_table(table, rows: KidRows, dt, H: int, B: int, what: str, out: bool = False) -> np.ndarray:
@@ -865,7 +928,7 @@ class TreeCellPlan:
 # ----------------------------------------------------------------- trainer rules
 def _rule_args(w: np.ndarray, g, states: Sequence[np.ndarray], rows, what: str) -> tuple:
     """Validated (g, row index array or None, nrows, width) for an in-place rule."""
-    dt = _real(w.dtype, what)
+    dt = _real_of(w, what)
     _out(w, dt, f"{what} weights")
     g = _in(g, dt)
     if g.shape != w.shape:

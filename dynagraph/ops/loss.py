@@ -18,9 +18,15 @@ def _label_check(a, index, s):
         raise IndexError(f"label {index} out of range for a vector of size {s[0]}")
 
 
-def _lse(xp, x, axis):
-    m = x.max(axis=axis, keepdims=True)
-    return m + xp.log(xp.exp(x - m).sum(axis=axis, keepdims=True))
+def _shifted(xp, x, axis):
+    """(x - m, log(sum(exp(x - m)))) with m the maximum along `axis`.
+
+    Log-softmax is their difference. Adding m and the log-sum into one number first
+    would round the log-sum away once |m| dwarfs it (logits of 1e8 in float64, 1e4 in
+    float32), so callers keep the two apart.
+    """
+    z = x - x.max(axis=axis, keepdims=True)
+    return z, xp.log(xp.exp(z).sum(axis=axis, keepdims=True))
 
 
 def _softmax_shape(a, s):
@@ -32,7 +38,8 @@ def _softmax_shape(a, s):
 @op("softmax", _softmax_shape, cost=REDUCE)
 class Softmax:
     def forward(xp, a, data, x):
-        return xp.exp(x - _lse(xp, x, a[0] + 1))
+        z, ls = _shifted(xp, x, a[0] + 1)
+        return xp.exp(z - ls)
 
     def backward(xp, a, data, xs, y, g, need):
         return (y * (g - (g * y).sum(axis=a[0] + 1, keepdims=True)),)
@@ -53,16 +60,18 @@ class LogSoftmax:
     def forward(xp, a, data, x):
         restrict = a[0]
         if restrict is None:
-            return x - _lse(xp, x, 1)
+            z, ls = _shifted(xp, x, 1)
+            return z - ls
         mask = xp.full(x.shape[1:2], -xp.inf, dtype=x.dtype)
         mask[list(restrict)] = 0
-        z = x + mask.reshape((1, -1) + (1,) * (x.ndim - 2))
-        return z - _lse(xp, z, 1)
+        z, ls = _shifted(xp, x + mask.reshape((1, -1) + (1,) * (x.ndim - 2)), 1)
+        return z - ls
 
     def backward(xp, a, data, xs, y, g, need):
-        p = xp.exp(y)
-        gz = xp.where(xp.isfinite(y), g, 0)
-        return (gz - p * gz.sum(axis=1, keepdims=True),)
+        # Classes a restriction left out (y = -inf) have softmax 0 and pass their own
+        # gradient through: a loss built on them is infinite and must show it, so
+        # nothing here is zeroed.
+        return (g - xp.exp(y) * g.sum(axis=1, keepdims=True),)
 
 
 @op("pickneglogsoftmax", _vector("pickneglogsoftmax"), cost=REDUCE, uses_data=True)
@@ -71,12 +80,13 @@ class PickNegLogSoftmax:
 
     def forward(xp, a, data, x):
         n = len(data)
-        x = xp.broadcast_to(x, (n,) + x.shape[1:])
-        return _lse(xp, x, 1) - x[xp.arange(n), xp.asarray(data)][:, None]
+        z, ls = _shifted(xp, xp.broadcast_to(x, (n,) + x.shape[1:]), 1)
+        return ls - z[xp.arange(n), xp.asarray(data)][:, None]
 
     def backward(xp, a, data, xs, y, g, need):
         x = xp.broadcast_to(xs[0], (len(data),) + xs[0].shape[1:])
-        gx = xp.exp(x - _lse(xp, x, 1))
+        z, ls = _shifted(xp, x, 1)
+        gx = xp.exp(z - ls)
         gx[xp.arange(len(data)), xp.asarray(data)] -= 1
         return (reduce_to(gx * g, xs[0].shape),)
 
@@ -139,34 +149,32 @@ class SquaredDistance:
         return (reduce_to(d, x.shape) if need[0] else None, reduce_to(-d, y.shape) if need[1] else None)
 
 
-# DyNet guards only the exact end points: log(0) becomes log(FLT_MIN) (a large but
-# finite loss), and the backward moves x == 0 to FLT_MIN and x == 1 to 0.9999999.
-# Clipping interior values (e.g. to [1e-7, 1 - 1e-7]) would change losses that are
-# perfectly representable in float64.
-_FLT_MIN = 1.1754943508222875e-38
-_ONE_BELOW = 1.0 - 2.0 ** -23  # DyNet's 0.9999999f as stored in float32
+def _xent_terms(xp, x, y):
+    """y log x + (1 - y) log(1 - x), with a term whose weight is exactly 0 left out
+    (so a hard label at the matching end point costs 0, not 0 * -inf = nan)."""
+    return y * xp.log(xp.where(y == 0, 1.0, x)) + (1 - y) * xp.log(xp.where(y == 1, 1.0, 1 - x))
 
 
-def _safe_logs(xp, x):
-    return xp.log(xp.maximum(x, _FLT_MIN)), xp.log(xp.maximum(1 - x, _FLT_MIN))
-
-
+# Unlike DyNet, which replaces log(0) by log(FLT_MIN) (a loss of 87 per element with
+# a gradient that a saturated logistic then zeroes), a prediction at the exact end
+# point opposite its label costs an infinite loss with an infinite gradient, so the
+# trainer raises NonFiniteError instead of silently learning nothing. Interior values
+# are never clipped: they are representable in float64.
 @op("binary_log_loss", _pair_scalar("binary_log_loss"), cost=REDUCE)
 class BinaryLogLoss:
     def forward(xp, a, data, x, y):
-        lx, l1x = _safe_logs(xp, x)
-        return -_rowsum(y * lx + (1 - y) * l1x)
+        return -_rowsum(_xent_terms(xp, x, y))
 
     def backward(xp, a, data, xs, out, g, need):
         x, y = xs
         ge = _expand(g, max(x.ndim, y.ndim))
         gx = gy = None
         if need[0]:
-            xb = xp.where(x == 0, _FLT_MIN, xp.where(x == 1, _ONE_BELOW, x))
-            gx = reduce_to(ge * xp.where(x == y, 0.0, (1 - y) / (1 - xb) - y / xb), x.shape)
+            # d/dx, each term divided only where its weight is non-zero (no 0/0 at x == y)
+            d = (1 - y) / xp.where(y == 1, 1.0, 1 - x) - y / xp.where(y == 0, 1.0, x)
+            gx = reduce_to(ge * xp.where(x == y, 0.0, d), x.shape)
         if need[1]:
-            lx, l1x = _safe_logs(xp, x)
-            gy = reduce_to(ge * (l1x - lx), y.shape)
+            gy = reduce_to(ge * (xp.log(1 - x) - xp.log(x)), y.shape)
         return gx, gy
 
 

@@ -90,7 +90,10 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     return cols;
 }
 
-/* place(blk, row, nodes, bid): blk[n] = bid and row[n] = r for the r-th node. */
+/* place(blk, row, nodes, bid): blk[n] = bid and row[n] = r for the r-th node.
+   Replacing a list item drops the old one, whose __del__ may run Python code that
+   changes the lists: the ids are a private tuple, the sizes are re-read every node and
+   the old items die only after both writes. */
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 4) {
@@ -99,22 +102,34 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     }
     if (check_args("place", argv, 3, 3, 2) < 0)
         return NULL;
-    PyObject *blk = argv[0], *row = argv[1], *nodes = argv[2], *bid = argv[3];
-    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), n = PyList_GET_SIZE(blk);
-    if (PyList_GET_SIZE(row) != n) {
-        PyErr_SetString(PyExc_ValueError, "place: blk and row differ in length");
+    PyObject *blk = argv[0], *row = argv[1], *bid = argv[3];
+    PyObject *nodes = PySequence_Tuple(argv[2]);
+    if (!nodes)
         return NULL;
-    }
-    PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes);
     for (Py_ssize_t r = 0; r < B; r++) {
-        Py_ssize_t i = index_in(ids[r], n);
-        PyObject *rv = i < 0 ? NULL : PyLong_FromSsize_t(r);
-        if (!rv)
+        Py_ssize_t n = PyList_GET_SIZE(blk);
+        if (PyList_GET_SIZE(row) != n) {
+            PyErr_SetString(PyExc_ValueError, "place: blk and row differ in length");
+            Py_DECREF(nodes);
             return NULL;
+        }
+        Py_ssize_t i = index_in(PyTuple_GET_ITEM(nodes, r), n);
+        PyObject *rv = i < 0 ? NULL : PyLong_FromSsize_t(r);
+        if (!rv) {
+            Py_DECREF(nodes);
+            return NULL;
+        }
+        PyObject *old_b = PyList_GET_ITEM(blk, i), *old_r = PyList_GET_ITEM(row, i);
+        Py_INCREF(old_b);
+        Py_INCREF(old_r);
         Py_INCREF(bid);
-        PyList_SetItem(blk, i, bid);  /* steals; i is in range */
+        PyList_SetItem(blk, i, bid);  /* steals; i is in range and nothing ran since the check */
         PyList_SetItem(row, i, rv);
+        Py_DECREF(old_b);             /* may run Python code: sizes are re-read next node */
+        Py_DECREF(old_r);
     }
+    Py_DECREF(nodes);
     Py_RETURN_NONE;
 }
 
@@ -127,55 +142,70 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (check_args("locate", argv, nargs, 3, 2) < 0)
         return NULL;
-    PyObject *blk = argv[0], *row = argv[1], *nodes = argv[2];
-    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), n = PyList_GET_SIZE(blk);
+    /* A block id's __eq__ may change blk, row or the ids: the ids are a private tuple, the
+       items compared or kept are owned references, and every index is checked against
+       the lists' sizes as they are at that moment. */
+    PyObject *blk = argv[0], *row = argv[1];
+    PyObject *nodes = PySequence_Tuple(argv[2]);
+    if (!nodes)
+        return NULL;
+    PyObject *res = NULL, *b0 = NULL, *r0 = NULL, *rows = NULL, *blks = NULL;
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes), n = PyList_GET_SIZE(blk);
+    PyObject **ids = &PyTuple_GET_ITEM(nodes, 0);
     if (B == 0 || PyList_GET_SIZE(row) != n) {
         PyErr_SetString(PyExc_ValueError, "locate: no ids, or blk and row differ in length");
-        return NULL;
+        goto done;
     }
-    PyObject **ids = PySequence_Fast_ITEMS(nodes);
     Py_ssize_t i = index_in(ids[0], n);
     if (i < 0)
-        return NULL;
-    PyObject *b0 = PyList_GET_ITEM(blk, i), *r0 = PyList_GET_ITEM(row, i);
+        goto done;
+    b0 = PyList_GET_ITEM(blk, i);
+    r0 = PyList_GET_ITEM(row, i);
+    Py_INCREF(b0);
+    Py_INCREF(r0);
     Py_ssize_t start = PyLong_AsSsize_t(r0);
     if (start == -1 && PyErr_Occurred())
-        return NULL;
+        goto done;
     int same = 1, consecutive = 1;
     for (Py_ssize_t j = 1; j < B && same; j++) {
+        n = PyList_GET_SIZE(blk);
+        if (PyList_GET_SIZE(row) != n) {
+            PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
+            goto done;
+        }
         if ((i = index_in(ids[j], n)) < 0)
-            return NULL;
-        PyObject *b = PyList_GET_ITEM(blk, i);
+            goto done;
+        PyObject *b = PyList_GET_ITEM(blk, i), *r = PyList_GET_ITEM(row, i);
+        Py_ssize_t rv = PyLong_AsSsize_t(r);
+        if (rv == -1 && PyErr_Occurred())
+            goto done;
         if (b != b0) {
-            int eq = PyObject_RichCompareBool(b, b0, Py_EQ);
+            Py_INCREF(b);
+            int eq = PyObject_RichCompareBool(b, b0, Py_EQ);  /* may run Python code */
+            Py_DECREF(b);
             if (eq < 0)
-                return NULL;
+                goto done;
             same = eq;
         }
-        if (consecutive) {
-            Py_ssize_t r = PyLong_AsSsize_t(PyList_GET_ITEM(row, i));
-            if (r == -1 && PyErr_Occurred())
-                return NULL;
-            consecutive = r == start + j;
-        }
+        if (consecutive)
+            consecutive = rv == start + j;
     }
-    if (same && consecutive)
-        return Py_BuildValue("(iOO)", 1, b0, r0);
-    PyObject *rows = PyTuple_New(B), *blks = same ? NULL : PyTuple_New(B);
-    if (!rows || (!same && !blks)) {
-        Py_XDECREF(rows);
-        Py_XDECREF(blks);
-        return NULL;
+    if (same && consecutive) {
+        res = Py_BuildValue("(iOO)", 1, b0, r0);
+        goto done;
+    }
+    rows = PyTuple_New(B);
+    blks = same ? NULL : PyTuple_New(B);
+    if (!rows || (!same && !blks))
+        goto done;
+    n = PyList_GET_SIZE(blk);  /* nothing below runs Python code */
+    if (PyList_GET_SIZE(row) != n) {
+        PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
+        goto done;
     }
     for (Py_ssize_t j = 0; j < B; j++) {
-        i = PyLong_AsSsize_t(ids[j]);  /* every id was checked above, or the loop ended early */
-        if (i < 0 || i >= n) {
-            if ((i = index_in(ids[j], n)) < 0) {
-                Py_DECREF(rows);
-                Py_XDECREF(blks);
-                return NULL;
-            }
-        }
+        if ((i = index_in(ids[j], n)) < 0)
+            goto done;
         PyObject *r = PyList_GET_ITEM(row, i);
         Py_INCREF(r);
         PyTuple_SET_ITEM(rows, j, r);
@@ -186,31 +216,50 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         }
     }
     if (same)
-        return Py_BuildValue("(iON)", 2, b0, rows);
-    return Py_BuildValue("(iNN)", 3, blks, rows);
+        res = Py_BuildValue("(iOO)", 2, b0, rows);
+    else
+        res = Py_BuildValue("(iOO)", 3, blks, rows);
+done:
+    Py_XDECREF(rows);
+    Py_XDECREF(blks);
+    Py_XDECREF(b0);
+    Py_XDECREF(r0);
+    Py_DECREF(nodes);
+    return res;
 }
 
-/* any_true(flags, ids): True in [flags[i] for i in ids]. Every id is checked, as the twin does. */
+/* any_true(flags, ids): True in [flags[i] for i in ids]. Every id is checked, as the twin
+   does; a flag's __eq__ may change the lists, so the ids are a private tuple, the flag is
+   held while compared and the size is re-read for every id. */
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (check_args("any_true", argv, nargs, 2, 1) < 0)
         return NULL;
-    PyObject *flags = argv[0], *nodes = argv[1];
-    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), n = PyList_GET_SIZE(flags);
-    PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    PyObject *flags = argv[0];
+    PyObject *nodes = PySequence_Tuple(argv[1]);
+    if (!nodes)
+        return NULL;
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes);
     int found = 0;
     for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = index_in(ids[j], n);
-        if (i < 0)
+        Py_ssize_t i = index_in(PyTuple_GET_ITEM(nodes, j), PyList_GET_SIZE(flags));
+        if (i < 0) {
+            Py_DECREF(nodes);
             return NULL;
+        }
         PyObject *f = PyList_GET_ITEM(flags, i);
         if (!found) {
+            Py_INCREF(f);
             int t = f == Py_True ? 1 : f == Py_False ? 0 : PyObject_RichCompareBool(f, Py_True, Py_EQ);
-            if (t < 0)
+            Py_DECREF(f);
+            if (t < 0) {
+                Py_DECREF(nodes);
                 return NULL;
+            }
             found = t;
         }
     }
+    Py_DECREF(nodes);
     return PyBool_FromLong(found);
 }
 
@@ -374,8 +423,13 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
                 o_slot[p] = slot_of[b];
                 o_off[p] = byte_off;
                 if (!nd[j + c]) {
+                    /* Only bools and ints: their truth runs no Python code, which could
+                       otherwise change every list this loop holds borrowed items of. */
                     PyObject *f = PyList_GET_ITEM(flags, x);
-                    int t = f == Py_True ? 1 : f == Py_False ? 0 : PyObject_IsTrue(f);
+                    int t = f == Py_True ? 1 : f == Py_False ? 0 : PyLong_CheckExact(f) ? PyObject_IsTrue(f) : -2;
+                    if (t == -2)
+                        PyErr_Format(PyExc_TypeError, "run_table: needs_grad[%zd] must be a bool, got %s", x,
+                                     Py_TYPE(f)->tp_name);
                     if (t < 0)
                         goto done;
                     nd[j + c] = (char)t;
