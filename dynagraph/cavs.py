@@ -43,18 +43,18 @@ expressions (or one embedding table) and the shared parameters; per-vertex pushe
 values are cheap view nodes (`CavsOutput.push`), batched across vertices, so
 imperative code builds losses on them and gradients flow both ways.
 
-Fusion: on the "cpu" backend, the N-ary TreeLSTM/LSTM gate pattern (sigmoid gates
-from slices of one pre-activation, c = i*u + sum f_k*c_k, h = o*tanh(c)) becomes
-one compiled kernel (backends.cpu.treelstm_forward/backward). Other elementwise
-chains run op by op.
+Fusion: where the backend has the fused_cells capability (backends/contract.py; the
+cpu backend's backends/cpu/cells.py), the N-ary TreeLSTM/LSTM gate pattern (sigmoid
+gates from slices of one pre-activation, c = i*u + sum f_k*c_k, h = o*tanh(c)) becomes
+one compiled kernel (treelstm_forward/backward). Other elementwise chains run op by op.
 
 Task kernel: where a recursive part is exactly pre = b + sum_k W_k x_k over gathered
 states, then that fused cell (a TreeLSTM node), each task runs as: one take of the
 x's, one GEMM against the W's side by side, the cell, which reads the children's cells
-in place from the state (cpu.KidRows); backward: the cell, which adds the children's
+in place from the state (cells.KidRows); backward: the cell, which adds the children's
 cell gradients into their rows, one GEMM for the x gradients, one scatter-add of them,
 and the weight gradients of all tasks as one GEMM at the end (`_CellRec`). The cell
-calls of a pass go through one cpu.TreeCellPlan, which checks the pass's buffers once.
+calls of a pass go through one cells.TreeCellPlan, which checks the pass's buffers once.
 A leaf function's hoisted part (the same cell on W pull()) runs the same way. The state
 is one buffer per symbol, so each take is contiguous.
 """
@@ -659,19 +659,19 @@ def _cell_shape(a, pre, *kids):
 
 
 def _cell_forward(xp, a, data, pre, *kids):
-    from .backends import cpu
+    cells = get_backend().fused_cells
     B = max([pre.shape[0]] + [k.shape[0] for k in kids])
     pre = xp.broadcast_to(pre, (B,) + pre.shape[1:])
-    h, c, act = cpu.treelstm_forward(pre, [xp.broadcast_to(k, (B,) + k.shape[1:]) for k in kids])
+    h, c, act = cells.treelstm_forward(pre, [xp.broadcast_to(k, (B,) + k.shape[1:]) for k in kids])
     return xp.concatenate([h, c, act], axis=1)  # [h, c, i, f_1..f_N, o, u, tanh(c)]
 
 
 def _cell_backward(xp, a, data, xs, y, g, need):
-    from .backends import cpu
+    cells = get_backend().fused_cells
     n, H = a
     B = y.shape[0]
     kids = [xp.broadcast_to(k, (B,) + k.shape[1:]) for k in xs[1:]]
-    dpre, dkids = cpu.treelstm_backward(y[:, 2 * H:], kids, g[:, :H], g[:, H:2 * H])
+    dpre, dkids = cells.treelstm_backward(y[:, 2 * H:], kids, g[:, :H], g[:, H:2 * H])
     return (dpre if need[0] else None,) + tuple(dkids[k] if need[k + 1] else None for k in range(n))
 
 
@@ -680,14 +680,8 @@ TREE_CELL = OpDef("cavs_treelstm_cell", _cell_shape, _cell_forward, _cell_backwa
 
 
 def fusion_available() -> bool:
-    """The fused cell needs the compiled kernels of the "cpu" backend."""
-    if get_backend().name != "cpu":
-        return False
-    try:
-        from .backends import cpu
-    except ImportError:
-        return False
-    return hasattr(cpu, "treelstm_forward") and hasattr(cpu, "treelstm_backward")
+    """The fused cell needs the backend's fused_cells capability (backends/contract.py)."""
+    return get_backend().fused_cells is not None
 
 
 class _Match:
@@ -1194,7 +1188,7 @@ class _Run:
                 acc[k] += g
 
     def _cell_rows(self, t: int) -> tuple:
-        """Task t's rows for the compiled cell, as cpu.KidRows into the state tables (rows
+        """Task t's rows for the compiled cell, as cells.KidRows into the state tables (rows
         0..N): the x's (M, n) and the children's cells, child-major (N, M). Built for every
         cell task of the run at once, as windows of two arrays over all state rows, each
         checked once. The cell kernel reads the children while it writes rows s0:e0 of the
@@ -1202,7 +1196,7 @@ class _Run:
         table: a child has a lower height, so it is an earlier task's row (< s0), or row N."""
         got = self.cell_rows[t]
         if got is None:
-            from .backends import cpu
+            cells = get_backend().fused_cells
             sch = self.sched
             b = np.asarray(sch.bounds, dtype=np.int64)
             start = np.repeat(b[:-1], np.diff(b))  # per state row, its task's first row
@@ -1215,8 +1209,8 @@ class _Run:
                 if not ((cs < start) | (cs == sch.N)).all():
                     raise AssertionError("dy.cavs: a task's child is not an earlier task's row")
                 spans = [(sch.tasks[u][1], sch.tasks[u][2]) for u in ts]
-                x_rows = cpu.KidRows.windows(xs, sch.N + 1, spans, axis=0)
-                c_rows = cpu.KidRows.windows(cs, sch.N + 1, spans, axis=1)
+                x_rows = cells.KidRows.windows(xs, sch.N + 1, spans, axis=0)
+                c_rows = cells.KidRows.windows(cs, sch.N + 1, spans, axis=1)
                 for u, x, c in zip(ts, x_rows, c_rows):
                     self.cell_rows[u] = (x, c)
             got = self.cell_rows[t]
@@ -1239,7 +1233,7 @@ class _Run:
         S = [ctx.empty("S", (sch.N + 1, b - a), dt) for a, b in self.scols]
         for s in S:
             s[sch.N] = 0
-        cells = [cl if be.name == "cpu" else None for cl in self.cell]
+        cells = [cl if be.fused_cells is not None else None for cl in self.cell]
         ctx.update({"S": S, "XH": [], "LZ": [], "hoist": [], "rec": [None] * len(sch.tasks), "lazy": [],
                     "cells": cells, "XG": [], "W": [], "ACT": [], "PRE": []})
         for f, c in enumerate(self.comps):
@@ -1251,7 +1245,7 @@ class _Run:
                 rows = X.shape[0]
                 XH = ctx.empty("XH", (rows, c.hoist_width), dt)
                 dests = [XH[:, a:b] for a, b in c.hoist_cols]
-                if self.hoist_cell[f] is not None and be.name == "cpu":
+                if self.hoist_cell[f] is not None and be.fused_cells is not None:
                     hs = self._hoist_forward(ctx, self.hoist_cell[f], X, self._leafvals(c.hoist, leafv), dests)
                 else:
                     hs = c.hoist.forward_rows(be, rows, self._keys(c.hoist, f, 0, rows, 1),
@@ -1312,7 +1306,7 @@ class _Run:
     @staticmethod
     def _hoist_backward(cl: _CellRec, part: _Part, gouts: list, saved: "_HoistSaved", need: tuple) -> list:
         """Gradients of the pulled input, then of the part's leaves (the bias and W)."""
-        from .backends import cpu
+        cells = get_backend().fused_cells
         dh = dc = None
         for kind, g in zip(cl.outs, gouts):
             if kind == "h":
@@ -1321,7 +1315,7 @@ class _Run:
                 dc = g if dc is None else dc + g
         if dh is None:
             dh = np.zeros((len(saved.X), cl.H), dtype=saved.act.dtype)
-        dpre, _ = cpu.treelstm_backward(saved.act, None, dh, dc)
+        dpre, _ = cells.treelstm_backward(saved.act, None, dh, dc)
         grads: list = [None] * (1 + len(part.leaves))
         if need[0]:
             grads[0] = (dpre @ saved.W).reshape(saved.shape)
@@ -1380,15 +1374,15 @@ class _Run:
         return X, kr, act
 
     def _cell_plan(self, cl: "_CellRec | None", f: int, ctx: dict):
-        """A cpu.TreeCellPlan over f's buffers for this pass's tasks, or None (no cell, or
+        """A cells.TreeCellPlan over f's buffers for this pass's tasks, or None (no cell, or
         an output that the plan cannot address: the tasks then go through _cell_run)."""
         if cl is None or not {"h", "c"} <= set(cl.outs):
             return None
-        from .backends import cpu
+        cells = get_backend().fused_cells
         lz = ctx["LZ"][f]
         if lz is not None and not (lz.flags.c_contiguous and lz.flags.writeable):
             return None
-        return cpu.TreeCellPlan(cl.n, cl.H, ctx["PRE"][f], ctx["W"][f][0], ctx["S"][cl.jc], ctx["ACT"][f],
+        return cells.TreeCellPlan(cl.n, cl.H, ctx["PRE"][f], ctx["W"][f][0], ctx["S"][cl.jc], ctx["ACT"][f],
                                 [*ctx["S"]] + ([lz] if lz is not None else []))
 
     @staticmethod
@@ -1402,14 +1396,14 @@ class _Run:
         """The compiled cell, writing h and c into the first destination of each; any
         further destination of the same output gets a copy. kids: (N, M, H), or with
         kid_rows the state table they index."""
-        from .backends import cpu
+        cells = get_backend().fused_cells
         first = {}
         for kind, dst in zip(cl.outs, dests):
             first.setdefault(kind, dst)
         # disjoint: the run's output buffers (states, push rows, act) share no memory with
         # pre or the weights, checked once per pass on the whole buffers (forward), and the
         # children are rows the outputs do not write (_cell_rows)
-        cpu.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act), disjoint=disjoint,
+        cells.treelstm_forward(pre, kids, bias=b, out=(first.get("h"), first.get("c"), act), disjoint=disjoint,
                              kid_rows=kid_rows)
         _Run._copy_to_further_dests(cl, dests)
 
@@ -1535,16 +1529,15 @@ class _Run:
         if plan is not None:
             dpre = plan.backward(l0, M, kids, dh, dc)
         else:
-            from .backends import cpu
-            dpre, _ = cpu.treelstm_backward(act, ctx["S"][cl.jc], dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
+            cells = get_backend().fused_cells
+            dpre, _ = cells.treelstm_backward(act, ctx["S"][cl.jc], dh, dc, dpre=None if dP is None else dP[l0:l0 + M],
                                             kid_rows=kids, dc_table=gS[cl.jc])
         scratch = self._scratch(ctx, f, M, cl.n * cl.D)
         gx = xp.matmul(dpre, ctx["W"][f][1], out=scratch)
         if scratch is not None and plan is not None and plan.gx is not None:
             plan.add_inputs_grad(self.cell_rows[t][0])  # gx is at the scratch's start
         else:
-            from .backends import cpu
-            cpu.add_rows(gS[cl.jh], self.cell_rows[t][0].rows.reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
+            get_backend().row_add(gS[cl.jh], self.cell_rows[t][0].rows.reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
         if dP is not None:
             return
         if sums[0] is not None or sums[1] is not None:  # [dW, db] of the tasks so far
@@ -1557,13 +1550,13 @@ class _Run:
 
     @staticmethod
     def _cell_bplan(cl: "_CellRec | None", f: int, ctx: dict, dP, gS: list, gLZ):
-        """A cpu.TreeCellPlan for f's cell backward this pass, or None. It writes dP's rows
+        """A cells.TreeCellPlan for f's cell backward this pass, or None. It writes dP's rows
         (or fresh arrays) and adds into gS, reading act, the state and the gradients in
         gS / gLZ (or fresh sums of them): dP apart from those, checked once here."""
         if cl is None or dP is not None and not _apart([dP], [*gS, gLZ]):
             return None
-        from .backends import cpu
-        return cpu.TreeCellPlan(cl.n, cl.H, ctx["PRE"][f], None, ctx["S"][cl.jc], ctx["ACT"][f], [], dpre=dP,
+        cells = get_backend().fused_cells
+        return cells.TreeCellPlan(cl.n, cl.H, ctx["PRE"][f], None, ctx["S"][cl.jc], ctx["ACT"][f], [], dpre=dP,
                                 gkids=gS[cl.jc], gx=gS[cl.jh] if cl.jh != cl.jc else None)
 
     def _cell_need_w(self, cl: _CellRec, f: int, need: tuple) -> bool:
@@ -1595,18 +1588,16 @@ class _Run:
     def _sum_per_row(be, g, dd):
         """Per distinct table row, the sum of its vertices' gradients, in vertex order either way
         (0 + x == x: the same numbers); the compiled scatter-add skips reduceat's gathered copy."""
-        if be.name == "cpu" and type(g) is np.ndarray:
-            from .backends import cpu
+        if be.row_add is not None and type(g) is np.ndarray:
             out = np.zeros((len(dd[0]),) + g.shape[1:], dtype=g.dtype)
-            cpu.add_rows(out, dd[1], g)
+            be.row_add(out, dd[1], g)
             return out
         return np.add.reduceat(g[dd[2]], dd[3], axis=0)
 
     def _scatter_add(self, be, target, rows, vals) -> None:
         """target[rows] += vals; row N (a missing child) collects garbage nobody reads."""
-        if be.name == "cpu" and type(vals) is np.ndarray:
-            from .backends import cpu
-            cpu.add_rows(target, rows, vals)  # one pass in C, repeated rows included
+        if be.row_add is not None and type(vals) is np.ndarray:
+            be.row_add(target, rows, vals)  # one pass in C, repeated rows included
         elif self.sched.tree:
             target[rows] += vals
         else:

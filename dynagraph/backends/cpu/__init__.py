@@ -26,6 +26,9 @@ import numpy as np
 
 from ..._kernels import lib as _lib  # noqa: F401  (first: without the extension this import fails)
 from ..numpy_backend import NumpyBackend
+from . import cells, optim
+from .chains import CChains
+from .runs import CRuns
 from .ffi import (F32, F64, _BUF, _PTRS, _SUFFIX, _FN, UNARY, BINARY, _fn, _real, _in, _out, _p, _pi, _index, _width,
     _rows_operand)  # noqa: F401
 from .rows import (RowIndex, _ints, row_index, _used, gather_rows, gather_indexed, scatter_add_rows, scatter_indexed,
@@ -54,6 +57,12 @@ class CpuBackend(NumpyBackend):
 
     def __init__(self, install: bool = True):
         super().__init__(np)
+        # the optional capabilities of backends/contract.py
+        self.elementwise_runs = CRuns()
+        self.fused_chains = CChains()
+        self.fused_cells = cells
+        self.row_add = add_rows
+        self.optimizer_rules = optim
         if install:
             fwd, bwd = installed_kernels()
             self.forward_kernels.update(fwd)
