@@ -13,6 +13,9 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     fused_cells         the N-ary TreeLSTM cell over state tables       cavs/
     row_add             g[rows] += vals in one call, repeats included   cavs/
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
+
+A lookup table's sparse gradient is the required `embedding_backward`. A backend with
+fused_cells also has row_add (the cell task scatter-adds its inputs' gradients).
 """
 from __future__ import annotations
 

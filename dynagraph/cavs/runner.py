@@ -483,8 +483,8 @@ class _Run:
         gx = xp.matmul(dpre, ctx["W"][f][1], out=scratch)
         if scratch is not None and plan is not None and plan.gx is not None:
             plan.add_inputs_grad(self.cell_rows[t][0])  # gx is at the scratch's start
-        else:
-            get_backend().row_add(gS[cl.jh], self.cell_rows[t][0].rows.reshape(-1), gx.reshape(-1, cl.D))  # repeated rows too
+        else:  # repeated rows too
+            get_backend().row_add(gS[cl.jh], self.cell_rows[t][0].rows.reshape(-1), gx.reshape(-1, cl.D))
         if dP is not None:
             return
         if sums[0] is not None or sums[1] is not None:  # [dW, db] of the tasks so far

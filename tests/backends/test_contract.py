@@ -31,12 +31,13 @@ def test_the_structure_scan_sees_the_package():
 
 def test_no_caller_branches_on_a_backend_name():
     # be.name / backend.name / get_backend().name / getattr(be, "name") compared with anything
-    assert _offending(r"""(\bbe|backend|get_backend\([^)]*\))\.name\s*[!=]=|["'](cpu|cuda|numpy)["']\s*[!=]=\s*\w*\.name"""
-                      r"""|getattr\(\w+,\s*["']name["'][^)]*\)\s*[!=]=""") == []
+    assert _offending("|".join((r"(\bbe|backend|get_backend\([^)]*\))\.name\s*[!=]=",
+                                r"""["'](cpu|cuda|numpy)["']\s*[!=]=\s*\w*\.name""",
+                                r"""getattr\(\w+,\s*["']name["'][^)]*\)\s*[!=]="""))) == []
 
 
 def test_no_compiled_module_import_outside_backends():
-    assert _offending(r"(from\s+\.+\s*_kernels|from\s+\.+_kernels|import\s+dynagraph\._kernels|from\s+dynagraph\._kernels"
+    assert _offending(r"(from\s+\.+\s*_kernels|import\s+dynagraph\._kernels|from\s+dynagraph\._kernels"
                       r"|from\s+dynagraph\s+import\s+_kernels|from\s+\.+backends\s+import\s+cpu\b"
                       r"|backends\.cpu\b)") == []
 
