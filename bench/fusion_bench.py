@@ -23,7 +23,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dynagraph import fusion  # noqa: E402
 from dynagraph.backends import get_backend  # noqa: E402
 from dynagraph.fusion import FusedChain  # noqa: E402
 from dynagraph.ops.base import OPS  # noqa: E402
@@ -76,7 +75,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 256, 512])
     args = ap.parse_args(argv)
-    if not fusion.HAVE_KERNEL or get_backend("cpu").name != "cpu":
+    if get_backend("cpu").fused_chains is None:
         sys.exit("compiled kernels with fused.c are not built: pip install -e . first")
     print(f"TreeLSTM cell elementwise chain ({len(treelstm_chain())} steps), B={args.batch}; us per call")
     print(f"{'dtype':8s} {'H':>5s} | {'fwd op-by-op':>12s} {'fwd fused':>10s} {'ratio':>6s} | "

@@ -21,8 +21,9 @@ The reference path runs every op's own forward and backward step by step, as
 Plan.run_steps/grad_steps do (a step whose arguments are all shared keeps a leading
 axis of 1; a shared argument's gradient is summed over the batch where it is used;
 unlike Plan, a shared step's gradient from outside is summed over the batch on arrival).
-It runs on the numpy backend, for dtypes other than float32/float64, and when the
-compiled module is missing, and it is what the C path is tested against.
+It runs where the backend lacks the `fused_chains` capability (the numpy backend,
+or the cpu backend without its compiled module), for dtypes the capability does not
+take, and it is what the C path (backends/cpu/chains.py) is tested against.
 """
 from __future__ import annotations
 
@@ -33,32 +34,8 @@ import numpy as np
 
 from .ops.base import OPS, reduce_to, size_of
 
-try:
-    from ._kernels import ffi, lib
-    HAVE_KERNEL = hasattr(lib, "dg_fused_fwd_f32")  # an extension built before fused.c lacks it
-except ImportError:
-    ffi = lib = None
-    HAVE_KERNEL = False
-
-# op name -> number of arguments (0: any number >= 1)
-UNARY = ("neg", "tanh", "logistic", "rectify", "elu", "selu", "exp", "log", "square", "cube", "sqrt",
-         "abs", "softsign", "addc", "mulc", "rsubc", "rdivc", "powc", "nobackprop", "flip_gradient")
-BINARY = ("add", "sub", "cmult", "cdiv", "pow", "bmax", "bmin")
-NARY = ("esum", "average", "emax", "logsumexp")
-ARITY = {**{n: 1 for n in UNARY}, **{n: 2 for n in BINARY}, **{n: 0 for n in NARY}}
-# Ops whose attrs[0] is a scalar constant of the formula.
-WITH_CONST = frozenset(("elu", "addc", "mulc", "rsubc", "rdivc", "powc"))
-
-F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
-_BUF = {F32: "float[]", F64: "double[]"}
-_PTRS = {F32: "float *[]", F64: "double *[]"}
-if HAVE_KERNEL:
-    OPCODE = {name: getattr(lib, "DG_FZ_" + name.upper()) for name in ARITY}
-    TILE, MAX_REGS = lib.DG_FUSED_TILE, lib.DG_FUSED_MAX_REGS
-    _FWD = {F32: lib.dg_fused_fwd_f32, F64: lib.dg_fused_fwd_f64}
-    _BWD = {F32: lib.dg_fused_bwd_f32, F64: lib.dg_fused_bwd_f64}
-else:
-    OPCODE, TILE, MAX_REGS = {}, 256, 512
+from .backends.optable import ARITY, BINARY, FUSED_MAX_REGS as MAX_REGS, FUSED_TILE as TILE, NARY, OPCODE  # noqa: F401
+from .backends.optable import UNARY, WITH_CONST  # noqa: F401  (the op table lives with the backends)
 
 
 def _const_ok(attrs) -> bool:
@@ -120,10 +97,8 @@ class FusedChain:
         self._code = np.array(code, np.int64)
         self._consts = np.array(consts, np.float64)
         self._live_cache: dict = {}
-        self._records: dict = {}  # id(first output) -> _Record of a C forward
-        if HAVE_KERNEL:  # converted once: the per-call cost is what fusion is for
-            self._code_p = ffi.from_buffer("int64_t[]", self._code)
-            self._consts_p = ffi.from_buffer("double[]", self._consts)
+        self._records: dict = {}  # id(first output) -> _Record of a compiled forward
+        self._kernel = self._kernel_of = None  # the program compiled by a backend's fused_chains
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -138,7 +113,7 @@ class FusedChain:
         dt = self._c_dtype(be, ins) if B and n else None
         if dt is None:
             return self._forward_ref(be.xp, ins, B, shape)
-        return self._forward_c(ins, B, shape, n, dt)
+        return self._forward_c(self._compiled(be), ins, B, shape, n, dt)
 
     def backward(self, be, ins: list, outs: list, gouts: list, need: list) -> list:
         """Per input: None where need[k] is false, else its gradient with the input's own
@@ -161,7 +136,15 @@ class FusedChain:
             if B and n else None
         if dt is None:
             return self._backward_ref(be.xp, ins, outs, gouts, need, B, shape)
-        return self._backward_c(ins, outs, rec, gouts, need, B, n, dt)
+        return self._backward_c(self._compiled(be), ins, outs, rec, gouts, need, B, n, dt)
+
+    def _compiled(self, be):
+        """This program compiled by be.fused_chains (once per backend object)."""
+        chains = be.fused_chains
+        if self._kernel_of is not chains:
+            self._kernel = chains.compile(self._code, self._consts, self.n_inputs, len(self.steps))
+            self._kernel_of = chains
+        return self._kernel
 
     def _own_block(self, outs: list):
         """The record of the forward that returned `outs` (the same objects, in order),
@@ -192,57 +175,37 @@ class FusedChain:
 
     def _c_dtype(self, be, arrays: list):
         """The array dtype when the C kernel can run all of `arrays`, else None."""
-        if not HAVE_KERNEL or getattr(be, "name", None) != "cpu":
+        chains = getattr(be, "fused_chains", None)
+        if chains is None:
             return None
         dt = getattr(arrays[0], "dtype", None)
-        if dt not in _BUF:
+        if dt not in chains.dtypes:
             return None
+        kind = chains.array_type
         for a in arrays:
-            if type(a) is not np.ndarray or a.dtype != dt:
+            if type(a) is not kind or a.dtype != dt:
                 return None
         return dt
 
     # ------------------------------------------------------------------ C path
-    def _forward_c(self, ins: list, B: int, shape: tuple, n: int, dt) -> list:
-        iptr, istr, copied = _operands(ins, B, n, dt)
-        ip, isp = ffi.new(_PTRS[dt], iptr), ffi.new("int64_t[]", istr)
-        block = np.empty((len(self.steps), B) + shape, dt)
-        _FWD[dt](self._code_p, self._consts_p, len(self.steps), ip, isp, self.n_inputs,
-                 ffi.from_buffer(_BUF[dt], block), B, n)
+    def _forward_c(self, kernel, ins: list, B: int, shape: tuple, n: int, dt) -> list:
+        block, handles, copied = kernel.forward(ins, B, shape, n, dt)
         outs = list(block)
         recs = self._records
         if len(recs) >= _MAX_RECORDS:  # forwards never followed by a backward (inference)
             del recs[next(iter(recs))]
-        recs[id(outs[0])] = _Record(None if copied else ins, ip, isp, block, outs)
+        recs[id(outs[0])] = _Record(None if copied else ins, handles, block, outs)
         return outs
 
-    def _backward_c(self, ins, outs, rec, gouts, need, B, n, dt) -> list:
-        ns, nin = len(self.steps), self.n_inputs
-        buf = _BUF[dt]
+    def _backward_c(self, kernel, ins, outs, rec, gouts, need, B, n, dt) -> list:
         if rec is not None:
             del self._records[id(outs[0])]  # each forward is differentiated once, as a rule
-        if rec is not None and rec.ins is not None and all(r() is x for r, x in zip(rec.ins, ins)):
-            ip, isp = rec.ip, rec.isp  # the forward's own inputs, alive: its pointers hold
-        else:
-            iptr, istr, _ = _operands(ins, B, n, dt)
-            ip, isp = ffi.new(_PTRS[dt], iptr), ffi.new("int64_t[]", istr)
-        if rec is not None:  # the forward's own outputs: consecutive (B, n) planes
-            p0, plane = ffi.from_buffer(buf, rec.block()), B * n
-            optr, ostr = [p0 + m * plane for m in range(ns)], [n] * ns
-        else:
-            optr, ostr, _ = _operands(outs, B, n, dt)
-        gptr, gstr, _ = _operands(gouts, B, n, dt)
-        live, live_p = self._live(tuple(g is not None for g in gouts), need)
-        grads, gin = _grad_buffers(ins, need, dt)
-        # one pointer array and one stride array for outputs, output gradients, input gradients
-        P = ffi.new(_PTRS[dt], optr + gptr + gin)
-        S = ffi.new("int64_t[]", ostr + gstr)
-        work = np.empty((nin + ns + 1) * TILE + ns * n, dt)
-        _BWD[dt](self._code_p, self._consts_p, ns, ip, isp, nin, P, S, P + ns, S + ns, P + 2 * ns, live_p,
-                 ffi.from_buffer(buf, work), B, n)
-        return grads
+        same_ins = rec is not None and rec.ins is not None and all(r() is x for r, x in zip(rec.ins, ins))
+        live = self._live(tuple(g is not None for g in gouts), need)
+        return kernel.backward(ins, rec.handles if same_ins else None, rec.block() if rec is not None else None,
+                               outs, gouts, live, need, B, n, dt)
 
-    def _live(self, has_gout: tuple, need: tuple) -> tuple:
+    def _live(self, has_gout: tuple, need: tuple) -> np.ndarray:
         """Which registers carry a gradient, as Plan.grad_steps decides: a step's when
         it leads to an input that needs one and some gradient reaches it."""
         key = (has_gout, need)
@@ -260,7 +223,7 @@ class FusedChain:
                 for a in self.steps[m][2]:
                     if a >= nin:
                         reached[a - nin] = True
-            hit = self._live_cache[key] = (live, ffi.from_buffer("unsigned char[]", live) if HAVE_KERNEL else None)
+            hit = self._live_cache[key] = live
         return hit
 
     def _needed(self, need: tuple) -> list:
@@ -337,14 +300,15 @@ _MAX_RECORDS = 64
 
 
 class _Record:
-    """What backward can reuse from a C forward, held weakly so that it keeps nothing
-    alive: the inputs (when none was copied, their pointer arrays stay valid while they
-    live), the output block and each output view (outputs are recognised by identity)."""
-    __slots__ = ("ins", "ip", "isp", "block", "outs")
+    """What backward can reuse from a compiled forward, held weakly so that it keeps
+    nothing alive: the inputs (when none was copied, the kernel's handles -- its pointer
+    arrays -- stay valid while they live), the output block and each output view
+    (outputs are recognised by identity)."""
+    __slots__ = ("ins", "handles", "block", "outs")
 
-    def __init__(self, ins: list | None, ip, isp, block: np.ndarray, outs: list):
+    def __init__(self, ins: list | None, handles, block, outs: list):
         self.ins = None if ins is None else [weakref.ref(x) for x in ins]
-        self.ip, self.isp = ip, isp
+        self.handles = handles
         self.block = weakref.ref(block)
         self.outs = [weakref.ref(o) for o in outs]
 
@@ -356,24 +320,6 @@ def _reg(a, bound: int, m: int) -> int:
     if not 0 <= a < bound:
         raise ValueError(f"step {m}: argument {a} must name an input or an earlier step (0 <= arg < {bound})")
     return a
-
-
-def _grad_buffers(ins: list, need: tuple, dt) -> tuple:
-    """The input gradients, shaped like their inputs, as views of one allocation (one
-    pointer conversion instead of one per input), and their pointers (NULL: not needed)."""
-    sizes = [x.size if w else 0 for x, w in zip(ins, need)]
-    flat = np.empty(sum(sizes), dt)
-    p0 = ffi.from_buffer(_BUF[dt], flat)
-    grads, ptrs, at = [], [], 0
-    for x, size, w in zip(ins, sizes, need):
-        if w:
-            grads.append(flat[at:at + size].reshape(x.shape))
-            ptrs.append(p0 + at)
-            at += size
-        else:
-            grads.append(None)
-            ptrs.append(ffi.NULL)
-    return grads, ptrs
 
 
 def _check_rows(arrs: list, leads: tuple, n: int, what: str) -> None:
@@ -393,36 +339,3 @@ def _fresh(xp, y, full: tuple, avoid: list):
     if tuple(y.shape) == full and y.flags.c_contiguous and y.base is None and not any(y is a for a in avoid):
         return y
     return xp.array(xp.broadcast_to(y, full), order="C", copy=True)
-
-
-def _operands(arrs: list, B: int, n: int, dt) -> tuple:
-    """(row-0 pointers, row strides in elements, whether any was copied) for the C
-    kernel; None -> NULL.
-
-    A per-row operand is read in place when C-contiguous or a 2-D view with contiguous
-    rows at least n apart (stride >= n); a shared one (leading axis 1) gets stride 0.
-    Anything else is copied. The kernel reads element j < n of row b < B at
-    row0 + b * stride + j, which these checks keep inside the array."""
-    it = dt.itemsize
-    buf = _BUF[dt]
-    ptrs, strides, copied = [], [], False
-    for x in arrs:
-        if x is None:
-            ptrs.append(ffi.NULL)
-            strides.append(0)
-            continue
-        per_row = x.shape[0] > 1
-        flags = x.flags
-        if flags.c_contiguous and flags.aligned:
-            ptrs.append(ffi.from_buffer(buf, x))  # the cdata keeps x alive until the call
-            strides.append(n if per_row else 0)
-            continue
-        st = x.strides
-        if not (flags.aligned and x.ndim == 2 and st[1] == it and
-                (not per_row or (st[0] >= n * it and st[0] % it == 0))):
-            x = np.ascontiguousarray(x)
-            st = (n * it,)
-            copied = True
-        ptrs.append(ffi.from_buffer(buf, x[:1]))  # row 0: rows further on are read by stride
-        strides.append(st[0] // it if per_row else 0)
-    return ptrs, strides, copied

@@ -14,9 +14,9 @@ gradient(), revert() and later batches see exactly what batch-by-batch execution
 leaves. The pointers are formed here from (block, row) pairs that are checked
 against each block's size first: the C code never sees an index.
 
-Runs are used on the cpu backend when the compiled kernels are present (the numpy
-backend is the op-by-op reference they are tested against); `dy.config.set(fuse=False)`
-or DYNAGRAPH_FUSE=0 turns them off.
+Runs are used where the backend has the `elementwise_runs` capability (the cpu
+backend with its compiled kernels; the numpy backend is the op-by-op reference they
+are tested against); `dy.config.set(fuse=False)` or DYNAGRAPH_FUSE=0 turns them off.
 """
 from __future__ import annotations
 
@@ -25,27 +25,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .backends.optable import OPCODE, RUN_COPY as COPY, RUN_MAX_ARGS as MAX_ARGS
 from .errors import NonFiniteError
 from .fusion import _constant, fusable
 from .ops.base import OPS, size_of
 from .recording import NATIVE
 
-try:
-    from ._kernels import ffi, lib
-    HAVE_KERNEL = hasattr(lib, "dg_run_fwd_f32")  # an extension built before runs lacks it
-except ImportError:
-    ffi = lib = None
-    HAVE_KERNEL = False
-
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
-_PTR = {F32: "float **", F64: "double **"}
-if HAVE_KERNEL:
-    from .fusion import OPCODE
-    COPY, MAX_ARGS = lib.DG_RUN_COPY, lib.DG_RUN_MAX_ARGS
-    _FWD = {F32: lib.dg_run_fwd_f32, F64: lib.dg_run_fwd_f64}
-    _BWD = {F32: lib.dg_run_bwd_f32, F64: lib.dg_run_bwd_f64}
-else:
-    OPCODE, COPY, MAX_ARGS = {}, 100, 64
 _PICK_RANGE = OPS["pick_range"]
 
 
@@ -91,7 +77,8 @@ def step_spec(cg, n: int) -> StepSpec | None:
 
 
 def enabled(cg, be) -> bool:
-    return HAVE_KERNEL and getattr(be, "name", None) == "cpu" and cg.dtype in _PTR
+    runs = getattr(be, "elementwise_runs", None)
+    return runs is not None and cg.dtype in runs.dtypes
 
 
 def _table_py(blk: list, row: list, args: list, needs_grad: list, steps: list, blocks: list, offs: list,
@@ -219,10 +206,7 @@ def execute_run(cg, be, steps: list, place) -> bool:
     rows = np.array([len(nodes) for nodes in steps], np.int64)
     widths = np.array([s.width for s in specs], np.int64)
     t1 = time.perf_counter()
-    ptr = _PTR[dt]
-    _FWD[dt](ffi.from_buffer("int64_t[]", code), ffi.from_buffer("double[]", consts), len(steps),
-             ffi.from_buffer("int64_t[]", rows), ffi.from_buffer("int64_t[]", widths),
-             ffi.cast(ptr, ffi.from_buffer(outs)), ffi.cast(ptr, ffi.from_buffer(table[0])))
+    be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
     if cg.check_validity:
         for m, nodes in enumerate(steps):
@@ -281,13 +265,8 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
     outs = _addresses([blocks[b] for b in run.bids], fmt)
     work = np.empty(int(run.width.max()), dt)
     t1 = time.perf_counter()
-    ptr = _PTR[dt]
-    _BWD[dt](ffi.from_buffer("int64_t[]", run.code), ffi.from_buffer("double[]", run.consts), len(run.bids),
-             ffi.from_buffer("int64_t[]", run.rows), ffi.from_buffer("int64_t[]", run.width),
-             ffi.cast(ptr, ffi.from_buffer(outs)), ffi.cast(ptr, ffi.from_buffer(gout)),
-             ffi.cast(ptr, ffi.from_buffer(run.src)), ffi.cast(ptr, ffi.from_buffer(gsrc)),
-             ffi.from_buffer("unsigned char[]", need), ffi.from_buffer("int64_t[]", zero_at),
-             ffi.cast(ptr[:-1], ffi.from_buffer(work)))
+    be.elementwise_runs.backward(dt, run.code, run.consts, run.rows, run.width, outs, gout, run.src, gsrc, need,
+                                 zero_at, work)
     t2 = time.perf_counter()
     stats = cg.stats
     stats.kernel_calls += 1

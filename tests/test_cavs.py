@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from backend_params import BACKENDS as ALL_BACKENDS, unavailable
 from refcheck import using
 
 import dynagraph as dy
@@ -19,7 +20,7 @@ from dynagraph.backends import get_backend
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 TOL = dict(rtol=1e-10, atol=1e-10)
-BACKENDS = ["numpy"] + (["cpu"] if get_backend("cpu").name == "cpu" else [])
+BACKENDS = [p.values[0] for p in ALL_BACKENDS if unavailable(p.values[0]) is None]  # every backend this machine has
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dynagraph as dy
+from backend_params import BACKENDS, use_backend
 from refcheck import assert_same_run, run_graph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,12 +20,9 @@ CONFIGS = [(None, False), ("naive", False), ("planned", False), ("planned", True
 H = 3
 
 
-@pytest.fixture(params=["numpy", "cpu"])
+@pytest.fixture(params=BACKENDS)
 def backend(request):
-    old = dy.config.config.backend
-    dy.config.set(backend=request.param)
-    yield request.param
-    dy.config.set(backend=old)
+    yield from use_backend(request.param)
 
 
 def _arg(pc, spec, k: int, s: int):

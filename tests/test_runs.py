@@ -22,7 +22,7 @@ from dynagraph.backends import get_backend
 from dynagraph.errors import NonFiniteError
 from dynagraph.recording import NATIVE
 
-needs_runs = pytest.mark.skipif(not runs.HAVE_KERNEL or get_backend("cpu").name != "cpu",
+needs_runs = pytest.mark.skipif(get_backend("cpu").elementwise_runs is None,
                                 reason="compiled kernels (with runs) not built")
 needs_native = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "run_table"),
                                   reason="dynagraph._bookkeeping not built")

@@ -10,7 +10,14 @@ import numpy as np
 
 
 class NumpyBackend:
+    """The contract's required part (backends/contract.py); no optional capability."""
     name = "numpy"
+    # optional capabilities (backends/contract.py): None = absent, callers take the xp path
+    elementwise_runs = None
+    fused_chains = None
+    fused_cells = None
+    row_add = None
+    optimizer_rules = None
 
     def __init__(self, xp=np):
         self.xp = xp

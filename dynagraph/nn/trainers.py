@@ -159,13 +159,14 @@ class Trainer:
             self._rule(w, g, states, gscale)
 
     def _compiled(self, w, g, states, gscale, rows) -> bool:
-        """With the cpu backend, run the compiled rule (same arithmetic in one pass; rows:
-        only those rows, in place). False where this trainer has none: use _rule."""
+        """Where the backend has optimizer rules, run the compiled rule (same arithmetic in
+        one pass; rows: only those rows, in place). False where this trainer or the
+        backend has none: use _rule."""
         kernel = getattr(type(self), "_kernel", None)
-        if kernel is None or get_backend().name != "cpu":
+        rules = get_backend().optimizer_rules if kernel is not None else None
+        if rules is None:
             return False
-        from ..backends import cpu
-        kernel(self, cpu, w, g, states, gscale, rows)
+        kernel(self, rules, w, g, states, gscale, rows)
         return True
 
 

@@ -20,6 +20,13 @@ from ._util import kernels
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _patch_fn(monkeypatch, fake) -> None:
+    """Replace the kernel lookup cpu._fn where each module of the cpu package calls it."""
+    from dynagraph.backends import cpu
+    for mod in (cpu.rows, cpu.elementwise, cpu.cells, cpu.optim, cpu.overrides):
+        monkeypatch.setattr(mod, "_fn", fake)
+
+
 @pytest.fixture
 def fresh_backends(monkeypatch):
     """An empty backend cache (backends are cached per name) and backend=numpy after."""
@@ -140,7 +147,7 @@ def test_treelstm_like_graph_same_on_numpy_and_cpu(scheduler, variant, float64, 
         fresh_backends["cpu"] = _all_kernels_backend(monkeypatch)
     called = []
     real_fn = cpu._fn
-    monkeypatch.setattr(cpu, "_fn", lambda name, dt: called.append(name) or real_fn(name, dt))
+    _patch_fn(monkeypatch, lambda name, dt: called.append(name) or real_fn(name, dt))
     dy.config.set(backend="cpu")
     assert dy.get_backend().name == "cpu"
     value, grads = _loss_and_grads(scheduler)

@@ -17,6 +17,12 @@ FWD = cpu.all_forward_kernels()  # min_size 0: every batch takes the C path
 BWD = cpu.all_backward_kernels()
 
 
+def _patch_fn(monkeypatch, fake) -> None:
+    """Replace the kernel lookup cpu._fn where each module of the cpu package calls it."""
+    for mod in (cpu.rows, cpu.elementwise, cpu.cells, cpu.optim, cpu.overrides):
+        monkeypatch.setattr(mod, "_fn", fake)
+
+
 def _arg(rng, name, shape, dt):
     x = rng.standard_normal(shape)
     if name in ("log", "sqrt"):
@@ -162,7 +168,7 @@ def test_installed_adapters_keep_small_batches_on_numpy(monkeypatch):
     """Below its measured threshold an installed adapter must not call the kernel."""
     fwd, bwd = cpu.installed_kernels()
     calls = []
-    monkeypatch.setattr(cpu, "_fn", lambda *a: calls.append(a))
+    _patch_fn(monkeypatch, lambda *a: calls.append(a))
     x = np.ones((2, 3), np.float32)
     fwd["rectify"](np, (), None, x)
     bwd["tanh"](np, (), None, (x,), x, x, (True,))
@@ -175,7 +181,7 @@ def test_installed_logistic_forward_is_float32_only(monkeypatch):
     fwd, _ = cpu.installed_kernels()
     calls = []
     real = cpu._fn
-    monkeypatch.setattr(cpu, "_fn", lambda *a: calls.append(a) or real(*a))
+    _patch_fn(monkeypatch, lambda *a: calls.append(a) or real(*a))
     x = np.linspace(-8, 8, 64 * 64).reshape(64, 64)
     np.testing.assert_allclose(fwd["logistic"](np, (), None, x.astype(np.float32)),
                                OPS["logistic"].forward(np, (), None, x), rtol=2e-6, atol=1e-7)

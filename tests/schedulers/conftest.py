@@ -1,12 +1,9 @@
-"""The scheduler-invariance suite runs once per backend (numpy reference and cpu kernels)."""
+"""The scheduler-invariance suite runs once per backend (numpy reference, cpu kernels,
+cuda where a device is present: tests/backend_params.py)."""
 import pytest
+from backend_params import BACKENDS, use_backend
 
-import dynagraph as dy
 
-
-@pytest.fixture(autouse=True, params=["numpy", "cpu"])
+@pytest.fixture(autouse=True, params=BACKENDS)
 def backend(request):
-    old = dy.config.config.backend
-    dy.config.set(backend=request.param)
-    yield request.param
-    dy.config.set(backend=old)
+    yield from use_backend(request.param)

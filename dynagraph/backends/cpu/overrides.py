@@ -1,0 +1,192 @@
+"""Op-level adapters: C kernels installed in place of an op's numpy code where measured faster."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.base import OPS
+from .ffi import BINARY, F32, UNARY, _BUF, _fn, _in, _p
+from .rows import take_rows
+from .elementwise import (binary_backward, binary_forward, log_softmax_backward, log_softmax_forward,
+    pickneglogsoftmax_backward, pickneglogsoftmax_forward, row_sums, softmax_backward, softmax_forward, sum_args)
+
+
+# ============================================================ op-level adapters
+# Same signatures as an op's forward/backward. An adapter takes the C path only for
+# batches where bench/kernels.py measured it faster (float32/float64 numpy arrays of
+# a size in the winning range, per-row shapes equal, leading axes 1 or B) and runs the
+# op's own numpy code otherwise, so installing one never changes which programs run.
+#
+# What the measurements say (2-core AVX-512 machine, numpy 2.4, float32): numpy's
+# ufuncs cost ~0.5-1 us a call and run AVX-512 loops, so a single-pass C kernel
+# (tanh, exp, add, cmult forward) never wins; a kernel wins where it fuses several
+# numpy passes (float32 logistic, which numpy computes as 0.5 tanh(x/2) + 0.5; the
+# softmax family, unary backward, shared-operand gradients, row sums) on enough
+# elements to amortise the ~2 us cffi call, or where numpy needs one call per source
+# block or an unbuffered add.at (the row movers).
+def _is_real(*arrs) -> bool:
+    dt = arrs[0].dtype if type(arrs[0]) is np.ndarray else None
+    return dt in _BUF and all(type(a) is np.ndarray and a.dtype == dt for a in arrs)
+
+
+def _exp_worth(x: np.ndarray, n: int) -> bool:
+    """Kernels computing exp/tanh: float32 uses the vectorized dg_expf and wins unless
+    rows are long (n >= 1000); float64 calls libm per element and wins only while the
+    call overhead dominates (<= 1024 elements)."""
+    return n < 1000 if x.dtype == F32 else x.size <= 1024
+
+
+# Minimum batch elements for the C path, from the benchmark table. The logistic wins in
+# float32 only (float64 calls libm's tanh per element: 5-8x slower than numpy).
+UNARY_FWD_MIN = {"rectify": 8192, "logistic": 1024}
+UNARY_FWD_F32_ONLY = {"logistic"}
+UNARY_BWD_MIN = {"tanh": 16384, "logistic": 16384, "rectify": 16384}
+CMULT_SHARED_BWD_MIN = 16384
+ROW_SUMS_MIN = 4096
+SOFTMAX_BWD_MIN = 1024
+
+
+def _unary_forward(name: str, min_size: int):
+    op, code = OPS[name], UNARY[name]
+    f32_only = name in UNARY_FWD_F32_ONLY
+
+    def forward(xp, a, data, x):
+        if not _is_real(x) or x.size < min_size or f32_only and x.dtype != F32:
+            return op.forward(xp, a, data, x)
+        x = _in(x, x.dtype)
+        y = np.empty_like(x)
+        _fn("dg_unary_fwd", x.dtype)(code, _p(y), _p(x), x.size)
+        return y
+    return forward
+
+
+def _unary_backward(name: str, min_size: int):
+    op, code = OPS[name], UNARY[name]
+
+    def backward(xp, a, data, xs, y, g, need):
+        x = xs[0]
+        if not (_is_real(x, y, g) and x.shape == y.shape == g.shape) or g.size < min_size:
+            return op.backward(xp, a, data, xs, y, g, need)
+        dt = g.dtype
+        x, y, g = _in(x, dt), _in(y, dt), _in(g, dt)
+        gx = np.empty_like(g)
+        _fn("dg_unary_bwd", dt)(code, _p(gx), _p(x), _p(y), _p(g), g.size)
+        return (gx,)
+    return backward
+
+
+def _binary_fits(x, y, B: int) -> bool:
+    return x.shape[1:] == y.shape[1:] and x.ndim >= 2 and x.shape[0] in (1, B) and y.shape[0] in (1, B)
+
+
+def _binary_forward(name: str, min_size: int):
+    op = OPS[name]
+
+    def forward(xp, a, data, x, y):
+        if not _is_real(x, y) or max(x.size, y.size) < min_size \
+                or not _binary_fits(x, y, max(x.shape[0], y.shape[0])):
+            return op.forward(xp, a, data, x, y)
+        return binary_forward(name, x, y)
+    return forward
+
+
+def _binary_backward(name: str, min_size: int, shared_only: bool):
+    op = OPS[name]
+
+    def backward(xp, a, data, xs, out, g, need):
+        x, y = xs
+        if not _is_real(x, y, out, g) or g.size < min_size or not _binary_fits(x, y, g.shape[0]) \
+                or g.shape != out.shape or g.shape[1:] != x.shape[1:] \
+                or (shared_only and x.shape[0] == y.shape[0] == g.shape[0]):
+            return op.backward(xp, a, data, xs, out, g, need)
+        return binary_backward(name, x, y, out, g, need)
+    return backward
+
+
+def _esum_forward(xp, a, data, *xs):
+    if not (_is_real(*xs) and len({x.shape[1:] for x in xs}) == 1 and xs[0].ndim >= 2):
+        return OPS["esum"].forward(xp, a, data, *xs)
+    return sum_args(xs)
+
+
+def _row_sums_forward(name: str, mean: bool, min_size: int):
+    op = OPS[name]
+
+    def forward(xp, a, data, x):
+        if not _is_real(x) or x.size < min_size:
+            return op.forward(xp, a, data, x)
+        return row_sums(x, mean)
+    return forward
+
+
+def _softmax_forward(xp, a, data, x):
+    if a[0] != 0 or not _is_real(x) or x.ndim != 2 or not _exp_worth(x, x.shape[1]):
+        return OPS["softmax"].forward(xp, a, data, x)
+    return softmax_forward(x)
+
+
+def _softmax_backward(xp, a, data, xs, y, g, need):
+    if a[0] != 0 or not _is_real(y, g) or y.ndim != 2 or y.shape != g.shape or y.size < SOFTMAX_BWD_MIN:
+        return OPS["softmax"].backward(xp, a, data, xs, y, g, need)
+    return (softmax_backward(y, g),)
+
+
+def _log_softmax_forward(xp, a, data, x):
+    if a[0] is not None or not _is_real(x) or x.ndim != 2 or not _exp_worth(x, x.shape[1]):
+        return OPS["log_softmax"].forward(xp, a, data, x)
+    return log_softmax_forward(x)
+
+
+def _log_softmax_backward(xp, a, data, xs, y, g, need):
+    if not _is_real(y, g) or y.ndim != 2 or y.shape != g.shape or not _exp_worth(y, y.shape[1]):
+        return OPS["log_softmax"].backward(xp, a, data, xs, y, g, need)
+    return (log_softmax_backward(y, g),)
+
+
+def _pnls_forward(xp, a, data, x):
+    if not _is_real(x) or x.ndim != 2 or x.shape[0] not in (1, len(data)) or not _exp_worth(x, x.shape[1]):
+        return OPS["pickneglogsoftmax"].forward(xp, a, data, x)
+    return pickneglogsoftmax_forward(x, data)
+
+
+def _pnls_backward(xp, a, data, xs, y, g, need):
+    x = xs[0]
+    if not _is_real(x, g) or x.ndim != 2 or x.shape[0] not in (1, len(data)) or g.size != len(data) \
+            or not _exp_worth(x, x.shape[1]):
+        return OPS["pickneglogsoftmax"].backward(xp, a, data, xs, y, g, need)
+    return (pickneglogsoftmax_backward(x, data, g),)
+
+
+def _lookup_forward(xp, a, data, table):
+    if not _is_real(table) or table.shape[0] != 1:
+        return OPS["lookup"].forward(xp, a, data, table)
+    return take_rows(table[0], data)
+
+
+def all_forward_kernels(min_size: int = 0) -> dict:
+    """Every op-level forward adapter by op name, taking the C path from `min_size`
+    elements on (0: always, as the tests and the benchmark use them)."""
+    k = {name: _unary_forward(name, min_size) for name in UNARY}
+    k.update({name: _binary_forward(name, min_size) for name in BINARY})
+    k.update(esum=_esum_forward, softmax=_softmax_forward, log_softmax=_log_softmax_forward,
+             pickneglogsoftmax=_pnls_forward, sum_elems=_row_sums_forward("sum_elems", False, min_size),
+             mean_elems=_row_sums_forward("mean_elems", True, min_size), lookup=_lookup_forward)
+    return k
+
+
+def all_backward_kernels(min_size: int = 0) -> dict:
+    k = {name: _unary_backward(name, min_size) for name in UNARY}
+    k.update({name: _binary_backward(name, min_size, False) for name in BINARY})
+    k.update(softmax=_softmax_backward, log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward)
+    return k
+
+
+def installed_kernels() -> tuple:
+    """(forward, backward) overrides CpuBackend installs: the measured winners only."""
+    fwd = {name: _unary_forward(name, m) for name, m in UNARY_FWD_MIN.items()}
+    fwd.update(softmax=_softmax_forward, log_softmax=_log_softmax_forward, pickneglogsoftmax=_pnls_forward,
+               sum_elems=_row_sums_forward("sum_elems", False, ROW_SUMS_MIN),
+               mean_elems=_row_sums_forward("mean_elems", True, ROW_SUMS_MIN))
+    bwd = {name: _unary_backward(name, m) for name, m in UNARY_BWD_MIN.items()}
+    bwd.update(cmult=_binary_backward("cmult", CMULT_SHARED_BWD_MIN, True), softmax=_softmax_backward,
+               log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward)
+    return fwd, bwd

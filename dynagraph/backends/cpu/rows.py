@@ -1,0 +1,211 @@
+"""Row movers over the C kernels: validated (block, row) indices, multi-block gathers and
+scatter-adds, single-table takes/adds and the sparse embedding gradient."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..._kernels import ffi
+from .ffi import _PTRS, _fn, _in, _index, _out, _p, _pi, _real_of, _rows_operand, _width
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A private int64 copy that nobody can make writeable again: its memory is a bytes object."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return np.frombuffer(a.tobytes(), np.int64).reshape(a.shape)
+
+
+class RowIndex:
+    """A validated list of (block, row) pairs. The executor builds one per gathered
+    argument and the backward scatter of that argument reuses it: the rows are checked
+    once, and only each block's shape is re-checked (per block, not per row).
+
+    Made only by `row_index`, which checks it; it cannot be built or changed from Python
+    (no constructor, read-only attributes, arrays in immutable memory), since the C
+    kernels trust its rows.
+      ids     distinct block ids (tuple)
+      local   per row, the position of its block in ids
+      rows    int64, each within its own block
+      shapes  the shape of each block in ids when the rows were checked
+    """
+    __slots__ = ("ids", "local", "rows", "shapes")
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("cpu.RowIndex is made only by cpu.row_index(...), which checks every row")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a checked cpu.RowIndex cannot be changed")
+
+    __delattr__ = __setattr__
+
+    def __repr__(self) -> str:
+        return f"RowIndex(ids={self.ids}, rows={self.rows.tolist()[:8]}..., shapes={self.shapes})"
+
+
+def _row_index_checked(ids, local, rows, shapes) -> RowIndex:
+    ix = object.__new__(RowIndex)
+    for name, value in (("ids", tuple(ids)), ("local", _frozen(local)), ("rows", _frozen(rows)),
+                        ("shapes", tuple(shapes))):
+        object.__setattr__(ix, name, value)
+    return ix
+
+
+def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
+    """A flat sequence of integers as int64 (no silent truncation of floats or huge uints).
+    ints: xs is known to hold Python ints (the executor's own bookkeeping), converted by
+    fromiter at half asarray's cost; the values are range-checked all the same."""
+    if ints and type(xs) is tuple:
+        return np.fromiter(xs, np.int64, len(xs))
+    r = np.asarray(xs)
+    if r.dtype.kind not in "iu" or r.ndim != 1:
+        raise TypeError(f"{what} must be a flat sequence of integers, got {r.dtype} with shape {r.shape}")
+    if r.dtype.kind == "u" and r.size and int(r.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"{what}: index {int(r.max())} out of range")
+    return np.ascontiguousarray(r, dtype=np.int64)
+
+
+def row_index(shape_of: Callable[[int], tuple], n_blocks: int, blks: Sequence[int], rows: Sequence[int],
+              what: str = "rows", ints: bool = False) -> RowIndex:
+    """Check every (blks[j], rows[j]) against the block's shape, vectorised: block ids in
+    [0, n_blocks), rows in [0, rows of that block), all blocks with one row shape."""
+    n = len(blks)
+    if n == 0 or len(rows) != n:
+        raise ValueError(f"{what}: {n} block ids for {len(rows)} rows (need the same number, at least one)")
+    b, r = _ints(blks, f"{what} block ids", ints), _ints(rows, what, ints)
+    lo, hi = int(b.min()), int(b.max())
+    if lo < 0 or hi >= n_blocks:
+        raise IndexError(f"{what}: block id {lo if lo < 0 else hi} out of range [0, {n_blocks})")
+    if lo == hi:
+        ids, local = [lo], np.zeros(n, dtype=np.int64)
+    else:  # distinct ids and each row's position among them, by a lookup table over [lo, hi]
+        seen = np.zeros(hi - lo + 1, dtype=bool)
+        seen[b - lo] = True
+        present = np.flatnonzero(seen)
+        lut = np.empty(hi - lo + 1, dtype=np.int64)
+        lut[present] = np.arange(len(present))
+        local, ids = lut[b - lo], (present + lo).tolist()
+    shapes = tuple(tuple(shape_of(i)) for i in ids)
+    tail = shapes[0][1:]
+    for i, s in zip(ids, shapes):
+        if s[1:] != tail:
+            raise ValueError(f"{what}: block {i} has rows of shape {s[1:]}, expected {tail}")
+    limit = np.array([s[0] for s in shapes], dtype=np.int64)[local] if len(ids) > 1 else shapes[0][0]
+    if int(r.min()) < 0 or not (r < limit).all():
+        j = int(np.flatnonzero((r < 0) | (r >= limit))[0])
+        lim = int(limit[j]) if len(ids) > 1 else limit
+        raise IndexError(f"{what}: row {int(r[j])} out of range for block {ids[int(local[j])]} of {lim} rows")
+    return _row_index_checked(ids, local, r, shapes)
+
+
+def _used(blocks: list, ix: RowIndex, what: str) -> None:
+    """The index still fits these blocks: each has the shape it was checked against."""
+    for b, u, s in zip(ix.ids, blocks, ix.shapes):
+        if u.shape != s:
+            raise ValueError(f"{what}: block {b} has shape {u.shape}, the row index was checked for {s}")
+
+
+# ----------------------------------------------------------------- row movers
+def _block_shape(a, what: str) -> tuple:
+    if not isinstance(a, np.ndarray) or a.ndim < 1:
+        raise TypeError(f"{what}: blocks must be numpy arrays of at least one dimension, got {type(a).__name__}")
+    return a.shape
+
+
+def gather_rows(blocks: Sequence[np.ndarray], blks: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+    """Row j of the result is blocks[blks[j]][rows[j]], all source blocks in one call."""
+    return gather_indexed(blocks, row_index(lambda i: _block_shape(blocks[i], "gather_rows"), len(blocks), blks,
+                                            rows, "gather_rows"))
+
+
+def gather_indexed(blocks: Sequence[np.ndarray], ix: RowIndex) -> np.ndarray:
+    if type(ix) is not RowIndex:
+        raise TypeError(f"gather_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
+    dt = _real_of(blocks[ix.ids[0]], "gather_rows")
+    used = [_in(blocks[b], dt) for b in ix.ids]
+    _used(used, ix, "gather_rows")
+    tail = ix.shapes[0][1:]
+    n = len(ix.rows)
+    out = np.empty((n,) + tail, dt)
+    bufs = [_p(u) for u in used]  # kept alive until the call returns
+    _fn("dg_gather_rows", dt)(_p(out), ffi.new(_PTRS[dt], bufs), _pi(ix.local), _pi(ix.rows), n, _width(tail))
+    return out
+
+
+def scatter_add_rows(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray], blks: Sequence[int],
+                     rows: Sequence[int], vals) -> None:
+    """targets(blks[j])[rows[j]] += vals[j]; repeated (block, row) pairs add up.
+    `targets` is a list of blocks or a function from block id to block (created lazily)."""
+    if len(blks) == 0:
+        return
+    get = targets if callable(targets) else targets.__getitem__
+    bound = 1 << 62 if callable(targets) else len(targets)
+    scatter_indexed(targets, row_index(lambda i: _block_shape(get(i), "scatter_add_rows"), bound, blks, rows,
+                                       "scatter_add_rows"), vals)
+
+
+def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray], ix: RowIndex, vals) -> None:
+    """scatter_add_rows over a checked index (the one its forward gather used)."""
+    if type(ix) is not RowIndex:
+        raise TypeError(f"scatter_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
+    get = targets if callable(targets) else targets.__getitem__
+    used = [get(b) for b in ix.ids]
+    dt = _real_of(used[0], "scatter_add_rows")
+    for b, u in zip(ix.ids, used):
+        _out(u, dt, f"scatter target block {b}")
+    _used(used, ix, "scatter_add_rows")
+    n, width = len(ix.rows), _width(ix.shapes[0][1:])
+    v, vstride = _rows_operand(vals, n, width, dt)
+    if any(np.may_share_memory(v, u) for u in used):
+        v = v.copy()
+    bufs = [_p(u) for u in used]
+    _fn("dg_scatter_add_rows", dt)(ffi.new(_PTRS[dt], bufs), _pi(ix.local), _pi(ix.rows), _p(v), vstride, n, width)
+
+
+def take_rows(table: np.ndarray, rows) -> np.ndarray:
+    """table[rows] (an embedding lookup); rows checked against len(table)."""
+    dt = _real_of(table, "take_rows")
+    t = _in(table, dt)
+    r = _index(rows, t.shape[0], "take_rows")
+    out = np.empty((r.shape[0],) + t.shape[1:], dt)
+    if r.shape[0]:
+        _fn("dg_take_rows", dt)(_p(out), _p(t), _pi(r), r.shape[0], _width(t.shape[1:]))
+    return out
+
+
+def add_rows(g: np.ndarray, rows, vals) -> None:
+    """g[rows] += vals, unbuffered: a repeated row receives every contribution."""
+    dt = _real_of(g, "add_rows")
+    _out(g, dt, "add_rows target")
+    r = _index(rows, g.shape[0], "add_rows")
+    n, width = r.shape[0], _width(g.shape[1:])
+    if n == 0:
+        return
+    v, vstride = _rows_operand(vals, n, width, dt)
+    if np.may_share_memory(v, g):
+        v = v.copy()
+    _fn("dg_add_rows", dt)(_p(g), _pi(r), _p(v), vstride, n, width)
+
+
+embedding_lookup = take_rows
+
+
+def embedding_backward(grad: np.ndarray, touched: np.ndarray | None, idx, vals) -> None:
+    """The sparse gradient of a lookup: grad[idx] += vals (repeats add up) and marks
+    touched[idx] (a bool array, as LookupParameters keeps)."""
+    if touched is None:
+        return add_rows(grad, idx, vals)
+    dt = _real_of(grad, "embedding_backward")
+    _out(grad, dt, "embedding gradient")
+    if not isinstance(touched, np.ndarray) or touched.dtype != np.bool_ or touched.shape != grad.shape[:1] or not touched.flags.c_contiguous \
+            or not touched.flags.writeable:
+        raise ValueError(f"touched must be a writeable contiguous bool array of shape {grad.shape[:1]}")
+    r = _index(idx, grad.shape[0], "embedding_backward")
+    n, width = r.shape[0], _width(grad.shape[1:])
+    if n == 0:
+        return
+    v, vstride = _rows_operand(vals, n, width, dt)
+    if np.may_share_memory(v, grad):
+        v = v.copy()
+    _fn("dg_embedding_bwd", dt)(_p(grad), ffi.from_buffer("unsigned char[]", touched.view(np.uint8)),
+                                _pi(r), _p(v), vstride, n, width)
