@@ -31,6 +31,8 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+if os.environ.get("IMPORT_SWAP_DYNAGRAPH"):  # a baseline worker: another checkout's dynagraph package
+    sys.path.insert(0, os.environ["IMPORT_SWAP_DYNAGRAPH"])
 
 from bench import run as bench_run  # noqa: E402
 from bench.worker import PREFIX, DYNET_MEM, emit  # noqa: E402
@@ -105,7 +107,7 @@ def setup(system: str, variant: str, threads: int) -> dict:
     if variant:
         dynagraph.config.set(scheduler=variant)
     sys.modules["dynet"] = dynagraph  # the swap: every `import dynet as dy` below gets dynagraph
-    return {"numpy": np.__version__, "dynagraph": dynagraph.__version__}
+    return {"numpy": np.__version__, "dynagraph": dynagraph.__version__, "from": os.path.dirname(dynagraph.__file__)}
 
 
 _DATA: dict = {}
@@ -169,10 +171,12 @@ def worker_main(args) -> None:
 class SwapWorker(bench_run.Worker):
     """bench/run.py's worker process protocol, started on this module's worker mode."""
 
-    def __init__(self, system: str, variant: str, threads: int, data: str | None):
+    def __init__(self, system: str, variant: str, threads: int, data: str | None, baseline: str | None = None):
         super().__init__(system, variant, threads)
         self.label = f"dynet:ab{variant}" if system == "dynet" else "dynagraph" + (f":{variant}" if variant else "")
-        self.data = data
+        self.data, self.baseline = data, baseline
+        if baseline:
+            self.system, self.label = "baseline", "dynagraph@baseline"
 
     def start(self) -> None:
         import subprocess
@@ -180,8 +184,11 @@ class SwapWorker(bench_run.Worker):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
         if self.data:
             env["DYNAGRAPH_DATA"] = os.path.abspath(self.data)
+        if self.baseline:
+            env["IMPORT_SWAP_DYNAGRAPH"] = os.path.abspath(self.baseline)
         self._log = tempfile.TemporaryFile(mode="w+")
-        cmd = [sys.executable, "-m", "bench.import_swap", "--worker", "--system", self.system,
+        cmd = [sys.executable, "-m", "bench.import_swap", "--worker", "--system",
+               "dynet" if self.system == "dynet" else "dynagraph",
                "--variant", self.variant, "--worker-threads", str(self.threads)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1)
@@ -209,6 +216,8 @@ def configs(args) -> list[dict]:
 def measure(args, threads: int) -> list[dict]:
     from tqdm import tqdm
     workers = [SwapWorker("dynagraph", args.scheduler, threads, args.data)]
+    if args.baseline:
+        workers.append(SwapWorker("dynagraph", args.scheduler, threads, args.data, args.baseline))
     workers += [SwapWorker("dynet", str(a), threads, args.data) for a in args.autobatch]
     for w in workers:
         w.start()
@@ -216,6 +225,8 @@ def measure(args, threads: int) -> list[dict]:
     for w in workers:
         if w.error:
             print(f"note: {w.label} unavailable: {w.error}", file=sys.stderr)
+        elif "from" in w.versions:
+            print(f"note: {w.label} imports {w.versions['from']}", file=sys.stderr)
     grid = configs(args)
     results: dict = {}
     try:
@@ -259,6 +270,9 @@ def table(rows: list[dict]) -> str:
             dy = min(dys, key=lambda r: r["seconds"]) if dys else None
             if dg is None or dy is None:
                 continue
+            base = next((r for r in by[k] if r["system"] == "baseline"), None)
+            was = f"  (baseline {base['seconds'] / dy['seconds'] if suite == 'sentence' else dy['seconds'] / base['seconds']:.2f}x)" \
+                if base else ""
             unit = args_units(dg)
 
             def ph(r):
@@ -266,12 +280,12 @@ def table(rows: list[dict]) -> str:
             if suite == "minibatch":
                 ratio = dg["samples_per_sec"] / dy["samples_per_sec"]
                 lines.append(f"{k[0]:>3} {k[2]:<13}{k[3]:<6}{k[4]:>4} {dg['samples_per_sec']:>11.1f} "
-                             f"{dy['samples_per_sec']:>9.1f} {dy['label'][-3:]:>6} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}")
+                             f"{dy['samples_per_sec']:>9.1f} {dy['label'][-3:]:>6} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}{was}")
             else:
                 ratio = dg["seconds"] / dy["seconds"]
                 lines.append(f"{k[0]:>3} {k[2]:<13}{k[3]:<6}{k[4]:>4} {dg['seconds']:>11.2f} {dy['seconds']:>9.2f} "
                              f"{dy['label'][-3:]:>6} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}   "
-                             f"({dg['first_loss']:.4g} / {dy['first_loss']:.4g})")
+                             f"({dg['first_loss']:.4g} / {dy['first_loss']:.4g}){was}")
         lines.append("")
     return "\n".join(lines)
 
@@ -308,6 +322,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", default=None, help="data folder with sst/ and wikiner/ (default $DYNAGRAPH_DATA, "
                     "../shared/data); synthetic data where absent")
+    ap.add_argument("--baseline", default=None, help="folder holding another dynagraph package (e.g. an older "
+                    "commit's, via git archive): run it too, as 'dynagraph@baseline'")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
