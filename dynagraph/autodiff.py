@@ -107,6 +107,39 @@ def _one_row_run(cg, plans: list, gxs, need: tuple, B: int) -> bool:
     return True
 
 
+def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dict) -> tuple:
+    """For each product W x of the batch with W a parameter (one shared row) and x a batch
+    of vectors, keep (g, x) for one GEMM per parameter at the end of the pass and drop W
+    from `need`: dW = sum over every batch of g^T x. One product per parameter instead of
+    one per batch, and no (rows x cols) temporary to add per batch; only the order of the
+    sum over nodes changes (float rounding)."""
+    if g.ndim != 2:
+        return need
+    out = None
+    for w, x in op.weight_products(len(xs)):
+        W, X = xs[w], xs[x]
+        if need[w] and plans[w][0] == LEAF and W.ndim == 3 and W.shape[0] == 1 and X.ndim == 2 \
+                and X.shape[0] == g.shape[0] and g.shape[1] == W.shape[1] and X.shape[1] == W.shape[2]:
+            deferred.setdefault(plans[w][1], []).append((g, X))
+            if out is None:
+                out = list(need)
+            out[w] = False
+    return need if out is None else tuple(out)
+
+
+def _weight_grads(cg, xp, gb: Grads, deferred: dict) -> None:
+    """dW = G^T X over every deferred product of each parameter block: one GEMM each."""
+    for b, pairs in deferred.items():
+        if len(pairs) == 1:
+            G, X = pairs[0]
+        else:
+            G = xp.concatenate([p[0] for p in pairs])
+            X = xp.concatenate([p[1] for p in pairs])
+        gw = (G.T @ X)[None]
+        if not gb.adopt(b, gw, cg.blocks[b].shape, True):
+            _grad_block(cg, xp, gb, b)[...] += gw
+
+
 def backward(cg, be, nid: int, full: bool = False) -> None:
     stats = cg.stats
     xp = be.xp
@@ -115,6 +148,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     seed[cg.row[nid]] = 1
     needs_grad = cg.needs_grad
     grad_block = lambda b: _grad_block(cg, xp, gb, b)  # noqa: E731
+    deferred: dict = {}  # parameter block -> [(g, x), ...] of its products, summed at the end
     for record in reversed(cg.executed):
         if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
             backward_run(cg, be, gb, record, full, grad_block)
@@ -132,6 +166,11 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
             if True not in need:
                 continue
         t0 = time.perf_counter()
+        if op.weight_products is not None:
+            need = _defer_weight_grads(op, xs, plans, g, need, deferred)
+            if True not in need:
+                stats.t_backward += time.perf_counter() - t0
+                continue
         data = list(pick(cg.data, nodes)) if op.uses_data else None
         bw = be.backward_kernels.get(op.name, op.backward)
         if op.saves_ctx:
@@ -155,6 +194,10 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
                     gx = xp.broadcast_to(gx, (len(nodes),) + gx.shape[1:])
                 scatter(cg, be, gb, plan, gx, stats)
         stats.t_memory += time.perf_counter() - t1
+    if deferred:
+        t0 = time.perf_counter()
+        _weight_grads(cg, xp, gb, deferred)
+        stats.t_backward += time.perf_counter() - t0
     for leaf in cg._leaves.values():
         g = gb[cg.blk[leaf]]
         if g is not None and needs_grad[leaf]:

@@ -39,6 +39,10 @@ class OpDef:
     blocks_grad: bool = False   # nobackprop: the node never needs a gradient
     saves_ctx: bool = False     # forward returns (y, ctx); backward gets ctx= (static subgraphs)
     inner_kernels: int = 1      # kernels one batch of this op launches (a subgraph runs many)
+    # (number of arguments) -> ((weight position, input position), ...): the products W x
+    # whose weight gradient is sum_b g_b x_b^T, which autodiff may defer and sum over all
+    # batches of a graph as one GEMM (matmul, affine_transform)
+    weight_products: Callable[[int], tuple] | None = None
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

@@ -64,7 +64,15 @@ def mm_grads(xp, A, X, G, need):
     return gA, gX
 
 
-@op("matmul", mm_shape, cost=GEMM)
+def _matmul_products(n_args: int) -> tuple:
+    return ((0, 1),)
+
+
+def _affine_products(n_args: int) -> tuple:
+    return tuple((i, i + 1) for i in range(1, n_args, 2))
+
+
+@op("matmul", mm_shape, cost=GEMM, weight_products=_matmul_products)
 class MatMul:
     def forward(xp, a, data, A, X):
         return mm(xp, A, X)
@@ -87,7 +95,7 @@ def _affine_shape(a, sb, *rest):
     return broadcast_shape(sb, prod)
 
 
-@op("affine", _affine_shape, cost=GEMM)
+@op("affine", _affine_shape, cost=GEMM, weight_products=_affine_products)
 class Affine:
     """b + W1 x1 + W2 x2 + ...: one GEMM per (shared W, batch of x)."""
     def forward(xp, a, data, b, *wx):
