@@ -9,7 +9,9 @@ Evaluation is delegated to an *engine* installed by a higher layer
 """
 from __future__ import annotations
 
+import itertools
 import time
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,11 +42,10 @@ def set_engine(engine) -> None:
 class ComputationGraph(GraphBase):
     """One recorded computation. Several graphs may coexist; `renew_cg` retires the default one."""
 
-    _serial = 0
+    _serial = itertools.count(1)  # next() is atomic under the GIL: versions stay unique across threads
 
     def __init__(self, scheduler=None, immediate_compute: bool = False, check_validity: bool = False):
-        ComputationGraph._serial += 1
-        self.version = ComputationGraph._serial
+        self.version = next(ComputationGraph._serial)
         self.retired = False
         self.scheduler = scheduler if scheduler is not None else config.scheduler
         self.immediate_compute = bool(immediate_compute)
@@ -243,6 +244,11 @@ class ComputationGraph(GraphBase):
             raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
                                        f"replaced by renew_cg()\n  used at {user_line()}")
         if nid >= self.done:
+            sample = SAMPLE.get()
+            if sample is not None and sample.park is not None:
+                sample.park(self, nid)  # a concurrent sample waits for the shared chunk (dy.autobatch_map)
+                if nid < self.done:
+                    return
             self._sync_values()
             _engine.forward(self, nid)
 
@@ -269,6 +275,10 @@ class ComputationGraph(GraphBase):
         self.grad_blocks = None
 
     def backward(self, expr: "Expression", full: bool = False) -> None:
+        sample = SAMPLE.get()
+        if sample is not None and sample.park is not None:  # other samples are still recording
+            raise DynagraphError(f"backward() inside a concurrent dy.autobatch_map sample: return the loss "
+                                 f"and call backward() on their sum after the map\n  at {user_line()}")
         self.forward_to(expr.i)
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
@@ -299,11 +309,13 @@ class ComputationGraph(GraphBase):
 
     # ------------------------------------------------------------ default graph
     def __enter__(self) -> "ComputationGraph":
-        _stack.append(self)
+        _stack.set(_stack.get() + (self,))
         return self
 
     def __exit__(self, *exc) -> None:
-        _stack.remove(self)
+        stack = _stack.get()
+        k = len(stack) - 1 - stack[::-1].index(self)  # the innermost entry of this graph
+        _stack.set(stack[:k] + stack[k + 1:])
 
     def renew(self, *a, **k) -> "ComputationGraph":
         return renew_cg(*a, **k)
@@ -321,6 +333,13 @@ class ComputationGraph(GraphBase):
 
 
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
+
+
+def random_key():
+    """The data of a random op: a per-node key, or inside a dy.autobatch_map sample the next key
+    of that sample's own stream, so a sample draws the same masks whatever runs beside it."""
+    sample = SAMPLE.get()
+    return _RANDOM_KEY if sample is None else sample.next_key()
 _LOOKUP = OPS["lookup"]
 _ADD, _ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
     OPS[n] for n in ("add", "addc", "sub", "rsubc", "mulc", "matmul", "cdiv", "rdivc", "neg", "powc", "pow"))
@@ -354,6 +373,9 @@ class Expression(ExprBase):
         if v.size != 1:  # DyNet aborts the process here
             raise DynagraphError(f"scalar_value() of an expression of shape {v.shape}\n  at {user_line()}")
         return float(v.reshape(-1)[0])
+
+    def __float__(self) -> float:
+        return self.scalar_value()
 
     def vec_value(self, recalculate: bool = False) -> list:
         """Flattened in DyNet's column-major order."""
@@ -593,17 +615,27 @@ configure(Expression, IndexSlot, _RANDOM_KEY)
 
 
 # ----------------------------------------------------------------- default graph
-_stack: list[ComputationGraph] = []
-_default: list[ComputationGraph] = []
+# Context-local, so per thread, per greenlet (greenlet >= 1.0) and per asyncio task: two threads
+# each with its own graph never see each other's `with cg:` or renew_cg(). A new thread starts
+# with no `with` graph and its own default graph. Immutable values (a tuple, a graph), so a
+# copied context (asyncio, dy.autobatch_map's samples) never shares a mutable stack.
+_stack: ContextVar[tuple] = ContextVar("dynagraph_graph_stack", default=())
+_default: ContextVar[ComputationGraph | None] = ContextVar("dynagraph_default_graph", default=None)
+# The dy.autobatch_map sample this code runs as (None outside a map): an object with
+# park(cg, nid) (None when samples run one by one) and next_key() (its random stream).
+SAMPLE: ContextVar[Any] = ContextVar("dynagraph_sample", default=None)
 
 
 def current() -> ComputationGraph:
     """The graph that new leaf expressions go to: innermost `with cg:` or the default."""
-    if _stack:
-        return _stack[-1]
-    if not _default:
-        _default.append(ComputationGraph())
-    return _default[0]
+    stack = _stack.get()
+    if stack:
+        return stack[-1]
+    g = _default.get()
+    if g is None:
+        g = ComputationGraph()
+        _default.set(g)
+    return g
 
 
 def renew_cg(immediate_compute: bool = False, check_validity: bool = False, autobatching=None,
@@ -611,11 +643,12 @@ def renew_cg(immediate_compute: bool = False, check_validity: bool = False, auto
     """Retire the default graph and start a new one. `scheduler` picks the batching policy."""
     if autobatching is not None and scheduler is None:
         scheduler = config.scheduler if autobatching else "none"
-    if _default:
-        _default[0].retired = True
-        _default.clear()
-    _default.append(ComputationGraph(scheduler, immediate_compute, check_validity))
-    return _default[0]
+    old = _default.get()
+    if old is not None:
+        old.retired = True
+    g = ComputationGraph(scheduler, immediate_compute, check_validity)
+    _default.set(g)
+    return g
 
 
 def cg() -> ComputationGraph:
