@@ -8,9 +8,10 @@ MLSys 2023) runs every sample's code concurrently: each sample runs until it rea
 value and parks there; once every live sample is parked or finished, one scheduled
 evaluation over all their pending nodes serves them all, and they resume.
 
-Samples are greenlets, not threads: a greenlet switch measured 0.2-0.4 us against
-10-20 us for a handoff between two threads through a Condition (bench/switch_cost.py),
-and greenlets need no lock around the shared graph because only one runs at a time.
+Samples are greenlets, not threads: a park-and-resume round trip measured 2.3-2.9 us with
+greenlets against 6.6-13.9 us for a handoff between two threads through a Condition
+(bench/switch_cost.py, a busy 2-core machine), and greenlets need no lock around the shared
+graph because only one runs at a time.
 
 All samples record into ONE graph (the current one), so their ops batch together.
 Each sample draws its randomness (dropout, noise) from a stream of its own, so values
