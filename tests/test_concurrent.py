@@ -238,3 +238,18 @@ def test_thousand_samples_do_not_grow_memory():
     last, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert last - first < 200_000, (first, last)
+
+
+@pytest.mark.parametrize("kind", ["nestedrnn", "drnn", "earlyexit", "stackrnn", "treelstm", "birnn"])
+def test_acrobat_bench_models_equal_one_by_one(float64, kind):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.acrobat_models import Model
+    seeds = [3, 8, 13, 21]
+    for train in (False, True):
+        dy.reset_random_seed(2)
+        a = Model(dy, kind, 8).step(seeds, train, concurrent=True)
+        dy.reset_random_seed(2)
+        b = Model(dy, kind, 8).step(seeds, train, concurrent=False)
+        assert a == pytest.approx(b, abs=1e-10)
