@@ -253,3 +253,23 @@ def test_acrobat_bench_models_equal_one_by_one(float64, kind):
         dy.reset_random_seed(2)
         b = Model(dy, kind, 8).step(seeds, train, concurrent=False)
         assert a == pytest.approx(b, abs=1e-10)
+
+
+def test_stack_parser_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    import importlib
+    import os
+    import sys
+    monkeypatch.setenv("DYNAGRAPH_DATA", str(tmp_path))  # synthetic trees: tests never read ../shared
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    sys.path.insert(0, examples)
+    try:
+        ex = importlib.import_module("stack_parser")
+    finally:
+        sys.path.remove(examples)
+    args = ["--quiet", "--train", "24", "--dev", "12", "--epochs", "2", "--batch-size", "8", "--hidden", "8"]
+    a = ex.main(args)
+    b = ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["root_acc"] == b["root_acc"] and a["exact_trees"] == b["exact_trees"]
+    assert a["dev_batches"] < b["dev_batches"] / 3  # the parsers' argmax steps batched together
+    assert a["losses"][-1] < a["losses"][0]
