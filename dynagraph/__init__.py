@@ -17,7 +17,7 @@ from . import schedulers  # noqa: F401
 from .subgraph import Block, block  # noqa: F401
 from . import cavs  # noqa: F401  (dy.cavs: Cavs vertex functions)
 from . import fsm  # noqa: F401  (dy.fsm: ED-Batch's learned batching policy)
-from .concurrent import autobatch_map  # noqa: F401  (ACROBAT: data-dependent control flow batched)
+from .concurrent import autobatch_map, phase  # noqa: F401  (ACROBAT: data-dependent control flow batched)
 from .expressions import *  # noqa: F401,F403
 
 

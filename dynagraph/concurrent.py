@@ -19,15 +19,16 @@ and gradients equal running the samples one by one (`concurrent=False`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from contextvars import copy_context
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
-from .graph import SAMPLE
+from .graph import SAMPLE, current
 
-__all__ = ["autobatch_map"]
+__all__ = ["autobatch_map", "phase"]
 
 _PARK, _DONE = object(), object()
 _STREAM_BITS = 20  # random keys per sample before its stream wraps into the next index's range
@@ -43,16 +44,49 @@ def _mix(z: int) -> int:
 
 
 class _Sample:
-    """What graph.py sees of a running sample: park(cg, nid) and next_key()."""
-    __slots__ = ("index", "park", "key_base", "count")
+    """What graph.py sees of a running sample: park(cg, nid) and next_key(); plus its dy.phase
+    (phase > 0: nodes recorded since `since` in graph `graph` are deferred)."""
+    __slots__ = ("index", "park", "key_base", "count", "phase", "since", "graph", "deferred")
 
-    def __init__(self, index: int, seed: int, park: Callable | None):
+    def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None):
         self.index, self.park, self.count = index, park, 0
+        self.phase, self.since, self.graph, self.deferred = 0, 0, None, deferred
         self.key_base = (_mix(seed ^ _mix(index)) >> (64 - 63 + _STREAM_BITS)) << _STREAM_BITS
 
     def next_key(self) -> int:
         self.count += 1
         return self.key_base + (self.count & ((1 << _STREAM_BITS) - 1))
+
+
+    def close_phase(self) -> None:
+        """The nodes this sample recorded in its current phase (none of another sample's: only a
+        park switches samples, and a park closes the segment) join the map's deferred set."""
+        if self.phase > 0 and self.graph is not None and self.deferred is not None:
+            self.deferred.setdefault(self.graph, set()).update(range(self.since, len(self.graph)))
+            self.since = len(self.graph)
+
+
+@contextlib.contextmanager
+def phase(k: int):
+    """ACROBAT's program phases: inside dy.autobatch_map, nodes recorded in `with dy.phase(k):`,
+    k > 0, are left out of the evaluations that serve the samples' reads (unless a read needs
+    them), so they batch later, e.g. every step's output layer of every sample as one batch at the
+    final loss. Outside a concurrent map a phase changes nothing. Phases nest; the inner one wins."""
+    sample = SAMPLE.get()
+    if sample is None or sample.park is None:
+        yield
+        return
+    sample.close_phase()
+    outer = sample.phase, sample.graph
+    sample.phase, sample.graph = int(k), current()
+    sample.since = len(sample.graph)
+    try:
+        yield
+    finally:
+        sample.close_phase()
+        sample.phase, sample.graph = outer
+        if sample.graph is not None:
+            sample.since = len(sample.graph)
 
 
 def _seed() -> int:
@@ -118,22 +152,27 @@ class _Map:
         self.driver = getcurrent()
         self.results: list = [None] * len(samples)
         self.lets = []
+        self.deferred: dict = {}  # graph -> node ids recorded in a phase > 0 (dy.phase)
         for i, x in enumerate(samples):
             let = greenlet(functools.partial(_body, fn, x), parent=self.driver)
             ctx = copy_context()  # the caller's graph stack and default graph, plus this sample
-            ctx.run(SAMPLE.set, _Sample(i, seed, self._park))
+            ctx.run(SAMPLE.set, _Sample(i, seed, self._park, self.deferred))
             let.gr_context = ctx
             self.lets.append(let)
 
     def _park(self, cg, nid: int) -> None:
         """Called by graph.forward_to inside a sample: hand control back until the chunk ran."""
-        self.driver.switch((_PARK, cg))
+        sample = SAMPLE.get()
+        sample.close_phase()
+        self.driver.switch((_PARK, cg, nid))
+        if sample.graph is not None:
+            sample.since = len(sample.graph)
 
     def run(self) -> list:
         live = list(range(len(self.lets)))
         try:
             while live:
-                parked, graphs = [], []
+                parked, graphs, targets = [], [], {}
                 for i in live:
                     try:
                         msg = self.lets[i].switch()
@@ -142,13 +181,18 @@ class _Map:
                         raise
                     if msg[0] is _PARK:
                         parked.append(i)
-                        if not any(g is msg[1] for g in graphs):
+                        if msg[1] not in targets:
                             graphs.append(msg[1])
+                        targets.setdefault(msg[1], []).append(msg[2])
                     else:
                         self.results[i] = msg[1]
                 for g in graphs:  # every live sample waits: one chunk per graph serves them all
                     try:
-                        g.evaluate_pending()
+                        deferred = self.deferred.get(g)
+                        if deferred:
+                            g.evaluate_pending_except(deferred, targets[g])
+                        else:
+                            g.evaluate_pending()
                     except BaseException as e:
                         e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"
                                    f" of dy.autobatch_map together")

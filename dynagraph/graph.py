@@ -244,10 +244,12 @@ class ComputationGraph(GraphBase):
             raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
                                        f"replaced by renew_cg()\n  used at {user_line()}")
         if nid >= self.done:
+            if nid < len(self.blk) and self.blk[nid] >= 0:
+                return  # evaluated: `done` stays at an earlier node that dy.phase deferred
             sample = SAMPLE.get()
             if sample is not None and sample.park is not None:
                 sample.park(self, nid)  # a concurrent sample waits for the shared chunk (dy.autobatch_map)
-                if nid < self.done:
+                if nid < self.done or (nid < len(self.blk) and self.blk[nid] >= 0):
                     return
             self._sync_values()
             _engine.forward(self, nid)
@@ -258,6 +260,22 @@ class ComputationGraph(GraphBase):
             self.forward_to(expr.i if expr is not None else len(self.op) - 1)
 
     evaluate_pending = forward
+
+    def evaluate_pending_except(self, defer: set, targets=()) -> None:
+        """evaluate_pending(), leaving the nodes in `defer` and their pending users pending
+        unless `targets` need them (dy.phase inside dy.autobatch_map)."""
+        n = len(self.op)
+        if not n or n <= self.done:
+            return
+        sample = SAMPLE.get()
+        if sample is not None and sample.park is not None:  # nested map: wait for the outer chunk
+            sample.park(self, n - 1)
+            if n <= self.done:
+                return
+        if self.tracing or self.retired:
+            return self.forward_to(n - 1)  # the same errors
+        self._sync_values()
+        _engine.forward(self, n - 1, defer, targets)
 
     def invalidate(self) -> None:
         """Forget computed values so the next evaluation recomputes (after parameter changes)."""

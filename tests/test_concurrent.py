@@ -273,3 +273,58 @@ def test_stack_parser_example_concurrent_equals_one_by_one(monkeypatch, tmp_path
     assert a["root_acc"] == b["root_acc"] and a["exact_trees"] == b["exact_trees"]
     assert a["dev_batches"] < b["dev_batches"] / 3  # the parsers' argmax steps batched together
     assert a["losses"][-1] < a["losses"][0]
+
+
+def _phased_decoder(p, use_phase: bool):
+    """Reads only the exit gate; the output layer and loss of every step sit in phase 1."""
+    def decode(sample):
+        words, _ = sample
+        h, losses = dy.zeros(H), []
+        for t, w in enumerate(words):
+            h = dy.tanh(p["W"] * p["E"][w] + p["U"] * h + p["b"])
+            with dy.phase(1 if use_phase else 0):
+                losses.append(dy.pickneglogsoftmax(p["O"] * h, words[(t + 1) % len(words)]))
+            if float(dy.logistic(dy.dot_product(p["v"], h))) > 0.8 and t >= 1:
+                break
+        return dy.esum(losses)
+    return decode
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_phase_defers_output_layers_to_one_batch(float64, scheduler):
+    pc, p = _model()
+    samples = _samples(10, seed=3)
+    out = {}
+    for name, phased, concurrent in [("ref", False, False), ("plain", False, True), ("phased", True, True)]:
+        dy.renew_cg(scheduler="none" if name == "ref" else scheduler)
+        pc.reset_gradient()
+        losses = dy.autobatch_map(_phased_decoder(p, phased), samples, concurrent=concurrent)
+        total = dy.esum(losses)
+        total.backward()
+        out[name] = ([l.value() for l in losses], {n: q.grad_as_array() for n, q in p.items()},
+                     dy.cg().stats.by_op())
+    for name in ("plain", "phased"):
+        np.testing.assert_allclose(out[name][0], out["ref"][0], rtol=0, atol=1e-10)
+        for n in out["ref"][1]:
+            np.testing.assert_allclose(out[name][1][n], out["ref"][1][n], rtol=0, atol=1e-10, err_msg=n)
+    phased, plain = (out[k][2]["pickneglogsoftmax"][1] for k in ("phased", "plain"))
+    if scheduler in ("agenda", "typewise"):
+        # every step's loss of every sample: one batch at the end instead of one per read round
+        assert phased == 1 and plain > 3
+    # depth batches only equal depths (7 batches here, phased or not): phases cannot help it
+
+
+def test_phase_outside_a_map_and_a_read_inside_a_phase():
+    pc, p = _model()
+    with dy.phase(2):  # no map: nothing changes
+        assert dy.tanh(p["E"][1]).value()
+
+    def f(k):
+        with dy.phase(1):
+            e = dy.tanh(p["E"][k])
+            v = e.npvalue()  # a read of a deferred node evaluates it
+        return float(v.sum())
+
+    dy.renew_cg(scheduler="agenda")
+    got = dy.autobatch_map(f, [0, 1, 2])
+    np.testing.assert_allclose(got, [np.tanh(p["E"].as_array()[k]).sum() for k in range(3)], rtol=1e-5)
