@@ -328,3 +328,28 @@ def test_phase_outside_a_map_and_a_read_inside_a_phase():
     dy.renew_cg(scheduler="agenda")
     got = dy.autobatch_map(f, [0, 1, 2])
     np.testing.assert_allclose(got, [np.tanh(p["E"].as_array()[k]).sum() for k in range(3)], rtol=1e-5)
+
+
+def _example(name, monkeypatch, tmp_path):
+    import importlib
+    import os
+    import sys
+    monkeypatch.setenv("DYNAGRAPH_DATA", str(tmp_path))  # synthetic data: tests never read ../shared
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    sys.path.insert(0, examples)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(examples)
+
+
+def test_lstm_decoder_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    ex = _example("lstm_decoder", monkeypatch, tmp_path)
+    args = ["--quiet", "--train", "48", "--prompts", "6", "--epochs", "2", "--batch-size", "16", "--hidden", "8",
+            "--vocab", "40", "--max-len", "6"]
+    a, b = ex.main(args), ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["losses"][-1] < a["losses"][0]
+    for name in ("greedy", "beam"):
+        assert a[name]["texts"] == b[name]["texts"]
+        assert a[name]["batches"] < b[name]["batches"] / 2
