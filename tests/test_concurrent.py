@@ -353,3 +353,13 @@ def test_lstm_decoder_example_concurrent_equals_one_by_one(monkeypatch, tmp_path
     for name in ("greedy", "beam"):
         assert a[name]["texts"] == b[name]["texts"]
         assert a[name]["batches"] < b[name]["batches"] / 2
+
+
+def test_early_exit_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    ex = _example("early_exit", monkeypatch, tmp_path)
+    args = ["--quiet", "--train", "64", "--dev", "24", "--epochs", "2", "--batch-size", "16", "--hidden", "8",
+            "--layers", "4", "--threshold", "0.3"]
+    a, b = ex.main(args), ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["preds"] == b["preds"]
+    assert a["batches"] < b["batches"] / 3
