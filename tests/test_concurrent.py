@@ -363,3 +363,14 @@ def test_early_exit_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
     np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
     assert a["preds"] == b["preds"]
     assert a["batches"] < b["batches"] / 3
+
+
+def test_drnn_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    ex = _example("drnn", monkeypatch, tmp_path)
+    args = ["--quiet", "--train", "32", "--generate", "8", "--epochs", "2", "--batch-size", "16", "--hidden", "8",
+            "--max-depth", "3"]
+    a, b = ex.main(args), ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["losses"][-1] < a["losses"][0]
+    assert a["trees"] == b["trees"]
+    assert a["batches"] < 0.7 * b["batches"]  # depth-first recursions only partly align
