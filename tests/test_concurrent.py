@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dynagraph as dy
 from dynagraph.errors import DynagraphError
@@ -374,3 +375,54 @@ def test_drnn_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
     assert a["losses"][-1] < a["losses"][0]
     assert a["trees"] == b["trees"]
     assert a["batches"] < 0.7 * b["batches"]  # depth-first recursions only partly align
+
+
+def _random_program(p, steps):
+    """A per-sample program from hypothesis: each step applies an op, maybe in phase 1, maybe reads."""
+    def fn(k):
+        h, acc = p["E"][k % V], []
+        for op, phased, read in steps[k % len(steps)]:
+            with dy.phase(1 if phased else 0):
+                if op == 0:
+                    h = dy.tanh(p["W"] * h + p["b"])
+                elif op == 1:
+                    h = dy.logistic(p["U"] * h) + h
+                else:
+                    acc.append(dy.pickneglogsoftmax(p["O"] * h, k % V))
+            if read and float(dy.sum_elems(h)) > 0:  # a data-dependent branch after the read
+                h = dy.cmult(h, h)
+        return dy.esum(acc + [dy.sum_elems(h)])
+    return fn
+
+
+_step = st.tuples(st.integers(0, 2), st.booleans(), st.booleans())
+
+
+@settings(max_examples=25, deadline=None)
+@given(programs=st.lists(st.lists(_step, min_size=1, max_size=6), min_size=1, max_size=4),
+       n=st.integers(1, 7), scheduler=st.sampled_from(["agenda", "depth", "typewise"]))
+def test_random_programs_with_reads_and_phases_equal_one_by_one(programs, n, scheduler):
+    with _Float64():
+        pc, p = _model()
+        out = []
+        for sched, concurrent in [("none", False), (scheduler, True)]:
+            dy.renew_cg(scheduler=sched)
+            pc.reset_gradient()
+            losses = dy.autobatch_map(_random_program(p, programs), range(n), concurrent=concurrent)
+            dy.esum(losses).backward()
+            out.append(([l.value() for l in losses], [q.grad_as_array() for q in p.values()]))
+        np.testing.assert_allclose(out[1][0], out[0][0], rtol=0, atol=1e-10)
+        for a, b in zip(out[1][1], out[0][1]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+
+
+class _Float64:
+    """float64 inside a hypothesis example (function-scoped fixtures do not reset between examples)."""
+
+    def __enter__(self):
+        from refcheck import using
+        self._ctx = using(dtype="float64", seed=0)
+        self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
