@@ -327,13 +327,15 @@ class ComputationGraph(GraphBase):
 
     # ------------------------------------------------------------ default graph
     def __enter__(self) -> "ComputationGraph":
-        _stack.set(_stack.get() + (self,))
+        _, stack, default = _state.get() or _EMPTY
+        _state.set((self, stack + (self,), default))
         return self
 
     def __exit__(self, *exc) -> None:
-        stack = _stack.get()
+        _, stack, default = _state.get() or _EMPTY
         k = len(stack) - 1 - stack[::-1].index(self)  # the innermost entry of this graph
-        _stack.set(stack[:k] + stack[k + 1:])
+        stack = stack[:k] + stack[k + 1:]
+        _state.set((stack[-1] if stack else default, stack, default))
 
     def renew(self, *a, **k) -> "ComputationGraph":
         return renew_cg(*a, **k)
@@ -637,8 +639,10 @@ configure(Expression, IndexSlot, _RANDOM_KEY)
 # each with its own graph never see each other's `with cg:` or renew_cg(). A new thread starts
 # with no `with` graph and its own default graph. Immutable values (a tuple, a graph), so a
 # copied context (asyncio, dy.autobatch_map's samples) never shares a mutable stack.
-_stack: ContextVar[tuple] = ContextVar("dynagraph_graph_stack", default=())
-_default: ContextVar[ComputationGraph | None] = ContextVar("dynagraph_default_graph", default=None)
+# One value, (current graph, `with` stack, default graph), so current() is a single lookup.
+# The default graph is made on first use (None until then).
+_state: ContextVar[tuple | None] = ContextVar("dynagraph_graph_state", default=None)
+_EMPTY = (None, (), None)
 # The dy.autobatch_map sample this code runs as (None outside a map): an object with
 # park(cg, nid) (None when samples run one by one) and next_key() (its random stream).
 SAMPLE: ContextVar[Any] = ContextVar("dynagraph_sample", default=None)
@@ -646,13 +650,11 @@ SAMPLE: ContextVar[Any] = ContextVar("dynagraph_sample", default=None)
 
 def current() -> ComputationGraph:
     """The graph that new leaf expressions go to: innermost `with cg:` or the default."""
-    stack = _stack.get()
-    if stack:
-        return stack[-1]
-    g = _default.get()
-    if g is None:
-        g = ComputationGraph()
-        _default.set(g)
+    state = _state.get()
+    if state is not None and state[0] is not None:
+        return state[0]
+    g = ComputationGraph()  # no `with` graph and no default yet: this context's own default
+    _state.set((g, (), g))
     return g
 
 
@@ -661,11 +663,11 @@ def renew_cg(immediate_compute: bool = False, check_validity: bool = False, auto
     """Retire the default graph and start a new one. `scheduler` picks the batching policy."""
     if autobatching is not None and scheduler is None:
         scheduler = config.scheduler if autobatching else "none"
-    old = _default.get()
+    _, stack, old = _state.get() or _EMPTY
     if old is not None:
         old.retired = True
     g = ComputationGraph(scheduler, immediate_compute, check_validity)
-    _default.set(g)
+    _state.set((stack[-1] if stack else g, stack, g))
     return g
 
 
