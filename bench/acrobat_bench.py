@@ -13,6 +13,7 @@ before its sample goes on) and against the sum of each evaluated chunk's bound (
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -87,12 +88,11 @@ def main(argv=None) -> None:
     if a.worker:
         return worker(a.worker, a.hidden)
     systems = a.systems.split(",")
-    try:
-        import dynet  # noqa: F401
-    except ImportError:
-        if "dynet" in systems:
-            print("dynet38 not installed: DyNet column skipped (pip install dynet38)")
-            systems.remove("dynet")
+    # find_spec, not import: importing DyNet initialises it, which changes this process's
+    # floating-point exception state (numpy then raises FloatingPointError elsewhere)
+    if "dynet" in systems and importlib.util.find_spec("dynet") is None:
+        print("dynet38 not installed: DyNet column skipped (pip install dynet38)")
+        systems.remove("dynet")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     procs = {s: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", s, "--hidden", str(a.hidden)],
