@@ -24,18 +24,23 @@ _pending = NATIVE.pending if NATIVE is not None else _pending_py
 
 
 class Engine:
-    def forward(self, cg, upto: int) -> None:
+    def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
+        """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
+        their pending users out unless `targets` need them (`done` stops at the first left)."""
         t0 = time.perf_counter()
         stats = cg.stats
         stats.t_record += t0 - cg._t_last
         pending = _pending(cg.blk, cg.done, upto + 1)
+        left = []
+        if defer:
+            pending, left = _split_deferred(cg, pending, defer, targets)
         sched = schedulers.get(cg.scheduler)
         batches = sched.schedule(cg, pending)
         if config.debug or not getattr(sched, "trusted", False):
             schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, get_backend(), batches)
-        cg.done = upto + 1
+        cg.done = left[0] if left else upto + 1
         if stats.lower_bound_fn is None:
             stats.lower_bound_fn = _Bound(cg)
         stats.lower_bound_fn.done = cg.done
@@ -44,6 +49,32 @@ class Engine:
     def backward(self, cg, nid: int, full: bool) -> None:
         autodiff.backward(cg, get_backend(), nid, full)
         cg._t_last = time.perf_counter()
+
+
+def _split_deferred(cg, pending: list[int], defer, targets) -> tuple[list[int], list[int]]:
+    """(nodes to evaluate, nodes left pending). Left pending: the deferred nodes and every pending
+    node that reads one (a finished sample's esum of deferred losses), except what a node in
+    `targets` (the values being waited for) needs."""
+    args, blk = cg.args, cg.blk
+    tainted = set()
+    for nid in pending:  # ascending: arguments come first
+        if nid in defer or any(a in tainted for a in args[nid]):
+            tainted.add(nid)
+    if not tainted:
+        return pending, []
+    needed = set(targets)
+    run, left = [], []
+    for nid in reversed(pending):
+        if nid in tainted and nid not in needed:
+            left.append(nid)
+            continue
+        run.append(nid)
+        for a in args[nid]:
+            if blk[a] < 0:
+                needed.add(a)
+    run.reverse()
+    left.reverse()
+    return run, left
 
 
 class _Bound:

@@ -21,7 +21,7 @@ from .batched import (
     samples_of,
 )
 from .errors import DynagraphError, as_index, user_line
-from .graph import RANDOM_KEY, Expression, IndexSlot, current, lookup_in
+from .graph import Expression, IndexSlot, current, lookup_in, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 from .recording import INTS, LIST, ONE, TWO, recorder
@@ -201,17 +201,17 @@ def _per_sample(n: int, what: str, make):
 
 def random_normal(dim, mean: float = 0.0, stddev: float = 1.0, batch_size: int = 1) -> Expression:
     attrs = (_dim(dim, "random_normal"), float(mean), float(stddev))
-    return _per_sample(batch_size, "random_normal", lambda: record(_O["random_normal"], (), attrs, RANDOM_KEY))
+    return _per_sample(batch_size, "random_normal", lambda: record(_O["random_normal"], (), attrs, random_key()))
 
 
 def random_uniform(dim, left: float, right: float, batch_size: int = 1) -> Expression:
     attrs = (_dim(dim, "random_uniform"), float(left), float(right))
-    return _per_sample(batch_size, "random_uniform", lambda: record(_O["random_uniform"], (), attrs, RANDOM_KEY))
+    return _per_sample(batch_size, "random_uniform", lambda: record(_O["random_uniform"], (), attrs, random_key()))
 
 
 def random_bernoulli(dim, p: float, scale: float = 1.0, batch_size: int = 1) -> Expression:
     attrs = (_dim(dim, "random_bernoulli"), float(p), float(scale))
-    return _per_sample(batch_size, "random_bernoulli", lambda: record(_O["random_bernoulli"], (), attrs, RANDOM_KEY))
+    return _per_sample(batch_size, "random_bernoulli", lambda: record(_O["random_bernoulli"], (), attrs, random_key()))
 
 
 # --------------------------------------------------------------------- unary
@@ -410,11 +410,11 @@ def dropout(x, p: float) -> Expression:
         raise DynagraphError(f"dropout: p must be in [0, 1), got {p}\n  at {user_line()}")
     if p == 0.0:
         return x
-    return record1(_O["dropout"], x, (float(p),), RANDOM_KEY)
+    return record1(_O["dropout"], x, (float(p),), random_key())
 
 
 def noise(x, stddev: float) -> Expression:
-    return record1(_O["noise"], x, (float(stddev),), RANDOM_KEY)
+    return record1(_O["noise"], x, (float(stddev),), random_key())
 
 
 

@@ -9,8 +9,10 @@ Evaluation is delegated to an *engine* installed by a higher layer
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
@@ -43,11 +45,10 @@ def set_engine(engine) -> None:
 class ComputationGraph(GraphBase):
     """One recorded computation. Several graphs may coexist; `renew_cg` retires the default one."""
 
-    _serial = 0
+    _serial = itertools.count(1)  # next() is atomic under the GIL: versions stay unique across threads
 
     def __init__(self, scheduler=None, immediate_compute: bool = False, check_validity: bool = False):
-        ComputationGraph._serial += 1
-        self.version = ComputationGraph._serial
+        self.version = next(ComputationGraph._serial)
         self.retired = False
         self.scheduler = scheduler if scheduler is not None else config.scheduler
         self.immediate_compute = bool(immediate_compute)
@@ -246,6 +247,13 @@ class ComputationGraph(GraphBase):
             raise StaleExpressionError(f"stale expression: its graph (version {self.version}) was "
                                        f"replaced by renew_cg()\n  used at {user_line()}")
         if nid >= self.done:
+            if nid < len(self.blk) and self.blk[nid] >= 0:
+                return  # evaluated: `done` stays at an earlier node that dy.phase deferred
+            sample = SAMPLE.get()
+            if sample is not None and sample.park is not None:
+                sample.park(self, nid)  # a concurrent sample waits for the shared chunk (dy.autobatch_map)
+                if nid < self.done or (nid < len(self.blk) and self.blk[nid] >= 0):
+                    return
             self._sync_values()
             _engine.forward(self, nid)
 
@@ -255,6 +263,22 @@ class ComputationGraph(GraphBase):
             self.forward_to(expr.i if expr is not None else len(self.op) - 1)
 
     evaluate_pending = forward
+
+    def evaluate_pending_except(self, defer: set, targets=()) -> None:
+        """evaluate_pending(), leaving the nodes in `defer` and their pending users pending
+        unless `targets` need them (dy.phase inside dy.autobatch_map)."""
+        n = len(self.op)
+        if not n or n <= self.done:
+            return
+        sample = SAMPLE.get()
+        if sample is not None and sample.park is not None:  # nested map: wait for the outer chunk
+            sample.park(self, n - 1)
+            if n <= self.done:
+                return
+        if self.tracing or self.retired:
+            return self.forward_to(n - 1)  # the same errors
+        self._sync_values()
+        _engine.forward(self, n - 1, defer, targets)
 
     def invalidate(self) -> None:
         """Forget computed values so the next evaluation recomputes (after parameter changes)."""
@@ -319,6 +343,10 @@ class ComputationGraph(GraphBase):
         self.grad_blocks = None
 
     def backward(self, expr: "Expression", full: bool = False) -> None:
+        sample = SAMPLE.get()
+        if sample is not None and sample.park is not None:  # other samples are still recording
+            raise DynagraphError(f"backward() inside a concurrent dy.autobatch_map sample: return the loss "
+                                 f"and call backward() on their sum after the map\n  at {user_line()}")
         self.forward_to(expr.i)
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
@@ -357,11 +385,15 @@ class ComputationGraph(GraphBase):
 
     # ------------------------------------------------------------ default graph
     def __enter__(self) -> "ComputationGraph":
-        _stack.append(self)
+        _, stack, default = _state.get() or _EMPTY
+        _state.set((self, stack + (self,), default))
         return self
 
     def __exit__(self, *exc) -> None:
-        _stack.remove(self)
+        _, stack, default = _state.get() or _EMPTY
+        k = len(stack) - 1 - stack[::-1].index(self)  # the innermost entry of this graph
+        stack = stack[:k] + stack[k + 1:]
+        _state.set((stack[-1] if stack else default, stack, default))
 
     def renew(self, *a, **k) -> "ComputationGraph":
         return renew_cg(*a, **k)
@@ -393,6 +425,13 @@ class ComputationGraph(GraphBase):
 
 
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
+
+
+def random_key():
+    """The data of a random op: a per-node key, or inside a dy.autobatch_map sample the next key
+    of that sample's own stream, so a sample draws the same masks whatever runs beside it."""
+    sample = SAMPLE.get()
+    return _RANDOM_KEY if sample is None else sample.next_key()
 _LOOKUP = OPS["lookup"]
 _INPUT, _PICK = OPS["input"], OPS["pick"]
 _ADD, _ADDC, _SUB, _RSUBC, _MULC, _MATMUL, _CDIV, _RDIVC, _NEG, _POWC, _POW = (
@@ -427,6 +466,9 @@ class Expression(ExprBase):
         if v.size != 1:  # DyNet aborts the process here
             raise DynagraphError(f"scalar_value() of an expression of shape {v.shape}\n  at {user_line()}")
         return float(v.reshape(-1)[0])
+
+    def __float__(self) -> float:
+        return self.scalar_value()
 
     def vec_value(self, recalculate: bool = False) -> list:
         """Flattened in DyNet's column-major order."""
@@ -641,8 +683,6 @@ def record(op: OpDef, args: Sequence = (), attrs: tuple = (), data: Any = None) 
     return Expression(cg, cg.add(op, ids, attrs, data))
 
 
-RANDOM_KEY = _RANDOM_KEY
-
 
 def _expression_of(p, update: bool = True, lookup=None, graph=None) -> Expression:
     cg = graph if graph is not None else current()
@@ -698,17 +738,27 @@ configure(Expression, IndexSlot, _RANDOM_KEY)
 
 
 # ----------------------------------------------------------------- default graph
-_stack: list[ComputationGraph] = []
-_default: list[ComputationGraph] = []
+# Context-local, so per thread, per greenlet (greenlet >= 1.0) and per asyncio task: two threads
+# each with its own graph never see each other's `with cg:` or renew_cg(). A new thread starts
+# with no `with` graph and its own default graph. Immutable values (a tuple, a graph), so a
+# copied context (asyncio, dy.autobatch_map's samples) never shares a mutable stack.
+# One value, (current graph, `with` stack, default graph), so current() is a single lookup.
+# The default graph is made on first use (None until then).
+_state: ContextVar[tuple | None] = ContextVar("dynagraph_graph_state", default=None)
+_EMPTY = (None, (), None)
+# The dy.autobatch_map sample this code runs as (None outside a map): an object with
+# park(cg, nid) (None when samples run one by one) and next_key() (its random stream).
+SAMPLE: ContextVar[Any] = ContextVar("dynagraph_sample", default=None)
 
 
 def current() -> ComputationGraph:
     """The graph that new leaf expressions go to: innermost `with cg:` or the default."""
-    if _stack:
-        return _stack[-1]
-    if not _default:
-        _default.append(ComputationGraph())
-    return _default[0]
+    state = _state.get()
+    if state is not None and state[0] is not None:
+        return state[0]
+    g = ComputationGraph()  # no `with` graph and no default yet: this context's own default
+    _state.set((g, (), g))
+    return g
 
 
 def renew_cg(immediate_compute: bool = False, check_validity: bool = False, autobatching=None,
@@ -716,11 +766,12 @@ def renew_cg(immediate_compute: bool = False, check_validity: bool = False, auto
     """Retire the default graph and start a new one. `scheduler` picks the batching policy."""
     if autobatching is not None and scheduler is None:
         scheduler = config.scheduler if autobatching else "none"
-    if _default:
-        _default[0].retired = True
-        _default.clear()
-    _default.append(ComputationGraph(scheduler, immediate_compute, check_validity))
-    return _default[0]
+    _, stack, old = _state.get() or _EMPTY
+    if old is not None:
+        old.retired = True
+    g = ComputationGraph(scheduler, immediate_compute, check_validity)
+    _state.set((stack[-1] if stack else g, stack, g))
+    return g
 
 
 def cg() -> ComputationGraph:

@@ -1,0 +1,150 @@
+"""ACROBAT's models: dynagraph concurrent (dy.autobatch_map) vs the same code one sample at a time vs DyNet.
+
+    python bench/acrobat_bench.py                          # every model, batch 8 and 64, train and infer
+    python bench/acrobat_bench.py --models stackrnn,drnn --batches 64 --hidden 256 --rounds 3
+
+One program text (bench/acrobat_models.py) for every system, import swap only: DyNet (autobatch=1)
+has no autobatch_map, so its per-sample loop runs sequentially. Each system runs in its own
+persistent worker process with one BLAS thread; rounds are interleaved across systems so that a
+noisy neighbour affects them alike. Prints samples/s (best round), the ratios, and dynagraph's
+batches against the whole graph's lower bound ("bound", which ignores that a read must be served
+before its sample goes on) and against the sum of each evaluated chunk's bound ("rounds").
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SYSTEMS = {"concurrent": ("dynagraph", True), "one-by-one": ("dynagraph", False), "dynet": ("dynet", True)}
+
+
+# ------------------------------------------------------------------ worker
+def worker(system: str, hidden: int) -> None:
+    from bench.worker import setup
+    lib, concurrent = SYSTEMS[system]
+    setup(lib, "1" if lib == "dynet" else "", 1)
+    dy = __import__(lib)
+    from bench.acrobat_models import Model
+    models: dict = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        kind, batch, train, reps = cmd["model"], cmd["batch"], cmd["train"], cmd["reps"]
+        m = models.get(kind) or models.setdefault(kind, Model(dy, kind, hidden))
+        seeds = [1000 * cmd["round"] + i for i in range(batch)]
+        m.step(seeds, train, concurrent)  # warm-up
+        best, extra = float("inf"), {}
+        for _ in range(reps):
+            t = time.perf_counter()
+            m.step(seeds, train, concurrent)
+            best = min(best, time.perf_counter() - t)
+        if lib == "dynagraph":
+            st = dy.cg().stats
+            extra = {"batches": st.batches, "lower_bound": st.lower_bound,
+                     "round_bound": _round_bound(m, seeds, train, concurrent)}
+        print(json.dumps({"seconds": best, **extra}), flush=True)
+
+
+def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
+    """The lower bound given the evaluation rounds that the reads force: the sum over evaluated
+    chunks of each chunk's bound, from one untimed step with the engine instrumented."""
+    from dynagraph import engine, schedulers
+    total = [0]
+    forward = engine.Engine.forward
+
+    def counting(self, cg, upto, *a, **k):
+        total[0] += schedulers.lower_bound(cg, engine._pending(cg.blk, cg.done, upto + 1))
+        return forward(self, cg, upto, *a, **k)
+
+    engine.Engine.forward = counting
+    try:
+        model.step(seeds, train, concurrent)
+    finally:
+        engine.Engine.forward = forward
+    return total[0]
+
+
+# ------------------------------------------------------------------ driver
+def main(argv=None) -> None:
+    from bench.acrobat_models import MODELS
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default="8,64")
+    ap.add_argument("--modes", default="train,infer")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        return worker(a.worker, a.hidden)
+    systems = a.systems.split(",")
+    # find_spec, not import: importing DyNet initialises it, which changes this process's
+    # floating-point exception state (numpy then raises FloatingPointError elsewhere)
+    if "dynet" in systems and importlib.util.find_spec("dynet") is None:
+        print("dynet38 not installed: DyNet column skipped (pip install dynet38)")
+        systems.remove("dynet")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    procs = {s: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", s, "--hidden", str(a.hidden)],
+                                 cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+             for s in systems}
+    configs = [(m, int(b), mode) for m in a.models.split(",") for b in a.batches.split(",")
+               for mode in a.modes.split(",")]
+    best: dict = {}
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=a.rounds * len(configs) * len(systems), desc="acrobat bench", file=sys.stderr)
+        for r in range(a.rounds):
+            for model, batch, mode in configs:
+                order = systems if r % 2 == 0 else systems[::-1]  # interleaved, alternating order
+                for s in order:
+                    p = procs[s]
+                    p.stdin.write(json.dumps({"model": model, "batch": batch, "train": mode == "train",
+                                              "reps": a.reps, "round": r}) + "\n")
+                    p.stdin.flush()
+                    line = p.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"worker {s} died on {model} batch {batch} {mode}")
+                    out = json.loads(line)
+                    key = (model, batch, mode, s)
+                    if key not in best or out["seconds"] < best[key]["seconds"]:
+                        best[key] = out
+                    bar.update()
+        bar.close()
+    finally:
+        for p in procs.values():
+            p.stdin.close()
+            p.wait()
+    _table(best, configs, systems, a.hidden, a.rounds)
+
+
+def _table(best: dict, configs: list, systems: list, hidden: int, rounds: int) -> None:
+    print(f"\nACROBAT models, H={hidden}, one thread, samples/s (best of {rounds} interleaved rounds)")
+    head = f"{'model':10} {'B':>3} {'mode':5} " + " ".join(f"{s:>11}" for s in systems)
+    head += f" {'x one-by-one':>12} {'x dynet':>8} {'batches':>8} {'bound':>6} {'ratio':>6} {'rounds':>6} {'ratio':>6}"
+    print(head)
+    for model, batch, mode in configs:
+        rate = {s: batch / best[(model, batch, mode, s)]["seconds"] for s in systems}
+        row = f"{model:10} {batch:>3} {mode:5} " + " ".join(f"{rate[s]:>11.0f}" for s in systems)
+        c = best.get((model, batch, mode, "concurrent"), {})
+        seq = f"{rate['concurrent'] / rate['one-by-one']:.2f}" if "one-by-one" in rate and c else "-"
+        dyn = f"{rate['concurrent'] / rate['dynet']:.2f}" if "dynet" in rate and c else "-"
+        ratio = f"{c['batches'] / c['lower_bound']:.2f}" if c.get("lower_bound") else "-"
+        rratio = f"{c['batches'] / c['round_bound']:.2f}" if c.get("round_bound") else "-"
+        row += f" {seq:>12} {dyn:>8} {c.get('batches', '-'):>8} {c.get('lower_bound', '-'):>6} {ratio:>6}"
+        row += f" {c.get('round_bound', '-'):>6} {rratio:>6}"
+        print(row)
+
+
+if __name__ == "__main__":
+    main()

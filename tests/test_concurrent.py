@@ -1,0 +1,440 @@
+"""dy.autobatch_map: samples with data-dependent control flow run concurrently on one graph.
+
+Reference: the same function run one sample after another (`concurrent=False`) under the
+unbatched scheduler. Concurrent runs under every scheduler give the same values and
+gradients, 1e-10 in float64, with teacher-forced and argmax decisions, early exit and dropout."""
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dynagraph as dy
+from dynagraph.errors import DynagraphError
+
+pytest.importorskip("greenlet")
+
+H, V = 6, 7
+SCHEDULERS = ["none", "depth", "agenda", "typewise", "fsm"]
+
+
+def _model():
+    pc = dy.ParameterCollection()
+    rng = np.random.default_rng(4)
+    p = {n: pc.add_parameters(s, init=rng.normal(0, 0.6, s))
+         for n, s in [("W", (H, H)), ("U", (H, H)), ("b", (H,)), ("O", (V, H)), ("v", (H,))]}
+    p["E"] = pc.add_lookup_parameters((V, H), init=rng.normal(0, 0.6, (V, H)))
+    return pc, p
+
+
+def _decoder(p, dropout: float):
+    """A decoder that feeds back its argmax (or the gold word) and exits early when a gate fires."""
+    def decode(sample):
+        words, gold = sample
+        h = dy.zeros(H)
+        losses, w = [], words[0]
+        for t in range(len(words)):
+            x = p["E"][w]
+            if dropout:
+                x = dy.dropout(x, dropout)
+            h = dy.tanh(p["W"] * x + p["U"] * h + p["b"])
+            s = p["O"] * h
+            if gold:                                  # teacher forced
+                y = words[t]
+                w = y
+            else:                                     # sampled: the model's own argmax
+                y = int(np.argmax(s.npvalue()))
+                w = y
+            losses.append(dy.pickneglogsoftmax(s, y))
+            if float(dy.logistic(dy.dot_product(p["v"], h))) > 0.8 and t >= 1:  # early exit
+                break
+        return dy.esum(losses)
+    return decode
+
+
+def _samples(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [([int(w) for w in rng.integers(0, V, rng.integers(1, 9))], bool(i % 2)) for i in range(n)]
+
+
+def _run(pc, p, samples, scheduler: str, concurrent: bool, dropout: float):
+    dy.reset_random_seed(11)
+    dy.renew_cg(scheduler=scheduler)
+    pc.reset_gradient()
+    losses = dy.autobatch_map(_decoder(p, dropout), samples, concurrent=concurrent)
+    total = dy.esum(losses)
+    total.backward()
+    grads = {n: q.grad_as_array() for n, q in p.items()}
+    return [l.value() for l in losses], grads, dy.cg()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_values_and_gradients_equal_one_by_one(float64, scheduler, dropout):
+    pc, p = _model()
+    samples = _samples(12)
+    ref_vals, ref_grads, ref_cg = _run(pc, p, samples, "none", False, dropout)
+    vals, grads, cg = _run(pc, p, samples, scheduler, True, dropout)
+    np.testing.assert_allclose(vals, ref_vals, rtol=0, atol=1e-10)
+    for n in ref_grads:
+        np.testing.assert_allclose(grads[n], ref_grads[n], rtol=0, atol=1e-10, err_msg=n)
+    assert any(abs(g).sum() > 0 for g in grads.values())
+    if scheduler != "none":  # the point: samples' ops share batches
+        assert cg.stats.batches < ref_cg.stats.batches / 3
+
+
+def test_dropout_masks_follow_the_sample_not_the_schedule(float64):
+    pc, p = _model()
+    samples = _samples(6)
+    a, _, _ = _run(pc, p, samples, "agenda", True, 0.5)
+    b, _, _ = _run(pc, p, samples[:3], "agenda", True, 0.5)  # fewer neighbours: same first three
+    np.testing.assert_allclose(a[:3], b, rtol=0, atol=1e-12)
+    c, _, _ = _run(pc, p, samples, "agenda", True, 0.0)
+    assert not np.allclose(a, c)  # dropout is on
+
+
+def test_reads_park_every_sample_and_one_chunk_serves_them():
+    pc, p = _model()
+    chunks: list = []
+
+    def f(k):
+        h = dy.zeros(H)
+        for _ in range(k):
+            h = dy.tanh(p["W"] * h + p["b"])
+            chunks.append(dy.cg().done)
+            h.value()
+        return k
+
+    dy.renew_cg(scheduler="agenda")
+    assert dy.autobatch_map(f, [3, 1, 2, 3]) == [3, 1, 2, 3]
+    # three rounds of reads, each served by one evaluation: zeros, then matmul, add, tanh a round
+    assert dy.cg().stats.batches == 1 + 3 * 3
+    assert chunks[:4] == [0, 0, 0, 0]  # every sample recorded its first step before any ran
+    dy.renew_cg(scheduler="agenda")
+    dy.autobatch_map(f, [3, 1, 2, 3], concurrent=False)
+    assert dy.cg().stats.batches == 9 * 3 + 4  # one by one: every step and every zeros alone
+
+
+def test_every_way_of_reading_parks():
+    pc, p = _model()
+    reads = [lambda e: e.value(), lambda e: e.npvalue(), lambda e: e.scalar_value(), lambda e: float(e),
+             lambda e: e.value() > 0, lambda e: e.vec_value(), lambda e: dy.cg().evaluate_pending()]
+
+    def f(k):
+        e = dy.sum_elems(dy.tanh(p["W"] * p["E"][k] + p["b"]))
+        before = dy.cg().done
+        reads[k](e)
+        return before, dy.cg().done
+
+    dy.renew_cg(scheduler="agenda")
+    out = dy.autobatch_map(f, list(range(len(reads))))
+    assert all(after > before for before, after in out)
+    assert dy.cg().stats.batches <= 6  # lookup, matmul, add, tanh, sum: once for all samples
+
+
+def test_exception_names_the_sample_and_stops_the_others():
+    stopped = []
+
+    def f(i):
+        try:
+            x = dy.inputVector([1.0, 2.0])
+            x.value()
+            if i == 2:
+                raise ValueError("bad sample")
+            x.value()
+            dy.tanh(x).value()
+        finally:
+            stopped.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="bad sample") as info:
+        dy.autobatch_map(f, range(5))
+    assert info.value.sample_index == 2
+    assert any("sample 2" in n for n in info.value.__notes__)
+    assert sorted(stopped) == [0, 1, 2, 3, 4]  # every sample's finally ran
+
+
+def test_record_time_error_in_one_sample_keeps_its_type(pc):
+    W = pc.add_parameters((3, 4))
+
+    def f(n):
+        return (W * dy.inputVector([1.0] * n)).value()
+
+    with pytest.raises(DynagraphError) as info:
+        dy.autobatch_map(f, [4, 4, 5, 4])
+    assert info.value.sample_index == 2
+
+
+def test_samples_that_never_read_do_not_deadlock():
+    def f(i):
+        return dy.inputVector([float(i)]) * 2 if i % 2 else i
+
+    out = dy.autobatch_map(f, range(6))
+    assert [o if isinstance(o, int) else o.value() for o in out] == [0, 2.0, 2, 6.0, 4, 10.0]
+    assert dy.autobatch_map(f, []) == []
+
+
+def test_nested_maps_and_plain_value_outside():
+    pc, p = _model()
+
+    def inner(k):
+        return dy.sum_elems(dy.tanh(p["E"][k])).value()
+
+    def outer(ks):
+        first = dy.autobatch_map(inner, ks)
+        return first, dy.autobatch_map(inner, [k + 1 for k in ks], concurrent=False)
+
+    dy.renew_cg(scheduler="agenda")
+    got = dy.autobatch_map(outer, [[0, 1], [2], [3, 4, 5]])
+    expected = [([inner(k) for k in ks], [inner(k + 1) for k in ks]) for ks in [[0, 1], [2], [3, 4, 5]]]
+    np.testing.assert_allclose(np.concatenate([a + b for a, b in got]),
+                               np.concatenate([a + b for a, b in expected]), rtol=0, atol=1e-6)
+    e = dy.tanh(p["E"][1])  # outside any map: evaluates at once, as before
+    assert dy.cg().done == 0 or e.i >= dy.cg().done
+    e.value()
+    assert dy.cg().done == e.i + 1
+
+
+def test_decorator_form():
+    @dy.autobatch_map
+    def square(x):
+        return (dy.scalarInput(x) * dy.scalarInput(x)).value()
+
+    assert square([1.0, 2.0, 3.0]) == [1.0, 4.0, 9.0]
+    assert square([2.0], concurrent=False) == [4.0]
+
+
+def test_backward_inside_a_concurrent_sample_raises():
+    def f(x):
+        dy.scalarInput(x).backward()
+
+    with pytest.raises(DynagraphError, match="after the map"):
+        dy.autobatch_map(f, [1.0, 2.0])
+    dy.renew_cg()
+    dy.autobatch_map(f, [1.0], concurrent=False)  # one by one it is allowed
+
+
+def test_thousand_samples_do_not_grow_memory():
+    pc, p = _model()
+
+    def f(k):
+        h = dy.tanh(p["E"][k % V])
+        if h.value()[0] > 0:
+            h = dy.tanh(p["W"] * h)
+        return float(dy.sum_elems(h))
+
+    def round_():
+        dy.renew_cg(scheduler="agenda")
+        out = dy.autobatch_map(f, range(1000))
+        assert len(out) == 1000
+        gc.collect()
+
+    round_()
+    tracemalloc.start()
+    round_()
+    first, _ = tracemalloc.get_traced_memory()
+    for _ in range(3):
+        round_()
+    last, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert last - first < 200_000, (first, last)
+
+
+@pytest.mark.parametrize("kind", ["nestedrnn", "drnn", "earlyexit", "stackrnn", "treelstm", "birnn"])
+def test_acrobat_bench_models_equal_one_by_one(float64, kind):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.acrobat_models import Model
+    seeds = [3, 8, 13, 21]
+    for train in (False, True):
+        dy.reset_random_seed(2)
+        a = Model(dy, kind, 8).step(seeds, train, concurrent=True)
+        dy.reset_random_seed(2)
+        b = Model(dy, kind, 8).step(seeds, train, concurrent=False)
+        assert a == pytest.approx(b, abs=1e-10)
+
+
+def test_stack_parser_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    import importlib
+    import os
+    import sys
+    monkeypatch.setenv("DYNAGRAPH_DATA", str(tmp_path))  # synthetic trees: tests never read ../shared
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    sys.path.insert(0, examples)
+    try:
+        ex = importlib.import_module("stack_parser")
+    finally:
+        sys.path.remove(examples)
+    args = ["--quiet", "--train", "24", "--dev", "12", "--epochs", "2", "--batch-size", "8", "--hidden", "8"]
+    a = ex.main(args)
+    b = ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["root_acc"] == b["root_acc"] and a["exact_trees"] == b["exact_trees"]
+    assert a["dev_batches"] < b["dev_batches"] / 3  # the parsers' argmax steps batched together
+    assert a["losses"][-1] < a["losses"][0]
+
+
+def _phased_decoder(p, use_phase: bool):
+    """Reads only the exit gate; the output layer and loss of every step sit in phase 1."""
+    def decode(sample):
+        words, _ = sample
+        h, losses = dy.zeros(H), []
+        for t, w in enumerate(words):
+            h = dy.tanh(p["W"] * p["E"][w] + p["U"] * h + p["b"])
+            with dy.phase(1 if use_phase else 0):
+                losses.append(dy.pickneglogsoftmax(p["O"] * h, words[(t + 1) % len(words)]))
+            if float(dy.logistic(dy.dot_product(p["v"], h))) > 0.8 and t >= 1:
+                break
+        return dy.esum(losses)
+    return decode
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_phase_defers_output_layers_to_one_batch(float64, scheduler):
+    pc, p = _model()
+    samples = _samples(10, seed=3)
+    out = {}
+    for name, phased, concurrent in [("ref", False, False), ("plain", False, True), ("phased", True, True)]:
+        dy.renew_cg(scheduler="none" if name == "ref" else scheduler)
+        pc.reset_gradient()
+        losses = dy.autobatch_map(_phased_decoder(p, phased), samples, concurrent=concurrent)
+        total = dy.esum(losses)
+        total.backward()
+        out[name] = ([l.value() for l in losses], {n: q.grad_as_array() for n, q in p.items()},
+                     dy.cg().stats.by_op())
+    for name in ("plain", "phased"):
+        np.testing.assert_allclose(out[name][0], out["ref"][0], rtol=0, atol=1e-10)
+        for n in out["ref"][1]:
+            np.testing.assert_allclose(out[name][1][n], out["ref"][1][n], rtol=0, atol=1e-10, err_msg=n)
+    phased, plain = (out[k][2]["pickneglogsoftmax"][1] for k in ("phased", "plain"))
+    if scheduler in ("agenda", "typewise"):
+        # every step's loss of every sample: one batch at the end instead of one per read round
+        assert phased == 1 and plain > 3
+    # depth batches only equal depths (7 batches here, phased or not): phases cannot help it
+
+
+def test_phase_outside_a_map_and_a_read_inside_a_phase():
+    pc, p = _model()
+    with dy.phase(2):  # no map: nothing changes
+        assert dy.tanh(p["E"][1]).value()
+
+    def f(k):
+        with dy.phase(1):
+            e = dy.tanh(p["E"][k])
+            v = e.npvalue()  # a read of a deferred node evaluates it
+        return float(v.sum())
+
+    dy.renew_cg(scheduler="agenda")
+    got = dy.autobatch_map(f, [0, 1, 2])
+    np.testing.assert_allclose(got, [np.tanh(p["E"].as_array()[k]).sum() for k in range(3)], rtol=1e-5)
+
+
+def _example(name, monkeypatch, tmp_path):
+    import importlib
+    import os
+    import sys
+    monkeypatch.setenv("DYNAGRAPH_DATA", str(tmp_path))  # synthetic data: tests never read ../shared
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    sys.path.insert(0, examples)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(examples)
+
+
+def test_lstm_decoder_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    ex = _example("lstm_decoder", monkeypatch, tmp_path)
+    args = ["--quiet", "--train", "48", "--prompts", "6", "--epochs", "2", "--batch-size", "16", "--hidden", "8",
+            "--vocab", "40", "--max-len", "6"]
+    a, b = ex.main(args), ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["losses"][-1] < a["losses"][0]
+    for name in ("greedy", "beam"):
+        assert a[name]["texts"] == b[name]["texts"]
+        assert a[name]["batches"] < b[name]["batches"] / 2
+
+
+def test_early_exit_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    ex = _example("early_exit", monkeypatch, tmp_path)
+    args = ["--quiet", "--train", "64", "--dev", "24", "--epochs", "2", "--batch-size", "16", "--hidden", "8",
+            "--layers", "4", "--threshold", "0.3"]
+    a, b = ex.main(args), ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["preds"] == b["preds"]
+    assert a["batches"] < b["batches"] / 3
+
+
+def test_drnn_example_concurrent_equals_one_by_one(monkeypatch, tmp_path):
+    ex = _example("drnn", monkeypatch, tmp_path)
+    args = ["--quiet", "--train", "32", "--generate", "8", "--epochs", "2", "--batch-size", "16", "--hidden", "8",
+            "--max-depth", "3"]
+    a, b = ex.main(args), ex.main(args + ["--sequential", "1"])
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
+    assert a["losses"][-1] < a["losses"][0]
+    assert a["trees"] == b["trees"]
+    assert a["batches"] < 0.7 * b["batches"]  # depth-first recursions only partly align
+
+
+def _random_program(p, steps):
+    """A per-sample program from hypothesis: each step applies an op, maybe in phase 1, maybe reads."""
+    def fn(k):
+        h, acc = p["E"][k % V], []
+        for op, phased, read in steps[k % len(steps)]:
+            with dy.phase(1 if phased else 0):
+                if op == 0:
+                    h = dy.tanh(p["W"] * h + p["b"])
+                elif op == 1:
+                    h = dy.logistic(p["U"] * h) + h
+                else:
+                    acc.append(dy.pickneglogsoftmax(p["O"] * h, k % V))
+            if read and float(dy.sum_elems(h)) > 0:  # a data-dependent branch after the read
+                h = dy.cmult(h, h)
+        return dy.esum(acc + [dy.sum_elems(h)])
+    return fn
+
+
+_step = st.tuples(st.integers(0, 2), st.booleans(), st.booleans())
+
+
+@settings(max_examples=25, deadline=None)
+@given(programs=st.lists(st.lists(_step, min_size=1, max_size=6), min_size=1, max_size=4),
+       n=st.integers(1, 7), scheduler=st.sampled_from(["agenda", "depth", "typewise"]))
+def test_random_programs_with_reads_and_phases_equal_one_by_one(programs, n, scheduler):
+    with _Float64():
+        pc, p = _model()
+        out = []
+        for sched, concurrent in [("none", False), (scheduler, True)]:
+            dy.renew_cg(scheduler=sched)
+            pc.reset_gradient()
+            losses = dy.autobatch_map(_random_program(p, programs), range(n), concurrent=concurrent)
+            dy.esum(losses).backward()
+            out.append(([l.value() for l in losses], [q.grad_as_array() for q in p.values()]))
+        np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-12, atol=1e-10)  # squares reach 1e6
+        for a, b in zip(out[1][1], out[0][1]):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-10)
+
+
+class _Float64:
+    """float64 inside a hypothesis example (function-scoped fixtures do not reset between examples)."""
+
+    def __enter__(self):
+        from refcheck import using
+        self._ctx = using(dtype="float64", seed=0)
+        self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+def test_acrobat_bench_driver_prints_its_table(capsys):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench import acrobat_bench
+    acrobat_bench.main(["--models", "earlyexit", "--batches", "2", "--modes", "infer", "--rounds", "1",
+                        "--systems", "concurrent,one-by-one", "--hidden", "8"])
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.startswith("earlyexit")]
+    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 7, out  # 3 keys, 2 systems, ratios and bounds
