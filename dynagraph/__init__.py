@@ -9,7 +9,8 @@ from .parameters import (  # noqa: F401
     ConstInitializer, GlorotInitializer, IdentityInitializer, LookupParameters, Model, NormalInitializer,
     NumpyInitializer, ParameterCollection, Parameters, SaxeInitializer, UniformInitializer,
 )
-from .graph import ComputationGraph, Expression, cg, cg_checkpoint, cg_revert, cg_version, renew_cg  # noqa: F401
+from .expression import Expression  # noqa: F401
+from .graph import ComputationGraph, cg, cg_checkpoint, cg_revert, cg_version, renew_cg  # noqa: F401
 from .batched import BatchedExpression  # noqa: F401  (DyNet's minibatch dimension)
 from . import engine  # noqa: F401  (installs evaluation into the graph layer)
 from .backends import get_backend  # noqa: F401

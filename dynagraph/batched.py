@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import DynagraphError, user_line
-from .graph import Expression, record as _record
+from .expression import Expression, record as _record
 
 __all__ = ["BatchedExpression"]
 
@@ -148,7 +148,7 @@ def map_samples(fn: Callable, what: str, *args) -> Any:
 
 
 def map_record(op, args: Sequence, attrs: tuple = (), data: Any = None) -> Any:
-    """graph.record(op, args, ...) once per sample: the generic path of every dy.* function."""
+    """expression.record(op, args, ...) once per sample: the generic path of every dy.* function."""
     n = batch_size_of(op.name, args)
     return batched([_record(op, [sample(a, b) for a in args], attrs, data) for b in range(n)])
 

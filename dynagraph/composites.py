@@ -14,7 +14,7 @@ from .expressions import (
     abs, bmin, cdiv, cmult, constant, exp, inputTensor, l2_norm, log, max_dim, mean_dim, mean_elems, reshape,
     sqrt, square, sum_dim, sum_elems,
 )
-from .graph import Expression
+from .expression import Expression
 
 __all__ = ["l1_distance", "huber_distance", "std_elems", "moment_elems", "logsumexp_dim", "one_hot",
            "trace_of_product", "layer_norm", "weight_norm", "moment_dim", "std_dim", "cumsum"]

@@ -18,7 +18,7 @@ from . import config as _config
 from .batched import BatchedExpression, samples_of
 from .errors import DynagraphError, user_line
 from .expressions import inputTensor
-from .graph import Expression
+from .expression import Expression
 
 __all__ = ["DynetParams", "init", "init_from_params", "vecInput", "matInput", "forward", "zeroes", "npvalues",
            "values"]

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import graph as _graph
+from . import expression as _expression
 from . import parameters as _params_module
 from .batched import (
     BatchedExpression,
@@ -21,7 +21,8 @@ from .batched import (
     samples_of,
 )
 from .errors import DynagraphError, as_index, user_line
-from .graph import Expression, IndexSlot, current, lookup_in, random_key
+from .expression import Expression, lookup_in
+from .graph import IndexSlot, current, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 from .recording import INTS, LIST, ONE, TWO, recorder
@@ -53,7 +54,7 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ recording
-# Like graph.record1/record2, compiled recorders (dynagraph.recording) whose fallback is this
+# Like expression.record1/record2, compiled recorders (dynagraph.recording) whose fallback is this
 # module's record(): it also maps an op over the samples of BatchedExpression arguments.
 _B = BatchedExpression
 
@@ -71,11 +72,11 @@ record2 = recorder(None, TWO, _record2)
 
 
 def record(op, args: Sequence = (), attrs: tuple = (), data=None):
-    """graph.record, or one record per sample when an argument is batched."""
+    """expression.record, or one record per sample when an argument is batched."""
     for a in args:
         if type(a) is _B:
             return map_record(op, args, attrs, data)
-    return _graph.record(op, args, attrs, data)
+    return _expression.record(op, args, attrs, data)
 
 
 def _list_recorder(name: str, what: str | None = None, doc: str = "", attrs: tuple = ()):

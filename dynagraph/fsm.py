@@ -56,7 +56,8 @@ import random
 import time
 from typing import Callable, Union
 
-from .graph import ComputationGraph, Expression
+from .expression import Expression
+from .graph import ComputationGraph
 from .schedulers.base import lower_bound
 from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, encode, most_common
 from .schedulers.typewise import Simulation, stable_keys

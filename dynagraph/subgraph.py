@@ -29,7 +29,8 @@ import numpy as np
 from .backends import get_backend
 from .config import config
 from .errors import DynagraphError, DynagraphIndexError, user_line
-from .graph import ComputationGraph, Expression, IndexSlot, current, record
+from .expression import Expression, record
+from .graph import ComputationGraph, IndexSlot, current
 from .memory.layout import plan_layout
 from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
 from .program import MODES, Grads as _Grads, Program, UnitGrads, step_backward, step_forward

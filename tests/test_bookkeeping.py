@@ -308,6 +308,6 @@ def test_signature_cache_agrees_with_the_dictionary(pc):
 
 
 def graph_record1(x, attrs):
-    from dynagraph.graph import record1
+    from dynagraph.expression import record1
     from dynagraph.ops import OPS
     return record1(OPS["pick_range"], x, attrs)

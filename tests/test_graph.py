@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dynagraph as dy
-from dynagraph.graph import record1
+from dynagraph.expression import record1
 from dynagraph.ops.base import OpDef, same_shape
 
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import DynagraphError, DynagraphIndexError, user_line
-from ..graph import ComputationGraph, Expression, record
+from ..expression import Expression, record
+from ..graph import ComputationGraph
 from ..ops import OPS
 from ..ops.base import as_shape
 from ..subgraph import PLACEHOLDER

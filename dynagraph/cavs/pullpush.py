@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DynagraphError, DynagraphIndexError
-from ..graph import Expression
+from ..expression import Expression
 from ..ops.base import CHEAP, OpDef, SparseRows
 from ..parameters import LookupParameters
 from .schedule import _Schedule

@@ -7,7 +7,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DynagraphError, DynagraphIndexError, user_line
-from ..graph import ComputationGraph, Expression, current, record
+from ..expression import Expression, record
+from ..graph import ComputationGraph, current
 from ..ops.base import GEMM, OpDef
 from .. import cavs as _knobs  # the switches, read at call time: tests and benches set them on dy.cavs
 from .api import VertexFunction, _NeedState

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..expressions import cmult, logistic, pick_range, tanh
-from ..graph import Expression
+from ..expression import Expression
 
 __all__ = ["tree_lstm_update"]
 

@@ -43,7 +43,7 @@ from ..expressions import (
     random_bernoulli, random_normal, reshape, sqrt, square, tanh, zeros,
 )
 from ..batched import BatchedExpression
-from ..graph import Expression
+from ..expression import Expression
 from ..parameters import ConstInitializer, ParameterCollection
 from ..subgraph import block
 

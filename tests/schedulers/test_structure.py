@@ -10,7 +10,7 @@ import pytest
 
 import dynagraph as dy
 from dynagraph import schedulers
-from dynagraph.graph import Expression
+from dynagraph.expression import Expression
 from dynagraph.ops.base import OpDef
 
 from ._util import SCHEDULERS, all_lower_bound, n_batches, schedule_of
