@@ -171,7 +171,7 @@ def load_objects(basename: str, pc) -> list:
     with the saved values (and gradients, for FULL_GRAD)."""
     records = read_meta(basename + ".meta")
     data = basename + ".data"
-    objs = []
+    objs, scratch = [], pc.staging()  # all or nothing: pc changes only once every entry loaded
     for kind, name in records:
         e = find(data, name)
         if (kind == "LookupParameters") != (e.kind == "#LookupParameter#"):
@@ -179,10 +179,11 @@ def load_objects(basename: str, pc) -> list:
         local = name.rstrip("/").rsplit("/", 1)[-1]
         local = "" if local.startswith("_") else local  # DyNet's automatic names are renumbered
         if kind == "Parameters":
-            p = pc.add_parameters(e.values.shape, init=e.values.copy(), name=local)
+            p = scratch.add_parameters(e.values.shape, init=e.values.copy(), name=local)
         else:
-            p = pc.add_lookup_parameters(e.values.shape, init=e.values.copy(), name=local)
+            p = scratch.add_lookup_parameters(e.values.shape, init=e.values.copy(), name=local)
         if e.grad is not None:
             _assign(p, e)
         objs.append(p)
+    pc.commit_staged(scratch)
     return objs

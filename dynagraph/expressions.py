@@ -37,13 +37,13 @@ __all__ = [
     "tanh", "logistic", "sigmoid", "rectify", "relu", "elu", "selu", "exp", "log", "square", "sqrt", "abs",
     "cube", "softsign", "pow", "nobackprop", "flip_gradient",
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log_sigmoid",
-    "silu", "scale_gradient", "floor", "ceil", "round",
+    "silu", "scale_gradient", "floor", "ceil", "round", "argmax", "erf", "lgamma",
     "cmult", "cdiv", "cadd", "bmax", "bmin", "dot_product", "colwise_add",
     "esum", "average", "emax", "logsumexp", "concatenate", "concatenate_cols", "affine_transform",
     "reshape", "transpose", "pick", "pick_range", "pickrange", "select_rows", "select_cols",
     "sum_elems", "mean_elems", "sum_dim", "mean_dim", "max_dim", "min_dim",
     "softmax", "log_softmax", "pickneglogsoftmax", "hinge", "binary_log_loss",
-    "squared_distance", "squared_norm", "l2_norm", "dropout", "noise",
+    "squared_distance", "squared_norm", "l2_norm", "dropout", "dropout_dim", "dropout_batch", "noise",
     # DyNet's minibatch dimension
     "lookup_batch", "const_lookup_batch", "pick_batch", "pick_batch_elem", "pick_batch_elems",
     "pickneglogsoftmax_batch", "hinge_batch", "sum_batches", "mean_batches", "std_batches", "moment_batches",
@@ -259,6 +259,10 @@ def _rounding(name: str):
 
 
 floor, ceil, round = (_rounding(n) for n in ("floor", "ceil", "round"))
+argmax = _rounding("argmax")  # the same gradient modes (DyNet: vectors only)
+argmax.__doc__ = ("argmax(x, gradient_mode='zero_gradient'): the one-hot vector of the first maximum of "
+                  "vector x; 'straight_through_gradient' passes the gradient through unchanged.")
+erf, lgamma = _u("erf"), _u("lgamma")
 
 
 def elu(x, alpha: float = 1.0) -> Expression:
@@ -412,6 +416,28 @@ def dropout(x, p: float) -> Expression:
     if p == 0.0:
         return x
     return record1(_O["dropout"], x, (float(p),), random_key())
+
+
+def _rate(p, what: str) -> float:
+    if not 0.0 <= p < 1.0:
+        raise DynagraphError(f"{what}: p must be in [0, 1), got {p}\n  at {user_line()}")
+    return float(p)
+
+
+def dropout_dim(x, d: int, p: float) -> Expression:
+    """Dropout with one keep/drop draw per slice along dimension d (shared by the elements
+    along d: for a matrix, d=0 drops whole columns and d=1 whole rows), as in DyNet."""
+    d = as_index(d, "dropout_dim")
+    if _rate(p, "dropout_dim") == 0.0:
+        return x
+    return record1(_O["dropout_dim"], x, (float(p), d), RANDOM_KEY)
+
+
+def dropout_batch(x, p: float) -> Expression:
+    """Dropout of whole minibatch elements: each sample is kept (scaled by 1/(1-p)) or zeroed."""
+    if _rate(p, "dropout_batch") == 0.0:
+        return x
+    return record1(_O["dropout_batch"], x, (float(p),), RANDOM_KEY)
 
 
 def noise(x, stddev: float) -> Expression:

@@ -284,6 +284,14 @@ class _Namer:
         self.used.add(name)
         return name
 
+    def copy(self) -> "_Namer":
+        twin = _Namer()
+        twin.counter, twin.used = self.counter, set(self.used)
+        return twin
+
+    def state(self) -> tuple:
+        return self.counter, frozenset(self.used)
+
 
 class ParameterCollection:
     """DyNet's ParameterCollection (alias Model). Names look like '/_0', '/W', '/sub/_1'."""
@@ -333,6 +341,36 @@ class ParameterCollection:
 
     def name(self) -> str:
         return self._name
+
+    def staging(self) -> "ParameterCollection":
+        """A detached collection that names what is added to it exactly as this one would now.
+
+        Build into it, check the result, then `commit_staged` moves everything here in one
+        step; dropping it instead leaves this collection untouched (all-or-nothing loading).
+        """
+        scratch = ParameterCollection(self._name, None)
+        scratch._param_names, scratch._sub_names = self._param_names.copy(), self._sub_names.copy()
+        scratch._staged_for = (self, self._param_names.state(), self._sub_names.state())
+        return scratch
+
+    def commit_staged(self, scratch: "ParameterCollection") -> None:
+        """Move the parameters and sub-collections of `scratch` (from `self.staging()`) here."""
+        owner, params_state, subs_state = getattr(scratch, "_staged_for", (None, None, None))
+        if owner is not self:
+            raise ValueError(f"commit_staged: the collection was not made by {self._name}.staging() "
+                             f"(or was committed already)")
+        if (params_state, subs_state) != (self._param_names.state(), self._sub_names.state()):
+            # Names given in the scratch collection could now clash with ones added meanwhile.
+            raise ValueError(f"commit_staged: {self._name} gained parameters or sub-collections "
+                             f"after staging(); stage again")
+        for p in scratch._params:
+            p._pc = self
+        for sub in scratch._subs:
+            sub._parent = self
+        self._params.extend(scratch._params)
+        self._subs.extend(scratch._subs)
+        self._param_names, self._sub_names = scratch._param_names, scratch._sub_names
+        scratch._params, scratch._subs, scratch._staged_for = [], [], None
 
     def _all(self) -> list[_Stored]:
         out = list(self._params)

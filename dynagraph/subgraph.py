@@ -186,7 +186,8 @@ class Plan:
                                           f"index argument {k}: {e}\n  recorded at {user_line()}") from None
 
 
-_RANDOM_OPS = {"dropout", "noise", "random_normal", "random_uniform", "random_bernoulli"}
+_RANDOM_OPS = {"dropout", "dropout_dim", "dropout_batch", "noise", "random_normal", "random_uniform",
+               "random_bernoulli"}
 
 
 def _leaf_update(trace: ComputationGraph, i: int) -> bool:

@@ -167,3 +167,21 @@ def test_key_selects_entries_by_name_prefix(tmp_path):
     E = pc.add_lookup_parameters((3, 2))
     pc.populate(str(f), key="/_1")
     np.testing.assert_array_equal(E.as_array(), [[1, 2], [3, 4], [5, 6]])
+
+
+@needs_dynet
+def test_dy_load_of_a_dynet_save_is_all_or_nothing(tmp_path):
+    import pickle
+    base = str(tmp_path / "basic")
+    pc = dn.ParameterCollection()
+    dn.save(base, [pc.add_parameters((2, 3), name="W"), pc.add_lookup_parameters((4, 2))])
+    with open(base + ".meta", "ab") as f:  # a third object the .data does not hold
+        f.write(pickle.dumps(("Parameters", "/missing"), protocol=2))
+    ours = dy.ParameterCollection()
+    ours.add_parameters(3, name="W")
+    before = [(p.name(), p.as_array()) for p in ours._all()]
+    with pytest.raises(KeyError, match="missing"):
+        dy.load(base, ours)
+    assert [p.name() for p in ours._all()] == [n for n, _ in before]
+    np.testing.assert_array_equal(ours._all()[0].as_array(), before[0][1])
+    assert ours.add_parameters(2, name="W").name() == "/W_1"  # no name was taken by the failed load

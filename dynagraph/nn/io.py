@@ -131,7 +131,8 @@ def _describe(i: int, o) -> tuple:
 
 # ----------------------------------------------------------------------- load
 def load(basename: str, pc: ParameterCollection) -> list:
-    """Recreate the saved objects inside pc, in the order they were saved."""
+    """Recreate the saved objects inside pc, in the order they were saved; all or nothing:
+    on any error pc is left exactly as it was."""
     return list(load_generator(basename, pc))
 
 
@@ -169,8 +170,13 @@ def load_generator(basename: str, pc: ParameterCollection) -> Iterator:
         else:
             _check_entry(basename, i, rec, stored, dtype)
             classes.append(None)
-    for i, (rec, cls) in enumerate(zip(records, classes)):
-        yield _load_one(basename, i, rec, cls, stored, pc)
+    # An object's own shapes are known only once from_spec has built it: build everything in
+    # a scratch copy of pc and move it over only when all of it loaded.
+    scratch = pc.staging()
+    objs = [_load_one(basename, i, rec, cls, stored, scratch)
+            for i, (rec, cls) in enumerate(zip(records, classes))]
+    pc.commit_staged(scratch)
+    yield from objs
 
 
 def _read_meta(path: str) -> dict:

@@ -88,6 +88,40 @@ class Dropout:
         return (g * _dropout_mask(xp, a, data, xs[0].shape[1:]),)
 
 
+def _shared_mask(xp, p: float, data, x, shared_axes):
+    """Dropout's mask, drawn once per slice: size 1 (broadcast) along `shared_axes` of a sample."""
+    shape = tuple(1 if i in shared_axes else n for i, n in enumerate(x.shape[1:]))
+    return _dropout_mask(xp, (p,), data, shape)
+
+
+def _dropout_dim_shape(a, x):
+    if not 0 <= a[1] < len(x):
+        raise ValueError(f"dimension {a[1]} out of range for an expression of shape {x}")
+    return x
+
+
+@op("dropout_dim", _dropout_dim_shape, cost=ELEMWISE, uses_data=True)
+class DropoutDim:
+    """DyNet's dropout_dim(x, d, p): attrs = (p, d). One keep/drop draw per slice along d:
+    every element along dimension d shares it (for a matrix, d=0 drops whole columns)."""
+    def forward(xp, a, data, x):
+        return x * _shared_mask(xp, a[0], data, x, (a[1],))
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (g * _shared_mask(xp, a[0], data, xs[0], (a[1],)),)
+
+
+@op("dropout_batch", same_shape, cost=ELEMWISE, uses_data=True)
+class DropoutBatch:
+    """DyNet's dropout_batch(x, p): attrs = (p,). Each sample (minibatch element) is kept
+    whole, scaled by 1/(1-p), or dropped whole."""
+    def forward(xp, a, data, x):
+        return x * _shared_mask(xp, a[0], data, x, range(x.ndim - 1))
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (g * _shared_mask(xp, a[0], data, xs[0], range(xs[0].ndim - 1)),)
+
+
 @op("noise", same_shape, cost=ELEMWISE, uses_data=True)
 class Noise:
     def forward(xp, a, data, x):

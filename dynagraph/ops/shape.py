@@ -253,3 +253,23 @@ def _extreme(name, pick_fn):
 
 MAX_DIM = _extreme("max_dim", "max")
 MIN_DIM = _extreme("min_dim", "min")
+
+
+# ------------------------------------------------------------------- argmax
+def _argmax_shape(a, x):
+    if len(x) != 1:
+        raise ValueError(f"argmax works on vectors (as DyNet's), got shape {x}")
+    return x
+
+
+@op("argmax", _argmax_shape, cost=REDUCE)
+class Argmax:
+    """DyNet's argmax(x, gradient_mode): the one-hot vector of x's first maximum.
+    attrs = (straight_through,): 'straight_through_gradient' passes the gradient unchanged,
+    'zero_gradient' (the derivative almost everywhere) passes zero."""
+    def forward(xp, a, data, x):
+        first = x.argmax(axis=1)  # ties go to the first maximum, as in DyNet
+        return (xp.arange(x.shape[1])[None, :] == first[:, None]).astype(x.dtype)
+
+    def backward(xp, a, data, xs, y, g, need):
+        return (g if a[0] else xp.zeros_like(xs[0]),)

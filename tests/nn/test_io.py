@@ -299,3 +299,62 @@ def test_builder_round_trip(tmp_path, name):
     h = lstm.initial_state().add_input(dy.inputVector(x)).output().npvalue()
     dy.renew_cg()
     np.testing.assert_allclose(lstm2.initial_state().add_input(dy.inputVector(x)).output().npvalue(), h)
+
+
+def _snapshot(pc):
+    return ([p.name() for p in pc._all()], pc.parameter_count(), [p.values.copy() for p in pc._all()],
+            [s.name() for s in pc._subs])
+
+
+def test_load_is_all_or_nothing_when_an_object_mismatches(tmp_path):
+    """The second object (a builder) only finds its shape mismatch after from_spec built it:
+    the target collection must still be exactly as before (names, count, values, namers)."""
+    base = str(tmp_path / "m")
+    src = dy.ParameterCollection()
+    saved = [src.add_parameters((2, 3), name="W"), dy.VanillaLSTMBuilder(1, 3, 4, src)]
+    dy.save(base, saved)
+    meta = json.loads((tmp_path / "m.meta").read_text())
+    meta["objects"][1]["spec"]["__tuple__"][2] = 5  # hidden dim 5: the stored (16, 3) weights no longer fit
+    (tmp_path / "m.meta").write_text(json.dumps(meta))
+
+    target = _pc(7)
+    before = _snapshot(target)
+    with pytest.raises(ValueError, match="object 1.*shape mismatch"):
+        dy.load(base, target)
+    after = _snapshot(target)
+    assert after[:2] == before[:2] and after[3] == before[3]
+    for x, y in zip(before[2], after[2]):
+        np.testing.assert_array_equal(x, y)
+    # Nothing was half-registered: names given later are the ones a fresh copy gives.
+    fresh = _pc(7)
+    assert target.add_parameters(2).name() == fresh.add_parameters(2).name()
+    assert target.add_subcollection().name() == fresh.add_subcollection().name()
+
+
+def test_load_into_a_nonempty_collection_names_like_direct_creation(tmp_path):
+    base = str(tmp_path / "m")
+    src = dy.ParameterCollection()
+    W, lstm = src.add_parameters((2, 3)), dy.VanillaLSTMBuilder(1, 3, 4, src)
+    dy.save(base, [W, lstm])
+    target, direct = _pc(1), _pc(1)
+    W2, lstm2 = dy.load(base, target)
+    direct.add_parameters((2, 3)), dy.VanillaLSTMBuilder(1, 3, 4, direct)
+    assert [p.name() for p in target._all()] == [p.name() for p in direct._all()]
+    assert lstm2.param_collection()._parent is target
+    assert W2 in target.parameters_list()
+    np.testing.assert_array_equal(W2.values, W.values)
+    for p, q in zip(lstm.param_collection()._all(), lstm2.param_collection()._all()):
+        np.testing.assert_array_equal(p.values, q.values)
+    assert target.add_subcollection().name() == direct.add_subcollection().name()
+
+
+def test_commit_staged_refuses_foreign_or_stale_scratch():
+    pc, other = dy.ParameterCollection(), dy.ParameterCollection()
+    scratch = pc.staging()
+    scratch.add_parameters(2)
+    with pytest.raises(ValueError, match="not made by"):
+        other.commit_staged(scratch)
+    pc.add_parameters(3)  # would clash with the scratch's '/_0'
+    with pytest.raises(ValueError, match="after staging"):
+        pc.commit_staged(scratch)
+    assert [p.name() for p in pc._all()] == ["/_0"]

@@ -1,6 +1,8 @@
 """Elementwise cases: unary, scalar-constant, broadcast binary and n-ary ops."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import dynagraph as dy
@@ -56,6 +58,19 @@ MATH = [
     _rounded("round_zero_gradient", "round", "zero_gradient", lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5)),
     _rounded("round_straight_through", "round", "straight_through_gradient",
              lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5)),
+    # Special functions against Python's math module (an independent implementation).
+    _u("erf", "erf", dy.erf, np.vectorize(math.erf), A((4,), -2.0, 2.0)),
+    _u("erf_tails", "erf", dy.erf, np.vectorize(math.erf), A((3, 2), 2.5, 5.0)),
+    _u("lgamma", "lgamma", dy.lgamma, np.vectorize(math.lgamma), A((4,), 0.05, 12.0)),
+    # Negative non-integers: log|Gamma| by reflection (k-0.5 +- 0.3 stays away from the poles).
+    Case("lgamma_negative", "lgamma",
+         lambda k, x: dy.lgamma(x * 1.0 - dy.inputTensor(np.array([0.5, 1.5, 2.5, 7.5]))), [A((4,), -0.3, 0.3)],
+         lambda k, x: np.vectorize(math.lgamma)(x - np.array([0.5, 1.5, 2.5, 7.5]))),
+    # Finite differences of a one-hot are zero away from ties: the zero_gradient mode.
+    _u("argmax", "argmax", lambda x: dy.argmax(x, "zero_gradient"),
+       lambda x: (np.arange(x.size) == np.argmax(x)).astype(float), A((5,))),
+    Case("argmax_straight_through", "argmax", lambda k, x: dy.argmax(x, "straight_through_gradient"), [A((5,))],
+         lambda k, x: (np.arange(x.size) == np.argmax(x)).astype(float), grad=None),
 ]
 
 UNARY = [

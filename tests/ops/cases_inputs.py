@@ -34,6 +34,10 @@ RANDOM = [
     # Gradients are checked against finite differences with the node's mask held fixed.
     Case("dropout", "dropout", lambda k, x: dy.dropout(x, 0.4), [A((6,))]),
     Case("dropout_matrix", "dropout", lambda k, x: dy.dropout(x, 0.5), [A((3, 4))]),
+    Case("dropout_dim_columns", "dropout_dim", lambda k, x: dy.dropout_dim(x, 0, 0.5), [A((3, 4))]),
+    Case("dropout_dim_rows", "dropout_dim", lambda k, x: dy.dropout_dim(x, 1, 0.4), [A((3, 4))]),
+    Case("dropout_dim_vector", "dropout_dim", lambda k, x: dy.dropout_dim(x, 0, 0.3), [A((6,))]),
+    Case("dropout_batch", "dropout_batch", lambda k, x: dy.dropout_batch(x, 0.5), [A((2, 3))]),
     Case("noise", "noise", lambda k, x: dy.noise(x, 0.7), [A((5,))]),
 ]
 

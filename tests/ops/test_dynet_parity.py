@@ -104,6 +104,14 @@ CASES = {
                                    [_arr((5, 7, 2), -4, -2, seed=21)]),
     "kmax_pooling_d1": (lambda m, x: m.kmax_pooling(x, 2), [_arr((3, 6), seed=22)]),
     "kmax_pooling_d0": (lambda m, x: m.kmax_pooling(x, 3, 0), [_arr((5, 2), seed=23)]),
+    # special functions; lgamma is log|Gamma| on negative non-integers too
+    "erf": (lambda m, x: m.erf(x), [V5]),
+    "erf_tails": (lambda m, x: m.erf(x), [np.array([-4.0, -2.75, 2.5, 3.25, 6.0])]),
+    "lgamma": (lambda m, x: m.lgamma(x), [np.array([0.3, 1.75, 4.25, 11.5, -0.5, -2.25])]),
+    "argmax_zero_gradient": (lambda m, x: m.argmax(x, "zero_gradient"), [V5]),
+    "argmax_straight_through": (lambda m, x: m.argmax(x, "straight_through_gradient"), [V5]),
+    "argmax_tie_goes_first": (lambda m, x: m.argmax(x, "straight_through_gradient"),
+                              [np.array([0.5, 2.0, -1.0, 2.0, 1.0])]),
 }
 
 
@@ -208,3 +216,25 @@ def test_conv_net_training_matches_dynet():
     np.testing.assert_allclose(got_l, want_l, rtol=1e-4)
     for g, w in zip(got_w, want_w):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def _masks(lib, make, x):
+    lib.renew_cg()
+    return np.asarray(make(lib, lib.inputTensor(x, batched=x.ndim == 3)).npvalue()) / x
+
+
+@pytest.mark.parametrize("name", ["dropout_dim_d0", "dropout_dim_d1", "dropout_batch"])
+def test_dropout_dim_and_batch_masks_have_dynets_structure(name):
+    """The draws differ (dynagraph's are counter-based); what each call shares and its scale
+    must be DyNet's: the mask is constant along the shared axes and takes values 0 or 1/(1-p)."""
+    make, shared, x = {
+        "dropout_dim_d0": (lambda m, e: m.dropout_dim(e, 0, 0.5), (0,), _arr((3, 200), 1, 2, seed=40)),
+        "dropout_dim_d1": (lambda m, e: m.dropout_dim(e, 1, 0.5), (1,), _arr((200, 3), 1, 2, seed=41)),
+        # 200 samples of shape (3, 2): DyNet's batch is the last axis of the numpy value
+        "dropout_batch": (lambda m, e: m.dropout_batch(e, 0.5), (0, 1), _arr((3, 2, 200), 1, 2, seed=42)),
+    }[name]
+    for lib in (dynet, dy):
+        mask = _masks(lib, make, x)
+        first = mask[tuple(slice(0, 1) if a in shared else slice(None) for a in range(mask.ndim))]
+        np.testing.assert_allclose(mask, np.broadcast_to(first, mask.shape), rtol=1e-6, err_msg=lib.__name__)
+        assert set(np.round(np.unique(mask), 5)) == {0.0, 2.0}, lib.__name__

@@ -105,3 +105,71 @@ def test_same_seed_same_draws():
         dy.renew_cg()
         values.append(dy.dropout(dy.inputTensor(np.ones(100)), 0.5).npvalue())
     np.testing.assert_array_equal(*values)
+
+
+# ------------------------------------------------ dropout_dim / dropout_batch (DyNet's)
+@pytest.mark.parametrize("d", [0, 1])
+def test_dropout_dim_shares_one_draw_per_slice(d):
+    x = np.random.default_rng(2).uniform(0.5, 1.5, (60, 500) if d == 0 else (500, 60))
+    dy.renew_cg()
+    y = dy.dropout_dim(dy.inputTensor(x), d, 0.3).npvalue()
+    kept = y != 0
+    # one draw per slice along d: every element along d shares its slice's fate
+    assert (kept == kept.take([0], axis=d)).all()
+    np.testing.assert_allclose(y[kept], x[kept] / 0.7, rtol=1e-12)
+    slices = kept.take(0, axis=d)
+    assert abs(1 - slices.mean() - 0.3) < SIGMAS * np.sqrt(0.3 * 0.7 / slices.size)
+
+
+def test_dropout_batch_keeps_or_drops_whole_samples():
+    x = np.random.default_rng(3).uniform(0.5, 1.5, (4, 3, 2000))   # 2000 samples of shape (4, 3)
+    dy.renew_cg()
+    y = dy.dropout_batch(dy.inputTensor(x, batched=True), 0.4).npvalue()
+    kept = y != 0
+    assert (kept == kept[:1, :1, :]).all()
+    np.testing.assert_allclose(y[kept], x[kept] / 0.6, rtol=1e-12)
+    assert abs(1 - kept[0, 0].mean() - 0.4) < SIGMAS * np.sqrt(0.4 * 0.6 / 2000)
+
+
+def test_dropout_dim_and_batch_gradients_follow_the_mask(pc):
+    x0 = np.random.default_rng(4).uniform(0.5, 1.5, (3, 40))
+    p = pc.add_parameters(x0.shape, init=x0.copy())
+    dy.renew_cg()
+    y = dy.dropout_dim(dy.parameter(p), 0, 0.5) + dy.dropout_batch(dy.parameter(p), 0.5)
+    w = loss_weights((3, 40))
+    weighted_loss(y, w).backward()
+    mask = y.npvalue() / x0   # the two masks' sum: 0, 2 or 4
+    np.testing.assert_allclose(p.grad_as_array(), w * mask, rtol=1e-10)
+
+
+@pytest.mark.parametrize("make", [lambda x: dy.dropout_dim(x, 1, 0.0), lambda x: dy.dropout_batch(x, 0.0)])
+def test_dropout_dim_and_batch_at_zero_are_identity(make):
+    dy.renew_cg()
+    x = dy.inputVector([1.0, 2.0])
+    assert make(x) is x
+
+
+@pytest.mark.parametrize("bad", [lambda x: dy.dropout_dim(x, 0, 1.0), lambda x: dy.dropout_batch(x, -0.1),
+                                 lambda x: dy.dropout_dim(x, 1, 0.5), lambda x: dy.dropout_dim(x, 0.5, 0.5)])
+def test_dropout_dim_and_batch_reject_bad_arguments(bad):
+    dy.renew_cg()
+    with pytest.raises((dy.DynagraphError, TypeError), match="dropout_dim|dropout_batch"):
+        bad(dy.inputVector([1.0, 2.0]))
+
+
+def test_dropout_dim_and_batch_identical_under_every_scheduler():
+    from refcheck import assert_same_run, run_graph
+
+    def build(pc):
+        W = pc.add_parameters((4, 3))
+        outs = []
+        for k in range(6):
+            h = dy.parameter(W) * dy.inputVector([0.1 * k, -0.2, 0.3 + k])
+            outs.append(dy.dropout_batch(dy.dropout_dim(dy.reshape(h, (2, 2)), k % 2, 0.5), 0.3))
+        return outs
+
+    runs = {s: run_graph(s, build) for s in dy.schedulers.available()}
+    base = runs.pop("none")
+    for run in runs.values():
+        assert_same_run(base, run, rtol=1e-10, atol=1e-12)
+    assert any((v == 0).any() for v in base.values) and any((v != 0).any() for v in base.values)
