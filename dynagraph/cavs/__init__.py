@@ -62,8 +62,9 @@ Modules: api (vertex functions, their symbols), schedule (input graphs -> rows, 
 compile (tracing, the hoisted/recursive/lazy parts, the TreeLSTM cell match),
 fused_cell (the matched cell as a task kernel over the backend's fused_cells
 capability), pullpush (pull data in, push views out), runner (`_Run`: state tables,
-forward and backward over tasks, generic op steps or a function's fused cell), record (`run()`, `CavsOutput`). The switches below
-stay here: runner and record read them from this module at call time.
+forward and backward over tasks: generic op steps, or a function's fused cell), record
+(`run()`, `CavsOutput`). The switches below stay here: runner and record read them
+from this module at call time.
 """
 from __future__ import annotations
 

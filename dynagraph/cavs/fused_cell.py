@@ -12,11 +12,41 @@ lives here.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
 from .compile import _CellRec, _Part
+
+
+class FusedCellPass(Protocol):
+    """What _Run calls on a function's fused cell during one pass."""
+    forward_kernels: int    # per task, for the kernel count
+    backward_kernels: int
+
+    def forward(self, t: int) -> Any: ...          # task t's outputs written; returns what backward needs
+
+    def start_backward(self, ctx, gS: list, gLZ, defer: bool, need_leaf: tuple) -> None: ...
+
+    def backward(self, t: int, saved: Any) -> None: ...  # input gradients added into gS
+
+    def leaf_grads(self, need_leaf: tuple) -> tuple: ...  # (the part's input + leaf gradients, kernels run)
+
+
+class FusedCell(Protocol):
+    """A function's recursive part as one task kernel, matched at compile time."""
+
+    def start(self, be, ctx, lv: list, dt) -> Optional[FusedCellPass]: ...  # None: be lacks the capability
+
+
+def recursive_cell(comp, f: int, sched) -> "Optional[FusedCell]":
+    """Function f's fused cell for one run, or None (its tasks run the generic op steps)."""
+    return TreeLSTMCell(comp.cell, f, comp, sched) if comp.cell is not None else None
+
+
+def hoisted_cell(comp) -> "Optional[HoistedCell]":
+    """The fused cell of f's hoisted part, or None."""
+    return HoistedCell(comp.hoist_cell) if comp.hoist_cell is not None else None
 
 
 def _apart(outs: list, ins: list) -> bool:

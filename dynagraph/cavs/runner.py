@@ -11,7 +11,7 @@ from ..ops.base import SparseRows, size_of
 from .. import cavs as _knobs  # the switches, read at call time: tests and benches set them on dy.cavs
 from .schedule import _Schedule
 from .pullpush import _Pull
-from .fused_cell import HoistedCell, TreeLSTMCell
+from .fused_cell import hoisted_cell, recursive_cell
 
 
 class _Ctx(dict):
@@ -64,10 +64,8 @@ class _Run:
                       for f, c in enumerate(comps)]
         # the fused cells matched at compile time (compile._CellRec); each pass runs them where
         # its backend has the fused_cells capability, else the generic op steps
-        self.cell = [TreeLSTMCell(c.cell, f, c, sched) if c.cell is not None and _knobs.CELL_TASKS else None
-                     for f, c in enumerate(comps)]
-        self.hoist_cell = [HoistedCell(c.hoist_cell) if c.hoist_cell is not None and _knobs.CELL_TASKS else None
-                           for c in comps]
+        self.cell = [recursive_cell(c, f, sched) if _knobs.CELL_TASKS else None for f, c in enumerate(comps)]
+        self.hoist_cell = [hoisted_cell(c) if _knobs.CELL_TASKS else None for c in comps]
         self.defer = [self._deferrable(f, c) for f, c in enumerate(comps)]
         self._task_rows()
         self.timing = {"build": 0.0, "forward": 0.0, "backward": 0.0}
@@ -78,8 +76,9 @@ class _Run:
         if c.rec is None or not c.rec.defer or not _knobs.DEFER_WEIGHT_GRADS:
             return frozenset()
         tasks = sum(1 for t in self.sched.tasks if t[0] == f)
-        # the TreeLSTM task kernel defers by writing its pre-activation gradients into one buffer
-        # (no copying together): measured no slower at H=64, faster from H=256 (~15% at H=512)
+        # a fused cell defers by writing its pre-activation gradients into one buffer (no
+        # copying together): measured no slower at H=64, faster from H=256 (~15% at H=512).
+        # Decided on the compile-time match, so a backend without fused_cells defers the same
         cell = self.cell[f] is not None and _knobs.DEFER_WEIGHT_GRADS == "auto"
         out = set()
         for n, positions in c.rec.defer.items():
