@@ -183,7 +183,9 @@ class TreeLSTMPass:
         self.W = cl.weights(self.xp, lv)
         # the buffers checked once a pass: a task then checks only its rows
         self.plan = self.forward_plan()
+        self.tasks, self.rec_out = cell.sched.tasks, cell.comp.rec_out
         self.dP = self.bplan = self.gS = self.gLZ = None
+        self.backward_kernels = 3
         self.sums: list = [None, None]
         self.need_w = False
 
@@ -199,9 +201,9 @@ class TreeLSTMPass:
                                     [*self.S] + ([lz] if lz is not None else []))
 
     def _dests(self, t: int) -> list:
-        _, s0, e0, l0, _ = self.cell.sched.tasks[t]
+        _, s0, e0, l0, _ = self.tasks[t]
         l1 = l0 + e0 - s0
-        return [self.S[j][s0:e0] if kind == "s" else self.lz[l0:l1, a:b] for kind, a, b, j in self.cell.comp.rec_out]
+        return [self.S[j][s0:e0] if kind == "s" else self.lz[l0:l1, a:b] for kind, a, b, j in self.rec_out]
 
     def _scratch(self, M: int, width: int):
         """A contiguous (M, width) block of the per-task scratch, or None (numpy allocates)."""
@@ -210,7 +212,7 @@ class TreeLSTMPass:
     def forward(self, t: int) -> tuple:
         """Task t: take, GEMM, cell (bias added inside, h and c written straight into their
         state or push rows). Returns what backward needs."""
-        _, s0, e0, l0, _ = self.cell.sched.tasks[t]
+        _, s0, e0, l0, _ = self.tasks[t]
         cl, xp, M = self.cl, self.xp, e0 - s0
         xr, kr = self.cell.rows(t, self.fc.KidRows)
         X = self.XG[l0:l0 + M]
@@ -224,7 +226,7 @@ class TreeLSTMPass:
             _cell_run(self.fc, cl, pre, self.S[cl.jc], b, act, self._dests(t), False, kr)
             return X, kr, act
         first: dict = {}  # h and c go to the first destination of each: (table, row, column)
-        for kind, (k, a, _, j) in zip(cl.outs, self.cell.comp.rec_out):
+        for kind, (k, a, _, j) in zip(cl.outs, self.rec_out):
             first.setdefault(kind, (j, s0, 0) if k == "s" else (len(self.S), l0, a))
         self.plan.forward(l0, M, kr, first["h"], first["c"])  # pre is at the scratch's start
         if len(cl.outs) > len(first):
@@ -240,6 +242,7 @@ class TreeLSTMPass:
         self.need_w = any(need_leaf[k] for k in cl.w)
         self.dP = ctx.empty("dP", (self.cell.sched.count[self.cell.f], cl.G), self.dt) if defer else None
         self.bplan = self.backward_plan()
+        self.backward_kernels = 3 + (self.dP is None)  # cell, GEMM, scatter-add (+ the dW GEMM)
 
     def backward_plan(self):
         """A cells.TreeCellPlan for this pass's backward, or None. It writes dP's rows (or
@@ -251,15 +254,11 @@ class TreeLSTMPass:
         return self.fc.TreeCellPlan(cl.n, cl.H, self.PRE, None, self.S[cl.jc], self.ACT, [], dpre=dP,
                                     gkids=gS[cl.jc], gx=gS[cl.jh] if cl.jh != cl.jc else None)
 
-    @property
-    def backward_kernels(self) -> int:
-        return 3 + (self.dP is None)  # cell, GEMM, scatter-add (+ the dW GEMM)
-
     def _output_grads(self, t: int, M: int) -> tuple:
         """dh and dc of task t: the sums of its outputs' gradients (dc None where unused)."""
-        _, s0, e0, l0, _ = self.cell.sched.tasks[t]
+        _, s0, e0, l0, _ = self.tasks[t]
         dh = dc = None
-        for kind, (k, a, b, j) in zip(self.cl.outs, self.cell.comp.rec_out):
+        for kind, (k, a, b, j) in zip(self.cl.outs, self.rec_out):
             g = self.gS[j][s0:e0] if k == "s" else self.gLZ[l0:l0 + M, a:b]
             if kind == "h":
                 dh = g if dh is None else dh + g
@@ -270,9 +269,10 @@ class TreeLSTMPass:
     def backward(self, t: int, saved: tuple) -> None:
         """One task of the cell backward. The pre-activation gradients go to dP (one
         weight-gradient GEMM at the end) or, without dP, into sums = [dW, db] now."""
-        _, s0, e0, l0, _ = self.cell.sched.tasks[t]
+        _, s0, e0, l0, _ = self.tasks[t]
         cl, xp, M, dP = self.cl, self.xp, e0 - s0, self.dP
         X, kids, act = saved
+        xr = self.cell.task_rows[t][0]  # built by forward
         dh, dc = self._output_grads(t, M)
         if dh is None:
             dh = xp.zeros((M, cl.H), dtype=act.dtype)
@@ -288,9 +288,9 @@ class TreeLSTMPass:
         scratch = self._scratch(M, cl.n * cl.D)
         gx = xp.matmul(dpre, self.W[1], out=scratch)
         if scratch is not None and plan is not None and plan.gx is not None:
-            plan.add_inputs_grad(self.cell.rows(t, self.fc.KidRows)[0])  # gx is at the scratch's start
+            plan.add_inputs_grad(xr)  # gx is at the scratch's start
         else:  # repeated rows too
-            self.row_add(self.gS[cl.jh], self.cell.rows(t, self.fc.KidRows)[0].rows.reshape(-1), gx.reshape(-1, cl.D))
+            self.row_add(self.gS[cl.jh], xr.rows.reshape(-1), gx.reshape(-1, cl.D))
         if dP is None:
             self._sum_leaf_grads(dpre, X)
 
