@@ -309,8 +309,8 @@ def test_cell_task_kernel_matches_op_steps(float64, monkeypatch, seed, project, 
         results.append(_grads(pc, lambda: loss(fuse=fuse)))
     monkeypatch.setattr(cavs, "CELL_TASKS", True)
     with monkeypatch.context() as mp:  # without a pass's cpu.TreeCellPlan: every call checked on its own
-        mp.setattr(cavs._Run, "_cell_plan", lambda *a: None)
-        mp.setattr(cavs._Run, "_cell_bplan", staticmethod(lambda *a: None))
+        mp.setattr(cavs.TreeLSTMPass, "forward_plan", lambda *a: None)
+        mp.setattr(cavs.TreeLSTMPass, "backward_plan", lambda *a: None)
         results.append(_grads(pc, lambda: loss()))
     dy.renew_cg()
     r = cavs.run(m.fns, graphs, pull=(m.E, words))._run

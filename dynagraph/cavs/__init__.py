@@ -59,10 +59,12 @@ A leaf function's hoisted part (the same cell on W pull()) runs the same way. Th
 is one buffer per symbol, so each take is contiguous.
 
 Modules: api (vertex functions, their symbols), schedule (input graphs -> rows, tasks),
-compile (tracing, the hoisted/recursive/lazy parts, the TreeLSTM cell match and its
-task kernel), pullpush (pull data in, push views out), runner (`_Run`: state tables,
-forward and backward over tasks), record (`run()`, `CavsOutput`). The switches below
-stay here: runner and record read them from this module at call time.
+compile (tracing, the hoisted/recursive/lazy parts, the TreeLSTM cell match),
+fused_cell (the matched cell as a task kernel over the backend's fused_cells
+capability), pullpush (pull data in, push views out), runner (`_Run`: state tables,
+forward and backward over tasks: generic op steps, or a function's fused cell), record
+(`run()`, `CavsOutput`). The switches below stay here: runner and record read them
+from this module at call time.
 """
 from __future__ import annotations
 
@@ -85,5 +87,6 @@ from .compile import (_Part, _walk, _extract, _trace, _Compiled, _cell_shape, _c
     TREE_CELL, fusion_available, _Match, _gate, _sum_terms, _match_cell, _cell_terms, _fuse, _CellRec, _COPY_WT_MAX,
     _PICK_RANGE, _CMULT, _ADD, _ESUM, _TANH, _LOGISTIC, _AFFINE, _MATMUL)
 from .pullpush import (_Pull, _PushTable, _push_shape, _push_check, _push_forward, _push_backward, CAVS_PUSH)
-from .runner import (_HoistSaved, _apart, _Ctx, _Run, _run_forward, _run_backward)
+from .fused_cell import (_HoistSaved, _apart, HoistedCell, TreeLSTMCell, TreeLSTMPass)
+from .runner import (_Ctx, _Run, _run_forward, _run_backward)
 from .record import (CavsOutput, _functions, _compile_all, _check_gathered, _kernel_estimate, run)
