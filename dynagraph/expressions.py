@@ -430,14 +430,14 @@ def dropout_dim(x, d: int, p: float) -> Expression:
     d = as_index(d, "dropout_dim")
     if _rate(p, "dropout_dim") == 0.0:
         return x
-    return record1(_O["dropout_dim"], x, (float(p), d), RANDOM_KEY)
+    return record1(_O["dropout_dim"], x, (float(p), d), random_key())
 
 
 def dropout_batch(x, p: float) -> Expression:
     """Dropout of whole minibatch elements: each sample is kept (scaled by 1/(1-p)) or zeroed."""
     if _rate(p, "dropout_batch") == 0.0:
         return x
-    return record1(_O["dropout_batch"], x, (float(p),), RANDOM_KEY)
+    return record1(_O["dropout_batch"], x, (float(p),), random_key())
 
 
 def noise(x, stddev: float) -> Expression:
