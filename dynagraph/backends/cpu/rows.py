@@ -173,18 +173,27 @@ def take_rows(table: np.ndarray, rows) -> np.ndarray:
     return out
 
 
-def add_rows(g: np.ndarray, rows, vals) -> None:
-    """g[rows] += vals, unbuffered: a repeated row receives every contribution."""
-    dt = _real_of(g, "add_rows")
-    _out(g, dt, "add_rows target")
-    r = _index(rows, g.shape[0], "add_rows")
+def _row_update(g: np.ndarray, rows, vals, what: str, target: str) -> tuple | None:
+    """The checked operands of g[rows] += vals: (dtype, rows, vals, vals' row stride, n, width),
+    or None when there are no rows. vals is copied if it overlaps g (the kernel adds in place)."""
+    dt = _real_of(g, what)
+    _out(g, dt, target)
+    r = _index(rows, g.shape[0], what)
     n, width = r.shape[0], _width(g.shape[1:])
     if n == 0:
-        return
+        return None
     v, vstride = _rows_operand(vals, n, width, dt)
     if np.may_share_memory(v, g):
         v = v.copy()
-    _fn("dg_add_rows", dt)(_p(g), _pi(r), _p(v), vstride, n, width)
+    return dt, r, v, vstride, n, width
+
+
+def add_rows(g: np.ndarray, rows, vals) -> None:
+    """g[rows] += vals, unbuffered: a repeated row receives every contribution."""
+    op = _row_update(g, rows, vals, "add_rows", "add_rows target")
+    if op is not None:
+        dt, r, v, vstride, n, width = op
+        _fn("dg_add_rows", dt)(_p(g), _pi(r), _p(v), vstride, n, width)
 
 
 embedding_lookup = take_rows
@@ -195,17 +204,13 @@ def embedding_backward(grad: np.ndarray, touched: np.ndarray | None, idx, vals) 
     touched[idx] (a bool array, as LookupParameters keeps)."""
     if touched is None:
         return add_rows(grad, idx, vals)
-    dt = _real_of(grad, "embedding_backward")
-    _out(grad, dt, "embedding gradient")
+    _real_of(grad, "embedding_backward")  # grad is a real array before its shape is read
     if not isinstance(touched, np.ndarray) or touched.dtype != np.bool_ or touched.shape != grad.shape[:1] or not touched.flags.c_contiguous \
             or not touched.flags.writeable:
         raise ValueError(f"touched must be a writeable contiguous bool array of shape {grad.shape[:1]}")
-    r = _index(idx, grad.shape[0], "embedding_backward")
-    n, width = r.shape[0], _width(grad.shape[1:])
-    if n == 0:
+    op = _row_update(grad, idx, vals, "embedding_backward", "embedding gradient")
+    if op is None:
         return
-    v, vstride = _rows_operand(vals, n, width, dt)
-    if np.may_share_memory(v, grad):
-        v = v.copy()
+    dt, r, v, vstride, n, width = op
     _fn("dg_embedding_bwd", dt)(_p(grad), ffi.from_buffer("unsigned char[]", touched.view(np.uint8)),
                                 _pi(r), _p(v), vstride, n, width)
