@@ -1,4 +1,4 @@
-"""Batching inside a block (dynagraph/program.py): every plan mode gives the numbers of
+"""Batching inside a block (dynagraph/program/): every plan mode gives the numbers of
 per-sample op-level code, on ED-Batch's cells and on hypothesis-generated blocks."""
 import os
 import sys

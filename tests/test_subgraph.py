@@ -13,7 +13,7 @@ SCHEDULERS = dy.schedulers.available()
 
 @pytest.fixture(autouse=True, params=[None, "naive", "planned"])
 def block_plan(request):
-    """Every test runs with the planner off (None), naive and planned (dynagraph/program.py)."""
+    """Every test runs with the planner off (None), naive and planned (dynagraph/program/)."""
     old = dy.config.config.block_plan
     dy.config.set(block_plan=request.param)
     yield request.param
