@@ -14,7 +14,7 @@ import itertools
 import math
 import time
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +29,8 @@ from .errors import (
 )
 from .ops import OpDef
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
-from .recording import COMPILED, GraphBase
+from .recording import COMPILED, ExprBase, GraphBase
 from .stats import Stats
-
-if TYPE_CHECKING:  # annotations only: expression.py sits above this file
-    from .expression import Expression
 
 _engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
 
@@ -258,7 +255,7 @@ class ComputationGraph(GraphBase):
             self._sync_values()
             _engine.forward(self, nid)
 
-    def forward(self, expr: "Expression | None" = None) -> None:
+    def forward(self, expr: "ExprBase | None" = None) -> None:
         """Evaluate all pending nodes (or those up to `expr`) as one scheduled chunk."""
         if len(self.op):
             self.forward_to(expr.i if expr is not None else len(self.op) - 1)
@@ -343,7 +340,7 @@ class ComputationGraph(GraphBase):
         self.done = min(self.done, min(j for j in affected if not self.op[j].leaf))
         self.grad_blocks = None
 
-    def backward(self, expr: "Expression", full: bool = False) -> None:
+    def backward(self, expr: "ExprBase", full: bool = False) -> None:
         sample = SAMPLE.get()
         if sample is not None and sample.park is not None:  # other samples are still recording
             raise DynagraphError(f"backward() inside a concurrent dy.autobatch_map sample: return the loss "

@@ -82,7 +82,7 @@ def test_treelstm_three_ways_same_loss_and_gradients(three_ways, float64, backen
     _assert_same(ref, _grads(pc, lambda: dy.esum(ex.block_losses(m, cells, flat))))
     _assert_same(ref, _grads(pc, lambda: dy.esum(ex.cavs_losses(m, flat))))
     if backend == "cpu":  # the compiled TreeLSTM cell replaced both gate chains
-        assert all(c.fused == 1 for f in m.functions.values() for c in f._compiled.values())
+        assert all(c.fused == 1 for f in m.functions.values() for c in f.compiled_cache.values())
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -131,7 +131,7 @@ def test_vertex_function_is_traced_once(three_ways, float64):
     for batch in (flat[:3], flat[3:], flat):
         dy.renew_cg()
         dy.esum(ex.cavs_losses(m, batch)).value()
-    assert [len(f._compiled) for f in m.functions.values()] == [1, 1]
+    assert [len(f.compiled_cache) for f in m.functions.values()] == [1, 1]
 
 
 # ------------------------------------------------------------------ random DAGs
@@ -458,7 +458,7 @@ def test_hoisted_recursive_and_lazy_parts(float64):
     dy.renew_cg()
     out = cavs.run(model.fn, [[[], [0], [1]]], pull=(E, [[0, 1, 2]]))
     out.root(0).value()
-    c = next(iter(model.fn._compiled.values()))
+    c = next(iter(model.fn.compiled_cache.values()))
     ops = lambda part: [s[1].name for s in part.steps]  # noqa: E731
     assert ops(c.hoist) == ["matmul"]                       # W x, for every vertex at once
     assert "matmul" in ops(c.rec) and "tanh" in ops(c.rec)  # U (sum of children), per task
@@ -581,7 +581,7 @@ def test_fused_lstm_chain_matches_unfused(float64, monkeypatch):
     for fuse in (False, True):
         monkeypatch.setattr(cavs, "fusion_available", lambda: fuse)
         results.append(_grads(pc, lambda: dy.esum(model.losses(sents))))
-    assert [c.fused for c in model.step._compiled.values()] == [0, 1]
+    assert [c.fused for c in model.step.compiled_cache.values()] == [0, 1]
     _assert_same(*results)
 
 

@@ -2,7 +2,7 @@
 pull, push)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -13,8 +13,6 @@ from ..ops import OPS
 from ..ops.base import as_shape
 from ..subgraph import PLACEHOLDER
 
-if TYPE_CHECKING:
-    from .compile import _Compiled
 
 
 # =========================================================================== declaring
@@ -28,25 +26,13 @@ class VertexFunction:
         self.arity = int(arity)
         self.name = name or getattr(fn, "__name__", "vertex")
         self.state = None if state is None else _state_shapes(state)
-        self._compiled: dict = {}
+        self.compiled_cache: dict = {}  # compile.compiled's cache: (state, pull shape, fuse) -> _Compiled
 
     def __call__(self, *a, **k):
         raise TypeError(f"vertex function {self.name} is not called directly: pass it to dy.cavs.run()")
 
     def __repr__(self) -> str:
         return f"<vertex function {self.name} arity={self.arity}>"
-
-    def compiled(self, state, pull_shape, fuse: bool) -> "_Compiled":
-        """The split plans; a function that never gathers does not depend on the state."""
-        c = self._compiled.get((None, pull_shape, fuse))
-        if c is None:
-            c = self._compiled.get((state, pull_shape, fuse))
-        if c is None:
-            from .compile import _Compiled  # compile.py imports this module
-            c = _Compiled(self, state, pull_shape, fuse)
-            self._compiled[(state if c.gathers else None, pull_shape, fuse)] = c
-        return c
-
 
 def vertex_function(fn: Callable | None = None, *, arity: int = 2, state=None, name: str | None = None):
     """Decorator: `@dy.cavs.vertex_function(arity=2)`.

@@ -113,6 +113,18 @@ def _extract(T: ComputationGraph, name: str, outputs: list, cut: list) -> _Part:
     return part
 
 
+def compiled(vf: VertexFunction, state, pull_shape, fuse: bool) -> "_Compiled":
+    """vf's split plans, compiled once per (state, pull shape, fuse) and kept on vf; a function
+    that never gathers does not depend on the state."""
+    c = vf.compiled_cache.get((None, pull_shape, fuse))
+    if c is None:
+        c = vf.compiled_cache.get((state, pull_shape, fuse))
+    if c is None:
+        c = _Compiled(vf, state, pull_shape, fuse)
+        vf.compiled_cache[(state if c.gathers else None, pull_shape, fuse)] = c
+    return c
+
+
 def _trace(vf: VertexFunction, state, pull_shape) -> tuple[ComputationGraph, Vertex]:
     trace = ComputationGraph(scheduler="none")
     trace.tracing = True

@@ -12,6 +12,7 @@ from ..graph import ComputationGraph, current
 from ..ops.base import GEMM, OpDef
 from .. import cavs as _knobs  # the switches, read at call time: tests and benches set them on dy.cavs
 from .api import VertexFunction, _NeedState
+from .compile import compiled
 from .schedule import _Schedule
 from .pullpush import CAVS_PUSH, _Pull, _PushTable
 from .runner import _Run, _run_backward, _run_forward
@@ -165,7 +166,7 @@ def _compile_all(fns: list, pull_shapes: list, fuse: bool) -> tuple[list, tuple 
         progress = False
         for f in list(pending):
             try:
-                comps[f] = fns[f].compiled(state, pull_shapes[f], fuse)
+                comps[f] = compiled(fns[f], state, pull_shapes[f], fuse)
             except _NeedState:
                 continue
             pending.remove(f)
