@@ -64,12 +64,19 @@ def _spec(cg, n: int) -> StepSpec | None:
     return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k)
 
 
-def step_spec(cg, n: int) -> StepSpec | None:
-    """The step spec of node n's batch, or None when its op cannot be a run step.
-    Cached per graph and signature: this is asked once per scheduled batch."""
+def spec_cache(cg) -> dict:
+    """The graph's step specs by signature id (step_spec fills it); the executor reads it
+    directly, one dict lookup per scheduled batch."""
     specs = cg.__dict__.get("_run_specs")
     if specs is None:
         specs = cg.__dict__["_run_specs"] = {}
+    return specs
+
+
+def step_spec(cg, n: int) -> StepSpec | None:
+    """The step spec of node n's batch, or None when its op cannot be a run step.
+    Cached per graph and signature: this is asked once per scheduled batch."""
+    specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
         specs[sid] = _spec(cg, n) if sid >= 0 else None
@@ -181,12 +188,13 @@ def _unplace(cg, steps: list, first: int) -> None:
     del cg.blocks[first:]
 
 
-def execute_run(cg, be, steps: list, place) -> bool:
+def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     """Run `steps` (scheduled node lists, in order) as one program; place(blk, row,
-    nodes, bid) is the executor's. False, with the graph untouched, when some
-    argument's block cannot be read in place."""
+    nodes, bid) is the executor's; specs: the steps' step_spec where the caller has them.
+    False, with the graph untouched, when some argument's block cannot be read in place."""
     t0 = time.perf_counter()
-    specs = [step_spec(cg, nodes[0]) for nodes in steps]
+    if specs is None:
+        specs = [step_spec(cg, nodes[0]) for nodes in steps]
     dt = cg.dtype
     blocks = cg.blocks
     first = len(blocks)
