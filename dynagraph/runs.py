@@ -252,6 +252,7 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
     # buffer, each zeroed by the kernel when its last reader begins (-1: keep as is).
     first = run.bids[0]
     zero_at = np.full(len(run.bids), -1, np.int64)
+    last = last.tolist()  # Python ints: read once per slot below, cheaper than numpy scalars
     fresh = [(s, b) for s, b in enumerate(run.slots) if last[s] >= 0 and b >= first and gb[b] is None]
     if fresh:
         buf = np.empty(sum(blocks[b].size for _, b in fresh), dt)
