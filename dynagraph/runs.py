@@ -188,6 +188,27 @@ def _unplace(cg, steps: list, first: int) -> None:
     del cg.blocks[first:]
 
 
+_PROGRAMS: dict = {}  # step specs -> their arrays: per-sentence graphs repeat the same runs
+
+
+def _program(specs: list) -> tuple:
+    """(offs, reach, code, consts, widths) of a run of these step specs, shared by every run
+    of equal specs (in any graph); the arrays are read-only, as the kernels only read them."""
+    key = tuple(specs)
+    prog = _PROGRAMS.get(key)
+    if prog is None:
+        if len(_PROGRAMS) >= 4096:  # a bound, not an LRU: programs with many distinct runs rebuild
+            _PROGRAMS.clear()
+        code = np.array([v for s in specs for v in (s.code, s.nargs)], np.int64)
+        consts = np.array([s.const for s in specs], np.float64)
+        widths = np.array([s.width for s in specs], np.int64)
+        for a in (code, consts, widths):
+            a.flags.writeable = False
+        prog = _PROGRAMS[key] = ([o for s in specs for o in s.offs], [r for s in specs for r in s.reach],
+                                 code, consts, widths)
+    return prog
+
+
 def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     """Run `steps` (scheduled node lists, in order) as one program; place(blk, row,
     nodes, bid) is the executor's; specs: the steps' step_spec where the caller has them.
@@ -202,17 +223,14 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
         bid = len(blocks)
         blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
         place(cg.blk, cg.row, nodes, bid)
-    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks,
-                   [o for s in specs for o in s.offs], [r for s in specs for r in s.reach], _FORMAT[dt])
+    offs, reach, code, consts, widths = _program(specs)
+    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
     if table is None:
         _unplace(cg, steps, first)
         return False
     bids = range(first, len(blocks))
     outs = _addresses([blocks[b] for b in bids], _FORMAT[dt])
-    code = np.array([v for s in specs for v in (s.code, s.nargs)], np.int64)
-    consts = np.array([s.const for s in specs], np.float64)
     rows = np.array([len(nodes) for nodes in steps], np.int64)
-    widths = np.array([s.width for s in specs], np.int64)
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
