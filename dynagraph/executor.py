@@ -136,22 +136,30 @@ def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
             run_batch(cg, be, nodes)
         return
     stretch: list = []  # consecutive batches that can be steps of one run
-    spec = runs.step_spec
+    specs: list = []    # their step specs, handed to the run (asked once per batch)
+    cache, sig, missing = runs.spec_cache(cg), cg.sig, _MISSING
     for nodes in batches:
-        if spec(cg, nodes[0]) is not None:
+        s = cache.get(sig[nodes[0]], missing)
+        if s is missing:
+            s = runs.step_spec(cg, nodes[0])
+        if s is not None:
             stretch.append(nodes)
+            specs.append(s)
             continue
         if stretch:
-            _flush(cg, be, stretch)
-            stretch = []
+            _flush(cg, be, stretch, specs)
+            stretch, specs = [], []
         run_batch(cg, be, nodes)
     if stretch:
-        _flush(cg, be, stretch)
+        _flush(cg, be, stretch, specs)
 
 
-def _flush(cg, be, stretch: list) -> None:
+_MISSING = object()
+
+
+def _flush(cg, be, stretch: list, specs: list) -> None:
     # a lone batch gains nothing from a run: numpy's ufuncs are as fast for one op
-    if len(stretch) > 1 and runs.execute_run(cg, be, stretch, place):
+    if len(stretch) > 1 and runs.execute_run(cg, be, stretch, place, specs):
         return
     for nodes in stretch:
         run_batch(cg, be, nodes)

@@ -64,12 +64,19 @@ def _spec(cg, n: int) -> StepSpec | None:
     return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k)
 
 
-def step_spec(cg, n: int) -> StepSpec | None:
-    """The step spec of node n's batch, or None when its op cannot be a run step.
-    Cached per graph and signature: this is asked once per scheduled batch."""
+def spec_cache(cg) -> dict:
+    """The graph's step specs by signature id (step_spec fills it); the executor reads it
+    directly, one dict lookup per scheduled batch."""
     specs = cg.__dict__.get("_run_specs")
     if specs is None:
         specs = cg.__dict__["_run_specs"] = {}
+    return specs
+
+
+def step_spec(cg, n: int) -> StepSpec | None:
+    """The step spec of node n's batch, or None when its op cannot be a run step.
+    Cached per graph and signature: this is asked once per scheduled batch."""
+    specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
         specs[sid] = _spec(cg, n) if sid >= 0 else None
@@ -181,12 +188,34 @@ def _unplace(cg, steps: list, first: int) -> None:
     del cg.blocks[first:]
 
 
-def execute_run(cg, be, steps: list, place) -> bool:
+_PROGRAMS: dict = {}  # step specs -> their arrays: per-sentence graphs repeat the same runs
+
+
+def _program(specs: list) -> tuple:
+    """(offs, reach, code, consts, widths) of a run of these step specs, shared by every run
+    of equal specs (in any graph); the arrays are read-only, as the kernels only read them."""
+    key = tuple(specs)
+    prog = _PROGRAMS.get(key)
+    if prog is None:
+        if len(_PROGRAMS) >= 4096:  # a bound, not an LRU: programs with many distinct runs rebuild
+            _PROGRAMS.clear()
+        code = np.array([v for s in specs for v in (s.code, s.nargs)], np.int64)
+        consts = np.array([s.const for s in specs], np.float64)
+        widths = np.array([s.width for s in specs], np.int64)
+        for a in (code, consts, widths):
+            a.flags.writeable = False
+        prog = _PROGRAMS[key] = ([o for s in specs for o in s.offs], [r for s in specs for r in s.reach],
+                                 code, consts, widths)
+    return prog
+
+
+def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     """Run `steps` (scheduled node lists, in order) as one program; place(blk, row,
-    nodes, bid) is the executor's. False, with the graph untouched, when some
-    argument's block cannot be read in place."""
+    nodes, bid) is the executor's; specs: the steps' step_spec where the caller has them.
+    False, with the graph untouched, when some argument's block cannot be read in place."""
     t0 = time.perf_counter()
-    specs = [step_spec(cg, nodes[0]) for nodes in steps]
+    if specs is None:
+        specs = [step_spec(cg, nodes[0]) for nodes in steps]
     dt = cg.dtype
     blocks = cg.blocks
     first = len(blocks)
@@ -194,17 +223,14 @@ def execute_run(cg, be, steps: list, place) -> bool:
         bid = len(blocks)
         blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
         place(cg.blk, cg.row, nodes, bid)
-    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks,
-                   [o for s in specs for o in s.offs], [r for s in specs for r in s.reach], _FORMAT[dt])
+    offs, reach, code, consts, widths = _program(specs)
+    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
     if table is None:
         _unplace(cg, steps, first)
         return False
     bids = range(first, len(blocks))
     outs = _addresses([blocks[b] for b in bids], _FORMAT[dt])
-    code = np.array([v for s in specs for v in (s.code, s.nargs)], np.int64)
-    consts = np.array([s.const for s in specs], np.float64)
     rows = np.array([len(nodes) for nodes in steps], np.int64)
-    widths = np.array([s.width for s in specs], np.int64)
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
@@ -244,6 +270,7 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
     # buffer, each zeroed by the kernel when its last reader begins (-1: keep as is).
     first = run.bids[0]
     zero_at = np.full(len(run.bids), -1, np.int64)
+    last = last.tolist()  # Python ints: read once per slot below, cheaper than numpy scalars
     fresh = [(s, b) for s, b in enumerate(run.slots) if last[s] >= 0 and b >= first and gb[b] is None]
     if fresh:
         buf = np.empty(sum(blocks[b].size for _, b in fresh), dt)

@@ -361,3 +361,26 @@ def test_runs_read_matrices_lookup_tables_and_looked_up_rows():
     got, ref = _run("cpu", "agenda", build), _run("numpy", "agenda", build)
     assert got.cg.stats.runs > 0
     _same(got, ref, 1e-12, 1e-14)
+
+
+def test_graphs_with_equal_runs_share_one_read_only_program():
+    """Per-sentence programs repeat the same runs graph after graph: their op codes and
+    constants are built once, shared, and cannot be written; values stay those of a
+    program built from scratch."""
+    build = _model([[("tanh", 0), ("cmult", 1), ("logistic", 2)]] * 2, False)
+    runs._PROGRAMS.clear()
+    first = _run("cpu", "agenda", build)
+    programs = dict(runs._PROGRAMS)
+    assert programs and first.cg.stats.runs > 0
+    again = _run("cpu", "agenda", build)
+    assert runs._PROGRAMS == programs  # the second graph found its programs
+    for prog in programs.values():
+        assert len(prog[0]) == len(prog[1]) == int(prog[2][1::2].sum())  # one offset per step argument
+        for a in prog[2:]:
+            assert not a.flags.writeable
+            with pytest.raises(ValueError):
+                a[0] = 0
+    runs._PROGRAMS.clear()
+    fresh = _run("cpu", "agenda", build)
+    _same(again, fresh, 0.0, 0.0)
+    _same(again, first, 0.0, 0.0)

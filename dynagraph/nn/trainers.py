@@ -100,13 +100,17 @@ class Trainer:
     def update(self) -> None:
         params = self.model._all()
         gscale = self._clip_scale(_grad_norm_sq(params))
+        rules = self._rules()  # once per update, not per parameter: per-sentence programs update often
         for p in params:
             if not p.is_updated():
                 continue  # DyNet leaves frozen parameters (and their gradients) alone
             if p.is_lookup:
                 self._update_lookup(p, gscale)
             else:
-                self._apply(p.values, p.grad, self._states(p), gscale, None)
+                if rules is None:
+                    self._rule(p.values, p.grad, self._states(p), gscale)
+                else:
+                    self._kernel(rules, p.values, p.grad, self._states(p), gscale, None)
                 p.grad[...] = 0
         self.updates += 1
         self.updates_since_status += 1
@@ -162,12 +166,15 @@ class Trainer:
         """Where the backend has optimizer rules, run the compiled rule (same arithmetic in
         one pass; rows: only those rows, in place). False where this trainer or the
         backend has none: use _rule."""
-        kernel = getattr(type(self), "_kernel", None)
-        rules = get_backend().optimizer_rules if kernel is not None else None
+        rules = self._rules()
         if rules is None:
             return False
-        kernel(self, rules, w, g, states, gscale, rows)
+        self._kernel(rules, w, g, states, gscale, rows)
         return True
+
+    def _rules(self):
+        """The backend's optimizer rules where this trainer has a compiled kernel, else None."""
+        return get_backend().optimizer_rules if getattr(type(self), "_kernel", None) is not None else None
 
 
 def _grad_norm_sq(params) -> float:

@@ -14,7 +14,8 @@ def _rule_args(w: np.ndarray, g, states: Sequence[np.ndarray], rows, what: str) 
     """Validated (g, row index array or None, nrows, width) for an in-place rule."""
     dt = _real_of(w, what)
     _out(w, dt, f"{what} weights")
-    g = _in(g, dt)
+    if type(g) is not np.ndarray or g.dtype != dt or not g.flags.c_contiguous:  # the trainer's case skips a copy check
+        g = _in(g, dt)
     if g.shape != w.shape:
         raise ValueError(f"{what}: gradient shape {g.shape} differs from weights {w.shape}")
     for s in states:
