@@ -21,6 +21,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from .errors import CheckpointError
+
 _HEADERS = ("#Parameter#", "#LookupParameter#")
 _MAX_VALUES = 1 << 31  # refuse absurd dims before allocating
 
@@ -44,6 +46,13 @@ def is_dynet_text(path: str) -> bool:
 
 
 def read_entries(path: str) -> Iterator[Entry]:
+    try:
+        yield from _entries(path)
+    except UnicodeDecodeError as e:  # binary garbage after a valid-looking header
+        raise CheckpointError(f"{path}: not DyNet's text format (byte {e.start} is not ASCII)") from None
+
+
+def _entries(path: str) -> Iterator[Entry]:
     with open(path, "r", encoding="ascii", errors="strict") as f:
         lines = iter(enumerate(f, start=1))
         for no, line in lines:
@@ -60,18 +69,18 @@ def read_entries(path: str) -> Iterator[Entry]:
 def _header(path: str, no: int, line: str) -> tuple:
     parts = line.split()
     if len(parts) != 5 or parts[0] not in _HEADERS or parts[4] not in ("FULL_GRAD", "ZERO_GRAD"):
-        raise ValueError(f"{path}:{no}: not a DyNet parameter header: {line.strip()[:80]!r}")
+        raise CheckpointError(f"{path}:{no}: not a DyNet parameter header: {line.strip()[:80]!r}")
     dims_text = parts[2]
     try:
         if not (dims_text.startswith("{") and dims_text.endswith("}")):
             raise ValueError
         dims = tuple(int(d) for d in dims_text[1:-1].split(","))
     except ValueError:
-        raise ValueError(f"{path}:{no}: bad dimensions {dims_text!r}") from None
+        raise CheckpointError(f"{path}:{no}: bad dimensions {dims_text!r}") from None
     if not dims or min(dims) < 1 or int(np.prod(dims, dtype=np.float64)) > _MAX_VALUES:
-        raise ValueError(f"{path}:{no}: bad dimensions {dims_text!r}")
+        raise CheckpointError(f"{path}:{no}: bad dimensions {dims_text!r}")
     if parts[0] == "#LookupParameter#" and len(dims) < 2:
-        raise ValueError(f"{path}:{no}: a lookup parameter needs at least two dimensions, got {dims_text}")
+        raise CheckpointError(f"{path}:{no}: a lookup parameter needs at least two dimensions, got {dims_text}")
     return parts[0], parts[1], dims, parts[4] == "FULL_GRAD"
 
 
@@ -79,15 +88,15 @@ def _numbers(path: str, lines, n: int, what: str) -> np.ndarray:
     try:
         no, line = next(lines)
     except StopIteration:
-        raise ValueError(f"{path}: file ends where {n} {what} were expected") from None
+        raise CheckpointError(f"{path}: file ends where {n} {what} were expected") from None
     try:
         a = np.array(line.split(), dtype=np.float64)
     except ValueError:
-        raise ValueError(f"{path}:{no}: {what} are not all numbers") from None
+        raise CheckpointError(f"{path}:{no}: {what} are not all numbers") from None
     if a.size != n:
-        raise ValueError(f"{path}:{no}: {a.size} {what} where the header says {n}")
+        raise CheckpointError(f"{path}:{no}: {a.size} {what} where the header says {n}")
     if not np.isfinite(a).all():
-        raise ValueError(f"{path}:{no}: {what} contain NaN or inf")
+        raise CheckpointError(f"{path}:{no}: {what} contain NaN or inf")
     return a
 
 
@@ -108,11 +117,11 @@ def populate(pc, path: str, key: str = "") -> None:
         found = [e for e in entries if e.kind == kind]
         if len(found) != len(targets):
             label = "parameters" if kind == "#Parameter#" else "lookup parameters"
-            raise ValueError(f"cannot populate from {path} (key {key!r}): the file has {len(found)} "
+            raise CheckpointError(f"cannot populate from {path} (key {key!r}): the file has {len(found)} "
                              f"{label}, the collection {len(targets)}")
         for e, p in zip(found, targets):
             if tuple(e.values.shape) != tuple(p.values.shape):
-                raise ValueError(f"{path}:{e.line}: {e.name} has shape {e.values.shape}, "
+                raise CheckpointError(f"{path}:{e.line}: {e.name} has shape {e.values.shape}, "
                                  f"{p.name()} has {p.values.shape}")
     for e, p in zip([e for e in entries if e.kind == "#Parameter#"], pc.parameters_list()):
         _assign(p, e)
@@ -133,7 +142,7 @@ def find(path: str, name: str) -> Entry:
     for e in read_entries(path):
         if e.name == name:
             return e
-    raise KeyError(f"{path}: no parameter named {name!r}")
+    raise CheckpointError(f"{path}: no parameter named {name!r}")
 
 
 # ----------------------------------------------------------------------------- .meta
@@ -145,7 +154,11 @@ def read_meta(path: str) -> list:
     out, pos = [], 0
     while pos < len(raw):
         strings, ops, end = [], [], None
-        for opcode, arg, at in pickletools.genops(raw[pos:]):
+        try:
+            parsed = list(_opcodes_of_one_object(raw[pos:]))
+        except ValueError as e:  # truncated or not a pickle: pickletools says why
+            raise CheckpointError(f"{path}: object {len(out)} is not a readable DyNet record ({e})") from None
+        for opcode, arg, at in parsed:
             ops.append(opcode.name)
             if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
                 strings.append(arg)
@@ -155,15 +168,23 @@ def read_meta(path: str) -> list:
         allowed = {"PROTO", "FRAME", "SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "MEMOIZE",
                    "BINPUT", "TUPLE2", "STOP"}
         if end is None or set(ops) - allowed or len(strings) != 2 or ops.count("TUPLE2") != 1:
-            raise ValueError(f"{path}: object {len(out)} is not a parameter record ('Parameters', name) or "
+            raise CheckpointError(f"{path}: object {len(out)} is not a parameter record ('Parameters', name) or "
                              f"('LookupParameters', name); dynagraph never unpickles, so pickled builders "
                              f"cannot be loaded: create the builder in your program and call "
                              f"pc.populate(basename + '.data', key) instead")
         if strings[0] not in ("Parameters", "LookupParameters"):
-            raise ValueError(f"{path}: object {len(out)} has unknown kind {strings[0]!r}")
+            raise CheckpointError(f"{path}: object {len(out)} has unknown kind {strings[0]!r}")
         out.append((strings[0], strings[1]))
         pos = end
     return out
+
+
+def _opcodes_of_one_object(raw: bytes):
+    """The opcodes of the first pickled object in raw, up to its STOP (read, never run)."""
+    for opcode, arg, at in pickletools.genops(raw):
+        yield opcode, arg, at
+        if opcode.name == "STOP":
+            return
 
 
 def load_objects(basename: str, pc) -> list:
@@ -175,7 +196,7 @@ def load_objects(basename: str, pc) -> list:
     for kind, name in records:
         e = find(data, name)
         if (kind == "LookupParameters") != (e.kind == "#LookupParameter#"):
-            raise ValueError(f"{data}:{e.line}: {name} is a {e.kind.strip('#')}, the .meta says {kind}")
+            raise CheckpointError(f"{data}:{e.line}: {name} is a {e.kind.strip('#')}, the .meta says {kind}")
         local = name.rstrip("/").rsplit("/", 1)[-1]
         local = "" if local.startswith("_") else local  # DyNet's automatic names are renumbered
         if kind == "Parameters":

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import checkpoint, dynet_format
 from .config import config
+from .errors import CheckpointError
 from .ops.base import as_shape
 
 # Installed by graph.py: turns a parameter into an expression of the current graph.
@@ -412,13 +413,13 @@ class ParameterCollection:
         """DyNet's load_param: a new Parameters holding the DyNet-file entry named `key`."""
         e = dynet_format.find(fname, key)
         if e.kind != "#Parameter#":
-            raise ValueError(f"{fname}:{e.line}: {key} is a lookup parameter (use load_lookup_param)")
+            raise CheckpointError(f"{fname}:{e.line}: {key} is a lookup parameter (use load_lookup_param)")
         return self.add_parameters(e.values.shape, init=e.values.copy())
 
     def load_lookup_param(self, fname: str, key: str) -> LookupParameters:
         e = dynet_format.find(fname, key)
         if e.kind != "#LookupParameter#":
-            raise ValueError(f"{fname}:{e.line}: {key} is not a lookup parameter (use load_param)")
+            raise CheckpointError(f"{fname}:{e.line}: {key} is not a lookup parameter (use load_param)")
         return self.add_lookup_parameters(e.values.shape, init=e.values.copy())
 
 

@@ -180,8 +180,30 @@ def test_dy_load_of_a_dynet_save_is_all_or_nothing(tmp_path):
     ours = dy.ParameterCollection()
     ours.add_parameters(3, name="W")
     before = [(p.name(), p.as_array()) for p in ours._all()]
-    with pytest.raises(KeyError, match="missing"):
+    with pytest.raises(dy.CheckpointError, match="missing"):
         dy.load(base, ours)
     assert [p.name() for p in ours._all()] == [n for n, _ in before]
     np.testing.assert_array_equal(ours._all()[0].as_array(), before[0][1])
     assert ours.add_parameters(2, name="W").name() == "/W_1"  # no name was taken by the failed load
+
+
+@pytest.mark.parametrize("meta", [b"\x80\x02X\x0a", b"not a pickle at all"])
+def test_a_corrupt_dynet_meta_raises_checkpoint_error(tmp_path, meta):
+    """A truncated or foreign .meta next to valid DyNet text data: one clear error type."""
+    base = str(tmp_path / "m")
+    with open(base + ".data", "w") as f:
+        f.write("#Parameter# /W {2} 0 ZERO_GRAD\n0.5 0.25\n")
+    with open(base + ".meta", "wb") as f:
+        f.write(meta)
+    with pytest.raises(dy.CheckpointError):
+        dy.load(base, dy.ParameterCollection())
+
+
+def test_binary_garbage_after_a_dynet_header_raises_checkpoint_error(tmp_path):
+    path = str(tmp_path / "g.data")
+    with open(path, "wb") as f:
+        f.write(b"#Parameter# /W {2} 0 ZERO_GRAD\n\xff\xfe\x00\x01\n")
+    pc = dy.ParameterCollection()
+    pc.add_parameters(2, name="W")
+    with pytest.raises(dy.CheckpointError):
+        pc.populate(path)
