@@ -1,0 +1,180 @@
+"""Fusion in dy.cavs does not depend on how a cell is spelled: a TreeLSTM written with one
+nonlinearity per gate slice, one over all gates then slices, `esum` of products, or
+`dy.tree_lstm_update` reaches the fused TreeLSTM task kernel, and any other elementwise
+cell (GRU, LSTM by hand) runs its elementwise chains as fused kernels. Every spelling
+gives the values and gradients of the unfused op steps (float64, 1e-10)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dynagraph as dy
+from dynagraph import cavs
+
+from backend_params import unavailable
+from test_cavs import _assert_same, _dag_loss, _grads, _random_dag
+
+CPU = unavailable("cpu") is None
+SPELLINGS = ["per_gate", "one_logistic_then_slices", "all_gates_then_slices", "esum", "helper"]
+
+
+def gates(spelling: str, g, cs: list, H: int) -> tuple:
+    """(h, c) of an N-ary TreeLSTM cell from pre-activations g = [i f_1..f_N o u]."""
+    n = len(cs)
+    if spelling == "helper":
+        return dy.tree_lstm_update(g, cs, H)
+    if spelling == "one_logistic_then_slices":
+        s = dy.logistic(dy.pick_range(g, 0, (n + 2) * H))
+        sig = [dy.pick_range(s, k * H, (k + 1) * H) for k in range(n + 2)]
+        u = dy.tanh(dy.pick_range(g, (n + 2) * H, (n + 3) * H))
+    elif spelling == "all_gates_then_slices":
+        s, t = dy.logistic(g), dy.tanh(g)
+        sig = [dy.pick_range(s, k * H, (k + 1) * H) for k in range(n + 2)]
+        u = dy.pick_range(t, (n + 2) * H, (n + 3) * H)
+    else:
+        sig = [dy.logistic(dy.pick_range(g, k * H, (k + 1) * H)) for k in range(n + 2)]
+        u = dy.tanh(dy.pick_range(g, (n + 2) * H, (n + 3) * H))
+    i, fs, o = sig[0], sig[1:n + 1], sig[n + 1]
+    if spelling == "esum":
+        c = dy.esum([dy.cmult(u, i)] + [dy.cmult(ck, f) for f, ck in zip(fs, cs)])
+    else:
+        c = dy.cmult(i, u)
+        for f, ck in zip(fs, cs):
+            c = c + dy.cmult(f, ck)
+    return dy.cmult(dy.tanh(c), o), c
+
+
+class SpelledTreeLSTM:
+    def __init__(self, pc, rng, spelling: str, N: int = 2, H: int = 3, D: int = 2, V: int = 9):
+        self.N, self.H, self.spelling = N, H, spelling
+        self.E = pc.add_lookup_parameters((V, D), init=rng.normal(size=(V, D)))
+        self.W = pc.add_parameters((3 * H, D), init=rng.normal(size=(3 * H, D)))
+        self.bw = pc.add_parameters((3 * H,), init=rng.normal(size=3 * H))
+        self.U = [pc.add_parameters(((N + 3) * H, H), init=rng.normal(size=((N + 3) * H, H))) for _ in range(N)]
+        self.b = pc.add_parameters(((N + 3) * H,), init=rng.normal(size=(N + 3) * H))
+        self.fns = {"leaf": cavs.vertex_function(self.leaf, arity=0), "node": cavs.vertex_function(self.node, arity=N)}
+
+    def leaf(self, v) -> None:
+        h, c = gates(self.spelling, dy.affine_transform([self.bw, self.W, v.pull()]), [], self.H)
+        v.scatter(h, c)
+        v.push(h)
+
+    def node(self, v) -> None:
+        kids = [v.gather(k) for k in range(self.N)]
+        g = dy.affine_transform([self.b] + [x for u, (h, _) in zip(self.U, kids) for x in (u, h)])
+        h, c = gates(self.spelling, g, [c for _, c in kids], self.H)
+        v.scatter(h, c)
+        v.push(h)
+
+
+def _dags(rng, arity: int, n_graphs: int = 5):
+    graphs = [_random_dag(rng, int(n), arity) for n in rng.integers(1, 9, n_graphs)]
+    graphs = [{"children": g, "types": ["node" if ch else "leaf" for ch in g]} for g in graphs]
+    words = [[int(w) for w in rng.integers(0, 9, len(g["children"]))] for g in graphs]
+    return graphs, words
+
+
+@pytest.mark.skipif(not CPU, reason="compiled kernels not built")
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_treelstm_spelling_reaches_the_fused_cell(float64, monkeypatch, spelling):
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    rng = np.random.default_rng(len(spelling))
+    pc = dy.ParameterCollection()
+    m = SpelledTreeLSTM(pc, rng, spelling)
+    R = pc.add_parameters((2, m.H), init=rng.normal(size=(2, m.H)))
+    graphs, words = _dags(rng, m.N)
+
+    def loss(**kw):
+        out = cavs.run(m.fns, graphs, pull=(m.E, words), **kw)
+        return _dag_loss([[R * p for p in out.pushed(s)] for s in range(len(graphs))])
+
+    fused = _grads(pc, loss)
+    r = cavs.run(m.fns, graphs, pull=(m.E, words))._run
+    assert r.cell[1] is not None and r.hoist_cell[0] is not None, f"{spelling}: the TreeLSTM cell was not matched"
+    plain = _grads(pc, lambda: loss(fuse=False))
+    _assert_same(plain, fused)
+
+
+class HandGRU:
+    """A GRU over a tree's children sum, written from primitive ops: no TreeLSTM pattern,
+    but elementwise chains over gate slices (one logistic over both gates, then slices)."""
+
+    def __init__(self, pc, rng, H: int = 3, D: int = 2, V: int = 9, arity: int = 2):
+        self.H = H
+        self.E = pc.add_lookup_parameters((V, D), init=rng.normal(size=(V, D)))
+        self.Wz = pc.add_parameters((3 * H, D), init=rng.normal(size=(3 * H, D)))
+        self.Uz = pc.add_parameters((2 * H, H), init=rng.normal(size=(2 * H, H)))
+        self.Uh = pc.add_parameters((H, H), init=rng.normal(size=(H, H)))
+        self.b = pc.add_parameters((3 * H,), init=rng.normal(size=3 * H))
+        self.fn = cavs.vertex_function(self.cell, arity=arity, state=H, name="gru")
+
+    def cell(self, v) -> None:
+        H = self.H
+        x = dy.affine_transform([self.b, self.Wz, v.pull()])
+        hp = v.gather_sum()
+        zr = dy.logistic(dy.pick_range(x, 0, 2 * H) + self.Uz * hp)
+        z, r = dy.pick_range(zr, 0, H), dy.pick_range(zr, H, 2 * H)
+        cand = dy.tanh(dy.pick_range(x, 2 * H, 3 * H) + self.Uh * dy.cmult(r, hp))
+        h = dy.cmult(1 - z, hp) + dy.cmult(z, cand)
+        v.scatter(h)
+        v.push(h)
+
+
+class HandLSTM:
+    """A sequence LSTM step from primitive ops: one logistic over three gates, then slices."""
+
+    def __init__(self, pc, rng, H: int = 3, D: int = 2, V: int = 9):
+        self.H = H
+        self.E = pc.add_lookup_parameters((V, D), init=rng.normal(size=(V, D)))
+        self.W = pc.add_parameters((4 * H, D), init=rng.normal(size=(4 * H, D)))
+        self.U = pc.add_parameters((4 * H, H), init=rng.normal(size=(4 * H, H)))
+        self.b = pc.add_parameters((4 * H,), init=rng.normal(size=4 * H))
+        self.fn = cavs.vertex_function(self.cell, arity=1, state=[H, H], name="lstm")
+
+    def cell(self, v) -> None:
+        H = self.H
+        h0, c0 = v.gather(0)
+        g = dy.affine_transform([self.b, self.W, v.pull(), self.U, h0])
+        s = dy.logistic(dy.pick_range(g, 0, 3 * H))
+        i, f, o = (dy.pick_range(s, k * H, (k + 1) * H) for k in range(3))
+        c = dy.cmult(f, c0) + dy.cmult(i, dy.tanh(dy.pick_range(g, 3 * H, 4 * H)))
+        h = dy.cmult(o, dy.tanh(c))
+        v.scatter(h, c)
+        v.push(h)
+
+
+def _chains(rng, n: int = 4):
+    graphs = []
+    for L in rng.integers(1, 7, n):
+        graphs.append({"children": [[]] + [[k] for k in range(int(L) - 1)]})
+    words = [[int(w) for w in rng.integers(0, 9, len(g["children"]))] for g in graphs]
+    return graphs, words
+
+
+@pytest.mark.skipif(not CPU, reason="compiled kernels not built")
+@pytest.mark.parametrize("model", ["gru", "lstm"])
+def test_hand_written_cells_run_fused_chains(float64, monkeypatch, model):
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    rng = np.random.default_rng(5)
+    pc = dy.ParameterCollection()
+    if model == "gru":
+        m = HandGRU(pc, rng)
+        graphs = [{"children": g} for g in (_random_dag(rng, int(n), 2) for n in rng.integers(1, 9, 5))]
+        words = [[int(w) for w in rng.integers(0, 9, len(g["children"]))] for g in graphs]
+    else:
+        m = HandLSTM(pc, rng)
+        graphs, words = _chains(rng)
+    R = pc.add_parameters((2, m.H), init=rng.normal(size=(2, m.H)))
+
+    def loss(**kw):
+        out = cavs.run([m.fn], graphs, pull=(m.E, words), **kw)
+        return _dag_loss([[R * p for p in out.pushed(s)] for s in range(len(graphs))])
+
+    fused = _grads(pc, loss)
+    plain = _grads(pc, lambda: loss(fuse=False))
+    _assert_same(plain, fused)
+    comp = next(c for key, c in m.fn.compiled_cache.items() if key[2])
+    if model == "lstm":  # i, f, o, u slices: the N = 1 TreeLSTM cell (one fused op), whatever the spelling
+        assert comp.fused == 1
+    else:
+        assert comp.rec.chains() >= 2, "the GRU's elementwise chains were not fused"
