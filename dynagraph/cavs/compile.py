@@ -9,6 +9,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import DynagraphError
+from ..fusion import slices_first
 from ..graph import ComputationGraph
 from ..ops import OPS
 from ..ops.base import ELEMWISE, OpDef, size_of
@@ -178,7 +179,16 @@ class _Compiled:
         roots = sc + ([pu] if pu is not None else [])
         self.fused = 0
         if fuse:
+            # one spelling first (slices before elementwise ops), then the cell matched in it
+            keep = roots + [i for ids in vx.gathers.values() for i in ids]
+            canon = slices_first(trace, keep + ([vx.pull_id] if vx.pull_id is not None else []))
+            m0 = None
+            if canon is not None:
+                trace, m0 = canon
+                roots = [m0[i] for i in roots]
             trace, m, self.fused = _fuse(trace, roots)
+            if m0 is not None:
+                m = {i: m[j] for i, j in m0.items() if j in m}
             sc = [m[i] for i in sc]
             pu = m[pu] if pu is not None else None
             gathers = {k: [m[i] for i in ids] for k, ids in vx.gathers.items()}

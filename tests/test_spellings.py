@@ -12,6 +12,8 @@ import dynagraph as dy
 from dynagraph import cavs
 
 from backend_params import unavailable
+from dynagraph.program.units import FUSED
+from refcheck import using
 from test_cavs import _assert_same, _dag_loss, _grads, _random_dag
 
 CPU = unavailable("cpu") is None
@@ -178,3 +180,75 @@ def test_hand_written_cells_run_fused_chains(float64, monkeypatch, model):
         assert comp.fused == 1
     else:
         assert comp.rec.chains() >= 2, "the GRU's elementwise chains were not fused"
+
+
+# ------------------------------------------------------------------ dy.block
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_spelling_compiles_to_one_fused_chain_in_a_block(float64, spelling):
+    """A block's node cell in any spelling: the gate GEMM and ONE fused chain, and the
+    numbers of the same cell recorded op by op and run unbatched."""
+    rng = np.random.default_rng(11)
+    H, D = 3, 2
+    pc = dy.ParameterCollection()
+    U = [pc.add_parameters((5 * H, H), init=rng.normal(size=(5 * H, H))) for _ in range(2)]
+    b = pc.add_parameters((5 * H,), init=rng.normal(size=5 * H))
+    E = pc.add_lookup_parameters((9, 2 * H), init=rng.normal(size=(9, 2 * H)))
+
+    def cell(hl, cl, hr, cr):
+        return gates(spelling, dy.affine_transform([b, U[0], hl, U[1], hr]), [cl, cr], H)
+
+    def loss(node):
+        states = [(dy.pick_range(E[w], 0, H), dy.pick_range(E[w], H, 2 * H)) for w in (1, 4, 7, 2)]
+        a, c = node(*states[0], *states[1]), node(*states[2], *states[3])
+        top = node(*a, *c)
+        return dy.sum_elems(dy.cmult(top[0], top[0])) + dy.sum_elems(top[1])
+
+    blk = dy.block(cell, name=f"node-{spelling}")
+    with_block = _grads(pc, lambda: loss(blk))
+    with using("float64", 0, "none"):
+        plain = _grads(pc, lambda: loss(cell))
+    _assert_same(plain, with_block)
+    plan = next(iter(blk._plans.values()))
+    if plan.program is not None and plan.program.fuse and CPU:
+        assert [u.kind for u in plan.program.units].count(FUSED) == 1
+        assert len(plan.program.units) == 2
+
+
+# ------------------------------------------------------------------ the rewrite itself
+def _trace_of(fn, n_in: int, shape: tuple):
+    from dynagraph.graph import ComputationGraph
+    from dynagraph.subgraph import PLACEHOLDER
+    T = ComputationGraph(scheduler="none")
+    T.tracing = True
+    with T:
+        ins = [T.placeholder(PLACEHOLDER, shape) for _ in range(n_in)]
+        outs = fn(*[dy.Expression(T, i) for i in ins])
+    return T, ins, [o.i for o in outs]
+
+
+def _ops(T, roots) -> list:
+    from dynagraph.subgraph import _reachable
+    return sorted(T.op[i].name for i in _reachable(T, roots) if not T.op[i].leaf)
+
+
+def test_slices_first_moves_slices_before_elementwise_ops():
+    from dynagraph.fusion import slices_first
+    T, ins, outs = _trace_of(lambda x: [dy.pick_range(dy.pick_range(dy.logistic(x), 2, 6), 1, 3),
+                                        dy.tanh(dy.pick_range(x, 0, 2))], 1, (8,))
+    new, m = slices_first(T, ins + outs)
+    o = m[outs[0]]
+    assert new.op[o].name == "logistic" and new.op[new.args[o][0]].name == "pick_range"
+    assert new.attrs[new.args[o][0]] == (3, 5, 0) and new.args[new.args[o][0]][0] == m[ins[0]]
+    assert _ops(new, [m[i] for i in outs]) == ["logistic", "pick_range", "pick_range", "tanh"]
+
+
+def test_slices_first_keeps_a_value_read_whole_and_leaves_plain_traces_alone():
+    from dynagraph.fusion import slices_first
+    # s = logistic(x) is read whole by the sum too: its slices stay slices of s (no recomputation)
+    T, ins, outs = _trace_of(lambda x: [dy.pick_range(dy.logistic(x), 0, 2) + dy.pick_range(dy.logistic(x), 2, 4)],
+                             1, (4,))
+    assert slices_first(T, ins + outs) is not None  # two distinct logistic nodes, each only sliced
+    T, ins, outs = _trace_of(lambda x: (lambda s: [dy.pick_range(s, 0, 2), dy.sum_elems(s)])(dy.logistic(x)), 1, (4,))
+    assert slices_first(T, ins + outs) is None
+    T, ins, outs = _trace_of(lambda x, y: [dy.cmult(dy.logistic(x), dy.tanh(y))], 2, (3,))
+    assert slices_first(T, ins + outs) is None
