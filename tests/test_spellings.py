@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_params import unavailable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from refcheck import using
+from test_cavs import _assert_same, _dag_loss, _grads, _random_dag
 
 import dynagraph as dy
 from dynagraph import cavs
-
-from backend_params import unavailable
 from dynagraph.program.units import FUSED
-from refcheck import using
-from test_cavs import _assert_same, _dag_loss, _grads, _random_dag
 
 CPU = unavailable("cpu") is None
 SPELLINGS = ["per_gate", "one_logistic_then_slices", "all_gates_then_slices", "esum", "helper"]
@@ -188,7 +189,7 @@ def test_every_spelling_compiles_to_one_fused_chain_in_a_block(float64, spelling
     """A block's node cell in any spelling: the gate GEMM and ONE fused chain, and the
     numbers of the same cell recorded op by op and run unbatched."""
     rng = np.random.default_rng(11)
-    H, D = 3, 2
+    H = 3
     pc = dy.ParameterCollection()
     U = [pc.add_parameters((5 * H, H), init=rng.normal(size=(5 * H, H))) for _ in range(2)]
     b = pc.add_parameters((5 * H,), init=rng.normal(size=5 * H))
@@ -248,16 +249,16 @@ def test_slices_first_keeps_a_value_read_whole_and_leaves_plain_traces_alone():
     T, ins, outs = _trace_of(lambda x: [dy.pick_range(dy.logistic(x), 0, 2) + dy.pick_range(dy.logistic(x), 2, 4)],
                              1, (4,))
     assert slices_first(T, ins + outs) is not None  # two distinct logistic nodes, each only sliced
-    T, ins, outs = _trace_of(lambda x: (lambda s: [dy.pick_range(s, 0, 2), dy.sum_elems(s)])(dy.logistic(x)), 1, (4,))
+    def sliced_and_whole(x):
+        s = dy.logistic(x)
+        return [dy.pick_range(s, 0, 2), dy.sum_elems(s)]
+    T, ins, outs = _trace_of(sliced_and_whole, 1, (4,))
     assert slices_first(T, ins + outs) is None
     T, ins, outs = _trace_of(lambda x, y: [dy.cmult(dy.logistic(x), dy.tanh(y))], 2, (3,))
     assert slices_first(T, ins + outs) is None
 
 
 # ------------------------------------------------------------- random slice programs
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 _UNARY = ["logistic", "tanh", "exp", "square", "neg"]
 
 
@@ -306,4 +307,4 @@ def test_slices_first_keeps_every_value_and_gradient(prog):
         plain = _grads(pc, lambda: dy.esum(fn(dy.parameter(x))))
         for plan in (None, "planned"):  # the rewritten steps one by one, and as fused chains
             blk = dy.block(fn, name="slices", plan=plan)
-            _assert_same(plain, _grads(pc, lambda: dy.esum(list(blk(dy.parameter(x))))))
+            _assert_same(plain, _grads(pc, lambda blk=blk: dy.esum(list(blk(dy.parameter(x))))))
