@@ -28,7 +28,7 @@ take, and it is what the C path (backends/cpu/chains.py) is tested against.
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from .ops.base import OPS, reduce_to, size_of
 
 from .backends.optable import ARITY, BINARY, FUSED_MAX_REGS as MAX_REGS, FUSED_TILE as TILE, NARY, OPCODE  # noqa: F401
 from .backends.optable import UNARY, WITH_CONST  # noqa: F401  (the op table lives with the backends)
+
+if TYPE_CHECKING:
+    from .graph import ComputationGraph
 
 
 def _const_ok(attrs) -> bool:
@@ -342,7 +345,7 @@ def _fresh(xp, y, full: tuple, avoid: list):
 
 
 # ------------------------------------------------------- spelling-independent traces
-def slices_first(T, keep: Sequence[int]):
+def slices_first(T: "ComputationGraph", keep: Sequence[int]) -> "tuple[ComputationGraph, dict] | None":
     """Trace T re-recorded with every slice taken before the elementwise ops it follows:
     pick_range(f(x), a, b) -> f(pick_range(x, a, b)) for a unary elementwise f, and
     pick_range(pick_range(x, a, b), c, d) -> pick_range(x, a + c, a + d).
