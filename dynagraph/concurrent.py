@@ -141,7 +141,13 @@ def _body(fn: Callable, x) -> tuple:
 
 
 class _Map:
-    """One concurrent map: the calling greenlet drives one greenlet per sample."""
+    """One concurrent map: the calling greenlet (the driver) drives one greenlet per sample.
+
+    A round runs every live sample in order until it parks or finishes. A parking sample
+    switches straight to the next (started) sample of the round, not back to the driver: one
+    greenlet switch per park instead of two. The driver takes over after the round's last
+    sample, when a sample finishes (its greenlet returns to its parent, the driver), and to
+    start a sample (starting it from another sample would nest the stacks, sample on sample)."""
 
     def __init__(self, fn: Callable, samples: Sequence, seed: int):
         try:
@@ -153,6 +159,11 @@ class _Map:
         self.results: list = [None] * len(samples)
         self.lets = []
         self.deferred: dict = {}  # graph -> node ids recorded in a phase > 0 (dy.phase)
+        self.round: list = []     # the live samples of the round being run, in order
+        self.pos = 0              # round[pos] is the sample running now
+        self.parked: list = []    # samples of this round that parked
+        self.graphs: list = []    # graphs that parked samples wait on, first-parked first
+        self.targets: dict = {}   # graph -> the node ids being waited for
         for i, x in enumerate(samples):
             let = greenlet(functools.partial(_body, fn, x), parent=self.driver)
             ctx = copy_context()  # the caller's graph stack and default graph, plus this sample
@@ -161,43 +172,64 @@ class _Map:
             self.lets.append(let)
 
     def _park(self, cg, nid: int) -> None:
-        """Called by graph.forward_to inside a sample: hand control back until the chunk ran."""
+        """Called by graph.forward_to inside a sample: hand over to the next sample of the round
+        (the driver after the last) and come back once the chunk serving this read ran."""
         sample = SAMPLE.get()
-        sample.close_phase()
-        self.driver.switch((_PARK, cg, nid))
+        if sample.phase:
+            sample.close_phase()
+        self.parked.append(sample.index)
+        waiting = self.targets.get(cg)
+        if waiting is None:
+            self.graphs.append(cg)
+            self.targets[cg] = [nid]
+        else:
+            waiting.append(nid)
+        self.pos += 1
+        nxt = self.lets[self.round[self.pos]] if self.pos < len(self.round) else None
+        if nxt:  # started and parked: resume it directly
+            nxt.switch()
+        else:  # end of the round, or a sample not started yet: a greenlet starts on the stack
+            self.driver.switch(_PARK)  # of the one that switches to it, so the driver starts it
         if sample.graph is not None:
             sample.since = len(sample.graph)
+
+    def _run_round(self, live: list) -> None:
+        """Run every sample of `live` until it parks or finishes."""
+        self.round, self.pos, self.parked, self.graphs, self.targets = live, 0, [], [], {}
+        while self.pos < len(live):
+            i = live[self.pos]
+            try:
+                msg = self.lets[i].switch()
+            except BaseException as e:
+                _tag(e, live[self.pos])  # the sample that raised is the one running
+                raise
+            if msg is _PARK:  # the samples before round[pos] parked
+                continue
+            self.results[live[self.pos]] = msg[1]  # a sample finished: go on with the next one
+            self.pos += 1
+
+    def _evaluate(self) -> None:
+        """One chunk per graph that samples wait on serves all of this round's reads."""
+        for g in self.graphs:
+            try:
+                deferred = self.deferred.get(g)
+                if deferred:
+                    g.evaluate_pending_except(deferred, self.targets[g])
+                else:
+                    g.evaluate_pending()
+            except BaseException as e:
+                parked = self.parked
+                e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"
+                           f" of dy.autobatch_map together")
+                raise
 
     def run(self) -> list:
         live = list(range(len(self.lets)))
         try:
             while live:
-                parked, graphs, targets = [], [], {}
-                for i in live:
-                    try:
-                        msg = self.lets[i].switch()
-                    except BaseException as e:
-                        _tag(e, i)
-                        raise
-                    if msg[0] is _PARK:
-                        parked.append(i)
-                        if msg[1] not in targets:
-                            graphs.append(msg[1])
-                        targets.setdefault(msg[1], []).append(msg[2])
-                    else:
-                        self.results[i] = msg[1]
-                for g in graphs:  # every live sample waits: one chunk per graph serves them all
-                    try:
-                        deferred = self.deferred.get(g)
-                        if deferred:
-                            g.evaluate_pending_except(deferred, targets[g])
-                        else:
-                            g.evaluate_pending()
-                    except BaseException as e:
-                        e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"
-                                   f" of dy.autobatch_map together")
-                        raise
-                live = parked
+                self._run_round(live)
+                self._evaluate()
+                live = self.parked
         finally:
             for let in self.lets:  # stopped (GreenletExit) after an error; their finally blocks run
                 if not let.dead:
