@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
+from . import schedulers
+from .ghost import align_depths
 from .graph import SAMPLE, current
 
 __all__ = ["autobatch_map", "phase"]
@@ -46,11 +48,14 @@ def _mix(z: int) -> int:
 class _Sample:
     """What graph.py sees of a running sample: park(cg, nid) and next_key(); plus its dy.phase
     (phase > 0: nodes recorded since `since` in graph `graph` are deferred)."""
-    __slots__ = ("index", "park", "key_base", "count", "phase", "since", "graph", "deferred")
+    __slots__ = ("index", "park", "key_base", "count", "phase", "since", "graph", "deferred", "ghosts", "arms")
 
-    def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None):
+    def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None,
+                 arms: dict | None = None):
         self.index, self.park, self.count = index, park, 0
         self.phase, self.since, self.graph, self.deferred = 0, 0, None, deferred
+        self.ghosts: list = []  # open dy.ghost blocks: their arms pause at every park
+        self.arms = arms        # graph -> the map's dy.ghost arms not evaluated yet
         self.key_base = (_mix(seed ^ _mix(index)) >> (64 - 63 + _STREAM_BITS)) << _STREAM_BITS
 
     def next_key(self) -> int:
@@ -159,6 +164,7 @@ class _Map:
         self.results: list = [None] * len(samples)
         self.lets = []
         self.deferred: dict = {}  # graph -> node ids recorded in a phase > 0 (dy.phase)
+        self.arms: dict = {}      # graph -> dy.ghost arms whose outputs are not evaluated yet
         self.round: list = []     # the live samples of the round being run, in order
         self.pos = 0              # round[pos] is the sample running now
         self.parked: list = []    # samples of this round that parked
@@ -167,7 +173,7 @@ class _Map:
         for i, x in enumerate(samples):
             let = greenlet(functools.partial(_body, fn, x), parent=self.driver)
             ctx = copy_context()  # the caller's graph stack and default graph, plus this sample
-            ctx.run(SAMPLE.set, _Sample(i, seed, self._park, self.deferred))
+            ctx.run(SAMPLE.set, _Sample(i, seed, self._park, self.deferred, self.arms))
             let.gr_context = ctx
             self.lets.append(let)
 
@@ -177,6 +183,8 @@ class _Map:
         sample = SAMPLE.get()
         if sample.phase:
             sample.close_phase()
+        for g in sample.ghosts:
+            g.pause()
         self.parked.append(sample.index)
         waiting = self.targets.get(cg)
         if waiting is None:
@@ -192,6 +200,8 @@ class _Map:
             self.driver.switch(_PARK)  # of the one that switches to it, so the driver starts it
         if sample.graph is not None:
             sample.since = len(sample.graph)
+        for g in sample.ghosts:
+            g.resume()
 
     def _run_round(self, live: list) -> None:
         """Run every sample of `live` until it parks or finishes."""
@@ -211,6 +221,10 @@ class _Map:
     def _evaluate(self) -> None:
         """One chunk per graph that samples wait on serves all of this round's reads."""
         for g in self.graphs:
+            arms = self.arms.get(g)
+            by_depth = getattr(schedulers.get(g.scheduler), "groups_by_depth", False)
+            if arms or by_depth:  # a depth-grouping scheduler sees depths inline in the round
+                align_depths(g, arms or (), by_depth)
             try:
                 deferred = self.deferred.get(g)
                 if deferred:
@@ -222,6 +236,9 @@ class _Map:
                 e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"
                            f" of dy.autobatch_map together")
                 raise
+            if arms:  # an arm whose outputs were deferred (dy.phase) is padded again next round
+                blk = g.blk
+                arms[:] = [a for a in arms if any(blk[n] < 0 for n in a.outputs)]
 
     def run(self) -> list:
         live = list(range(len(self.lets)))
