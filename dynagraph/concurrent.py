@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .config import config
 from .errors import DynagraphError
 from . import schedulers
-from .ghost import align_depths
+from .ghosts import align_depths
 from .graph import SAMPLE, current
 
 __all__ = ["autobatch_map", "phase"]
