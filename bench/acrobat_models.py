@@ -26,8 +26,8 @@ V, C, LAYERS = 100, 5, 8
 
 
 def hints(dy: Any) -> bool:
-    """ACROBAT's static hints (dy.ghost) where the module has them; DYNAGRAPH_HINTS=0 leaves them
-    out (the bench measures batches with and without)."""
+    """ACROBAT's static hints (dy.ghost, dy.phase) where the module has them; DYNAGRAPH_HINTS=0
+    leaves them out (the bench measures batches with and without)."""
     return hasattr(dy, "ghost") and os.environ.get("DYNAGRAPH_HINTS", "1") != "0"
 
 
@@ -56,6 +56,8 @@ class Model:
         self.fn = getattr(self, "_" + kind)
         # a data-dependent branch: both arms padded to one length (no-op context for DyNet)
         self.branch = dy.ghost if hints(dy) else contextlib.nullcontext
+        # per-step losses no read needs: program phase 1, one batch after every sample's last read
+        self.later = (lambda: dy.phase(1)) if hints(dy) else contextlib.nullcontext
 
     # ------------------------------------------------------------------ cells
     def rnn(self, x, h):
@@ -84,7 +86,8 @@ class Model:
         losses, frontier = [], [(self.rnn(self.E[rng.randrange(V)], dy.zeros(H)), 0)]
         while frontier:
             h, depth = frontier.pop()
-            losses.append(self.loss(h, rng.randrange(C), train))
+            with self.later():
+                losses.append(self.loss(h, rng.randrange(C), train))
             dy.logistic(self.gate * h).value()  # the decision reads a value: expand this node or not
             if depth < 4 and rng.random() < 0.75:
                 for side in ("l", "r")[:rng.randint(1, 2)]:
@@ -116,7 +119,8 @@ class Model:
             shift = bool(buf) and (len(stack) < 2 or rng.random() < 0.5)
             action = 0 if shift else 1
             if train:
-                losses.append(dy.pickneglogsoftmax(scores, action))
+                with self.later():
+                    losses.append(dy.pickneglogsoftmax(scores, action))
             with self.branch():
                 if shift:
                     stack.append(self.rnn(self.E[buf.pop()], top))

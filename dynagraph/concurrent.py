@@ -19,15 +19,13 @@ and gradients equal running the samples one by one (`concurrent=False`).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from contextvars import copy_context
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
-from . import schedulers
-from .ghosts import align_depths
+from .ghosts import align_depths, groups_by_depth
 from .graph import SAMPLE, current
 
 __all__ = ["autobatch_map", "phase"]
@@ -71,25 +69,36 @@ class _Sample:
             self.since = len(self.graph)
 
 
-@contextlib.contextmanager
-def phase(k: int):
+class phase:
     """ACROBAT's program phases: inside dy.autobatch_map, nodes recorded in `with dy.phase(k):`,
     k > 0, are left out of the evaluations that serve the samples' reads (unless a read needs
     them), so they batch later, e.g. every step's output layer of every sample as one batch at the
-    final loss. Outside a concurrent map a phase changes nothing. Phases nest; the inner one wins."""
-    sample = SAMPLE.get()
-    if sample is None or sample.park is None:
-        yield
-        return
-    sample.close_phase()
-    outer = sample.phase, sample.graph
-    sample.phase, sample.graph = int(k), current()
-    sample.since = len(sample.graph)
-    try:
-        yield
-    finally:
-        sample.close_phase()
-        sample.phase, sample.graph = outer
+    final loss. Outside a concurrent map a phase changes nothing. Phases nest; the inner one wins.
+    A class, not a generator context: it sits on the per-step recording path."""
+    __slots__ = ("k", "sample", "outer")
+
+    def __init__(self, k: int):
+        self.k, self.sample, self.outer = int(k), None, None
+
+    def __enter__(self) -> "phase":
+        sample = SAMPLE.get()
+        if sample is None or sample.park is None:
+            return self
+        self.sample = sample
+        if sample.phase:
+            sample.close_phase()
+        self.outer = sample.phase, sample.graph
+        sample.phase, sample.graph = self.k, current()
+        sample.since = len(sample.graph)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sample = self.sample
+        if sample is None:
+            return
+        if sample.phase:
+            sample.close_phase()
+        sample.phase, sample.graph = self.outer
         if sample.graph is not None:
             sample.since = len(sample.graph)
 
@@ -222,7 +231,7 @@ class _Map:
         """One chunk per graph that samples wait on serves all of this round's reads."""
         for g in self.graphs:
             arms = self.arms.get(g)
-            by_depth = getattr(schedulers.get(g.scheduler), "groups_by_depth", False)
+            by_depth = groups_by_depth(g.scheduler)
             if arms or by_depth:  # a depth-grouping scheduler sees depths inline in the round
                 align_depths(g, arms or (), by_depth)
             try:

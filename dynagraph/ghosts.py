@@ -17,6 +17,8 @@ the longest arm is learned per site (the `with` line, or `site=`) over every sam
 call so far. Values and gradients cannot change: only depths move, and only upwards,
 keeping every node deeper than its arguments.
 
+Only schedulers that group by depth (they declare `groups_by_depth`: `depth`) need ghosts;
+under `agenda`, `typewise` and `fsm`, which batch by signature, a ghost block does nothing.
 Inside dy.autobatch_map the samples of one round may take the longer arm after the
 shorter one was padded, so the map pads again before each evaluation with the longest arm
 of the round (align_depths), and lifts the later nodes that read a padded output.
@@ -26,11 +28,22 @@ from __future__ import annotations
 import sys
 from typing import Any, Hashable
 
+from . import schedulers
 from .graph import SAMPLE, current
 
 __all__ = ["ghost", "align_depths"]
 
 _sites: dict = {}  # site key -> longest arm seen, in depth levels
+_by_depth: dict = {}  # scheduler spec -> whether it groups by depth
+
+
+def groups_by_depth(spec) -> bool:
+    """Whether the scheduler `spec` (a name or an object) batches by depth, so that ghosts and
+    per-round depths matter to it (a capability it declares: `groups_by_depth = True`)."""
+    known = _by_depth.get(spec)
+    if known is None:
+        known = _by_depth[spec] = bool(getattr(schedulers.get(spec), "groups_by_depth", False))
+    return known
 
 
 class _Arm:
@@ -60,8 +73,11 @@ class ghost:
         self.graph, self.since, self.segments, self.sample = None, 0, [], None
 
     def __enter__(self) -> "ghost":
-        self.graph = current()
-        self.since, self.segments = len(self.graph), []
+        cg = current()
+        if not groups_by_depth(cg.scheduler):
+            return self  # a signature scheduler (agenda, typewise, fsm) needs no ghosts
+        self.graph = cg
+        self.since, self.segments = len(cg), []
         sample = SAMPLE.get()
         if sample is not None and sample.park is not None:  # its recording pauses at every park
             self.sample = sample
@@ -77,6 +93,8 @@ class ghost:
         self.since = len(self.graph)
 
     def __exit__(self, *exc) -> None:
+        if self.graph is None:
+            return
         if self.sample is not None:
             self.sample.ghosts.remove(self)
         if exc[0] is not None:
@@ -96,14 +114,35 @@ class ghost:
 
 def _measure(cg, site: Hashable, segments: list) -> _Arm | None:
     """The arm's nodes, outputs and length; records the length at the site. Leaves
-    (parameters) are not part of an arm."""
-    op = cg.op
-    nodes = [n for lo, hi in segments for n in range(lo, hi) if not op[n].leaf]
-    inside = set(nodes)
-    read = {a for n in nodes for a in cg.args[n] if a in inside}
-    arm = _Arm(site, 0, nodes, [n for n in nodes if n not in read])
-    _length(cg, arm, inside, False)
-    return arm if arm.outputs else None
+    (parameters) are not part of an arm. One pass per segment (usually one): on the
+    recording path of every branch."""
+    op, args, depth = cg.op, cg.args, cg.depth
+    nodes, outputs = [], []
+    start = deepest = 0
+    for lo, hi in segments:
+        read = bytearray(hi - lo)  # 1: read by a later node of the segment, or a leaf
+        for n in range(lo, hi):
+            if op[n].leaf:
+                read[n - lo] = 1
+                continue
+            nodes.append(n)
+            if depth[n] > deepest:
+                deepest = depth[n]
+            for a in args[n]:
+                if a >= lo:
+                    read[a - lo] = 1
+                elif depth[a] > start:
+                    start = depth[a]
+        outputs.extend(n for n in range(lo, hi) if not read[n - lo])
+    if len(segments) > 1:  # an arm with a read inside: earlier segments' nodes read later
+        inside = set(nodes)
+        later = {a for n in nodes for a in args[n] if a in inside}
+        outputs = [n for n in outputs if n not in later]
+        start = max((depth[a] for n in nodes for a in args[n] if a not in inside), default=0)
+    arm = _Arm(site, max(deepest - start, 0), nodes, outputs)
+    if arm.length > _sites.get(site, -1):
+        _sites[site] = arm.length
+    return arm if outputs else None
 
 
 def _length(cg, arm: _Arm, inside: set, rebase: bool) -> None:

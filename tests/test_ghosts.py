@@ -140,10 +140,21 @@ def test_ghosts_outside_a_map_pad_at_the_end_of_the_arm(float64):
 
 def test_ghost_depths_only_grow_and_keep_arguments_first(float64):
     pc, p = _model()
-    dy.renew_cg(scheduler="agenda")  # no rebasing: the whole graph keeps one depth frame
-    losses = dy.autobatch_map(_program(p, True), range(12))
+    dy.renew_cg(scheduler="depth")  # one by one, no rebasing: the whole graph keeps one depth frame
+    losses = dy.autobatch_map(_program(p, True, read_in_arm=True), range(12), concurrent=False)
     dy.esum(losses).value()
     _assert_depths_consistent(dy.cg())
+    assert ghost_mod.site_lengths()["step"] >= 2
+
+
+def test_signature_schedulers_need_no_ghosts():
+    pc, p = _model()
+    dy.renew_cg(scheduler="agenda")
+    x = p["E"][1]
+    with dy.ghost(site="agenda"):
+        y = dy.logistic(x)
+    assert "agenda" not in ghost_mod.site_lengths()
+    assert dy.cg().depth[y.i] == dy.cg().depth[x.i] + 1
 
 
 def test_an_exception_inside_a_ghost_block_propagates_and_closes_it(float64):
@@ -167,7 +178,7 @@ def test_an_exception_inside_a_ghost_block_propagates_and_closes_it(float64):
 
 def test_sites_default_to_the_with_line_and_can_be_shared():
     pc, p = _model()
-    dy.renew_cg()
+    dy.renew_cg(scheduler="depth")
     x = p["E"][1]
     with dy.ghost():
         y = dy.tanh(p["A"] * x)
