@@ -237,3 +237,64 @@ def test_depth_scheduler_validates_under_debug(float64):
         _run(pc, p, 9, "depth", True, True, read_in_arm=True)
     finally:
         config.debug = old
+
+
+def test_thousand_samples_with_ghosts_do_not_grow_memory():
+    import gc
+    import tracemalloc
+    pc, p = _model()
+
+    def f(k):
+        h = dy.tanh(p["E"][k % 9])
+        with dy.ghost():
+            if h.value()[0] > 0:
+                h = dy.tanh(p["A"] * h)
+            else:
+                h = dy.logistic(h)
+        return float(dy.sum_elems(h))
+
+    def round_():
+        dy.renew_cg(scheduler="depth")
+        assert len(dy.autobatch_map(f, range(1000))) == 1000
+        gc.collect()
+
+    round_()
+    tracemalloc.start()
+    round_()
+    first, _ = tracemalloc.get_traced_memory()
+    for _ in range(3):
+        round_()
+    last, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert last - first < 200_000, (first, last)
+
+
+def test_nested_ghost_blocks_equal_one_by_one(float64):
+    pc, p = _model()
+
+    def fn(k):
+        h = p["E"][k]
+        for _ in range(3):
+            outer = dy.sum_elems(h).value() > 0
+            with dy.ghost(site="outer"):
+                if outer:
+                    inner = dy.sum_elems(p["A"] * h).value() > 0  # a read inside the outer arm
+                    with dy.ghost(site="inner"):
+                        h = dy.tanh(p["B"] * h) if inner else dy.logistic(h)
+                    h = dy.tanh(p["A"] * h + p["b"])
+                else:
+                    h = dy.logistic(h)
+        return dy.sum_elems(p["O"] * h)
+
+    out = []
+    for sched, concurrent in [("none", False), ("depth", True), ("depth", False)]:
+        dy.renew_cg(scheduler=sched)
+        pc.reset_gradient()
+        losses = dy.autobatch_map(fn, range(9), concurrent=concurrent)
+        dy.esum(losses).backward()
+        out.append(([l.value() for l in losses], [q.grad_as_array() for q in p.values()]))
+    for vals, grads in out[1:]:
+        np.testing.assert_allclose(vals, out[0][0], rtol=0, atol=1e-10)
+        for a, b in zip(grads, out[0][1]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    assert {"outer", "inner"} <= set(ghost_mod.site_lengths())
