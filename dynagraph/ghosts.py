@@ -26,12 +26,13 @@ of the round (align_depths), and lifts the later nodes that read a padded output
 from __future__ import annotations
 
 import sys
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from . import schedulers
 from .graph import SAMPLE, current
 
-__all__ = ["ghost", "align_depths"]
+__all__ = ["align_depths", "ghost", "groups_by_depth"]
 
 _sites: dict = {}  # site key -> longest arm seen, in depth levels
 _by_depth: dict = {}  # scheduler spec -> whether it groups by depth

@@ -5,7 +5,8 @@ scheduler. With ghosts, under every scheduler, values and gradients are the same
 float64): ghosts only raise depths. Under the depth-grouping scheduler they cut batches."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dynagraph as dy
 from dynagraph import ghosts as ghost_mod
