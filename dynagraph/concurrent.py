@@ -84,6 +84,9 @@ class phase:
         sample = SAMPLE.get()
         if sample is None or sample.park is None:
             return self
+        if self.sample is not None:  # one object shared by samples would restore the wrong phase
+            raise DynagraphError("a dy.phase(k) object is entered by one sample at a time: "
+                                 "write `with dy.phase(k):` where the nodes are recorded")
         self.sample = sample
         if sample.phase:
             sample.close_phase()
@@ -96,6 +99,7 @@ class phase:
         sample = self.sample
         if sample is None:
             return
+        self.sample = None
         if sample.phase:
             sample.close_phase()
         sample.phase, sample.graph = self.outer

@@ -30,6 +30,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from . import schedulers
+from .errors import DynagraphError
 from .graph import SAMPLE, current
 
 __all__ = ["align_depths", "ghost", "groups_by_depth"]
@@ -77,6 +78,9 @@ class ghost:
         cg = current()
         if not groups_by_depth(cg.scheduler):
             return self  # a signature scheduler (agenda, typewise, fsm) needs no ghosts
+        if self.graph is not None:  # shared by samples, one arm's nodes would mix with another's
+            raise DynagraphError("a dy.ghost() object is entered once at a time: "
+                                 "write `with dy.ghost():` around the branch")
         self.graph = cg
         self.since, self.segments = len(cg), []
         sample = SAMPLE.get()
@@ -94,23 +98,26 @@ class ghost:
         self.since = len(self.graph)
 
     def __exit__(self, *exc) -> None:
-        if self.graph is None:
+        cg, sample = self.graph, self.sample
+        if cg is None:
             return
-        if self.sample is not None:
-            self.sample.ghosts.remove(self)
+        self.graph, self.sample = None, None
+        if sample is not None:
+            sample.ghosts.remove(self)
         if exc[0] is not None:
             return
-        self.pause()
-        arm = _measure(self.graph, self.site, self.segments)
+        if len(cg) > self.since:
+            self.segments.append((self.since, len(cg)))
+        arm = _measure(cg, self.site, self.segments)
         if arm is None:
             return
         extra = arm.extra()
         if extra:  # nothing reads the outputs yet: raising them keeps every depth consistent
-            depth = self.graph.depth
+            depth = cg.depth
             for n in arm.outputs:
                 depth[n] += extra
-        if self.sample is not None and self.sample.arms is not None:
-            self.sample.arms.setdefault(self.graph, []).append(arm)
+        if sample is not None and sample.arms is not None:
+            sample.arms.setdefault(cg, []).append(arm)
 
 
 def _measure(cg, site: Hashable, segments: list) -> _Arm | None:

@@ -299,3 +299,31 @@ def test_nested_ghost_blocks_equal_one_by_one(float64):
         for a, b in zip(grads, out[0][1]):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
     assert {"outer", "inner"} <= set(ghost_mod.site_lengths())
+
+
+def test_one_context_object_shared_by_samples_raises():
+    """A phase or ghost object remembers the sample inside it: sharing one across samples that
+    park inside it would restore the wrong state, so entering it twice says so."""
+    from dynagraph.errors import DynagraphError
+    _, p = _model()
+    later, branch = dy.phase(1), dy.ghost()
+
+    def with_phase(k):
+        with later:
+            h = dy.tanh(p["A"] * p["E"][k])
+            h.value()  # parks inside the phase: the next sample enters the same object
+        return h
+
+    def with_ghost(k):
+        with branch:
+            h = dy.tanh(p["A"] * p["E"][k])
+            h.value()
+        return h
+
+    for fn, scheduler in [(with_phase, "agenda"), (with_ghost, "depth")]:
+        dy.renew_cg(scheduler=scheduler)
+        with pytest.raises(DynagraphError, match="entered"):
+            dy.autobatch_map(fn, range(3))
+        dy.renew_cg(scheduler=scheduler)
+        assert len(dy.autobatch_map(fn, [0])) == 1  # one at a time, again and again, is fine
+        assert len(dy.autobatch_map(fn, [1])) == 1
