@@ -240,14 +240,14 @@ static int parse_policy(PyObject *policy, Fsm *f) {
 static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                     Py_ssize_t lo, Py_ssize_t *sig_type) {
     Py_ssize_t n = s->n;
-    s->typ = tw_alloc(n);
-    s->indeg = tw_alloc(n);
-    s->ustart = tw_alloc(n + 1);
-    s->argstart = tw_alloc(n + 1);
-    s->pending = PyMem_Calloc((size_t)n + 1, 1);
-    s->node = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
-    s->lone = tw_alloc(n);
-    s->bucket = tw_alloc(n);
+    s->typ = tw_alloc(s, n);
+    s->indeg = tw_alloc(s, n);
+    s->ustart = tw_alloc(s, n + 1);
+    s->argstart = tw_alloc(s, n + 1);
+    s->pending = tw_zalloc(s, (size_t)n + 1);
+    s->node = tw_zalloc(s, ((size_t)n + 1) * sizeof(PyObject *));
+    s->lone = tw_alloc(s, n);
+    s->bucket = tw_alloc(s, n);
     if (!s->typ || !s->indeg || !s->ustart || !s->argstart || !s->pending || !s->node || !s->lone || !s->bucket) {
         PyErr_NoMemory();
         return -1;
@@ -263,13 +263,13 @@ static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, P
 static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     Py_ssize_t n = s->n, T = s->T;
     s->W = (T + 63) / 64;
-    f->vmap = tw_alloc(T);
-    f->inv = tw_alloc(f->V);
-    f->full = tw_alloc(T);
-    f->items = PyMem_Calloc((size_t)T + 1, sizeof(Item));
-    s->bstart = tw_alloc(T);
-    s->blen = tw_alloc(T);
-    s->fcount = tw_alloc(T);
+    f->vmap = tw_alloc(s, T);
+    f->inv = tw_alloc(s, f->V);
+    f->full = tw_alloc(s, T);
+    f->items = tw_zalloc(s, ((size_t)T + 1) * sizeof(Item));
+    s->bstart = tw_alloc(s, T);
+    s->blen = tw_alloc(s, T);
+    s->fcount = tw_alloc(s, T);
     if (!f->vmap || !f->inv || !f->full || !f->items || !s->bstart || !s->blen || !s->fcount) {
         PyErr_NoMemory();
         return -1;
@@ -299,14 +299,14 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
         s->bstart[t + 1] += s->bstart[t];
     if (!typewise)
         return 0;
-    s->below = PyMem_Calloc((size_t)(n * s->W) + 1, sizeof(uint64_t));
-    s->near_off = tw_alloc(n);
-    s->near_len = tw_alloc(n);
-    s->pset_off = tw_alloc(n);
-    s->pset_len = tw_alloc(n);
-    s->stamp = tw_alloc(n);
-    s->gpar = tw_alloc(n);
-    s->gstart = tw_alloc(n + 1);
+    s->below = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
+    s->near_off = tw_alloc(s, n);
+    s->near_len = tw_alloc(s, n);
+    s->pset_off = tw_alloc(s, n);
+    s->pset_len = tw_alloc(s, n);
+    s->stamp = tw_alloc(s, n);
+    s->gpar = tw_alloc(s, n);
+    s->gstart = tw_alloc(s, n + 1);
     if (!s->below || !s->near_off || !s->near_len || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
         !s->gstart) {
         PyErr_NoMemory();
@@ -386,6 +386,7 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
         return NULL;
     }
     TW s = {0};
+    tw_begin(&s);
     s.n = hi + 1 - lo;
     s.S = PyList_GET_SIZE(batchable);
     Py_ssize_t hits = 0, misses = 0;
@@ -396,7 +397,16 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
         PyErr_NoMemory();
     else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&
              (rc = tw_types(&s, &f, sig_type, typewise)) == 0) {
+        /* the schedule is thousands of small lists of ints (no cycles): collecting while they are
+           built only costs time */
+#if PY_VERSION_HEX >= 0x030A0000
+        int gc_was_on = PyGC_Disable();
+#endif
         rc = (s.result = PyList_New(0)) ? tw_run(&s, &f, typewise, &hits, &misses) : -1;
+#if PY_VERSION_HEX >= 0x030A0000
+        if (gc_was_on)
+            PyGC_Enable();
+#endif
     }
     if (rc > 0) {
         out = Py_None;
@@ -406,10 +416,6 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     }
     Py_XDECREF(s.result);
     PyMem_Free(sig_type);
-    PyMem_Free(f.vmap);
-    PyMem_Free(f.inv);
-    PyMem_Free(f.full);
-    PyMem_Free(f.items);
     tw_free_all(&s);
     return out;
 }
