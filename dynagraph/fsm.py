@@ -51,7 +51,7 @@ Deferring (`defer`, on by default). A policy with fewer batches can still lose e
 end: computing G_a costs a few times agenda's scheduling, and on trees settling already
 leaves nothing to decide. When `graph` is a callable, train ends by timing whole steps
 (record, forward, backward) under the policy, agenda and depth, interleaved, best of
-rounds; if the policy's step is slower than the better of the other two, the policy
+5 rounds; if the policy's step is slower than the better of the other two, the policy
 stores that one's name in `defer_to` and the FSM scheduler runs it instead, and train
 says so. The rule is the measurement on this machine and model, not a fixed choice.
 
@@ -255,7 +255,7 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
                       bootstrap, settle)
     policy = trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
     if progress or (defer and recorder is not None):
-        est = expected_step(recorder if recorder is not None else cg, policy)
+        est = expected_step(recorder if recorder is not None else cg, policy, rounds=5)  # 3 flipped under load
         policy.meta["expected_step"] = est
         if defer:
             policy.defer_to = faster_baseline(est)
