@@ -246,8 +246,8 @@ static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, P
     s->argstart = tw_alloc(s, n + 1);
     s->pending = tw_zalloc(s, (size_t)n + 1);
     s->node = tw_zalloc(s, ((size_t)n + 1) * sizeof(PyObject *));
-    s->lone = tw_alloc(s, n);
-    s->bucket = tw_alloc(s, n);
+    s->lone = tw_alloc_raw(s, n);
+    s->bucket = tw_alloc_raw(s, n);
     if (!s->typ || !s->indeg || !s->ustart || !s->argstart || !s->pending || !s->node || !s->lone || !s->bucket) {
         PyErr_NoMemory();
         return -1;
@@ -300,8 +300,8 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     if (!typewise)
         return 0;
     s->below = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
-    s->near_off = tw_alloc(s, n);
-    s->near_len = tw_alloc(s, n);
+    s->near_off = tw_alloc_raw(s, n);  /* read only where near_tag says written */
+    s->near_len = tw_alloc_raw(s, n);
     s->pset_off = tw_alloc(s, n);
     s->pset_len = tw_alloc(s, n);
     s->stamp = tw_alloc(s, n);

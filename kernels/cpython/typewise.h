@@ -34,6 +34,7 @@ typedef struct {
 void tw_begin(TW *s);
 void *tw_zalloc(TW *s, size_t bytes);
 Py_ssize_t *tw_alloc(TW *s, Py_ssize_t n);
+Py_ssize_t *tw_alloc_raw(TW *s, Py_ssize_t n);
 void tw_free_all(TW *s);
 int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                Py_ssize_t lo, Py_ssize_t *sig_type);

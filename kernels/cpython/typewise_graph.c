@@ -71,15 +71,16 @@ void tw_free_all(TW *s) {
     }
 }
 
-/* bytes of zeroed memory, freed by tw_free_all; NULL when out of memory (no exception set). */
-void *tw_zalloc(TW *s, size_t bytes) {
+/* bytes of memory, zeroed when `zero`, freed by tw_free_all; NULL when out of memory (no exception set). */
+static void *tw_get(TW *s, size_t bytes, int zero) {
     bytes = (bytes + 63) & ~(size_t)63;
     if (s->arena) {
         ARENA.want += bytes;
         if (s->used + bytes <= ARENA.cap) {
             void *p = ARENA.base + s->used;
             s->used += bytes;
-            memset(p, 0, bytes);
+            if (zero)
+                memset(p, 0, bytes);
             return p;
         }
     }
@@ -97,7 +98,12 @@ void *tw_zalloc(TW *s, size_t bytes) {
     return p;
 }
 
-Py_ssize_t *tw_alloc(TW *s, Py_ssize_t n) { return tw_zalloc(s, ((size_t)n + 1) * sizeof(Py_ssize_t)); }
+void *tw_zalloc(TW *s, size_t bytes) { return tw_get(s, bytes, 1); }
+
+Py_ssize_t *tw_alloc(TW *s, Py_ssize_t n) { return tw_get(s, ((size_t)n + 1) * sizeof(Py_ssize_t), 1); }
+
+/* n + 1 entries the caller writes before reading (CSR lists, buckets): no zeroing. */
+Py_ssize_t *tw_alloc_raw(TW *s, Py_ssize_t n) { return tw_get(s, ((size_t)n + 1) * sizeof(Py_ssize_t), 0); }
 
 /* Room for k more pool entries; returns 0 or -1 (MemoryError set). */
 static int pool_reserve(TW *s, Py_ssize_t k) {
@@ -133,7 +139,7 @@ static int all_parents_of(const TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t 
 
 /* The pruned union of pool ranges (xo, xl) and (yo, yl), appended to the pool; its range in *off, *len.
    Members that are G_a parents of other members are dropped (pset holds each typed node's parents). */
-__attribute__((noinline)) static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t mark,
+static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t mark,
                       Py_ssize_t *off, Py_ssize_t *len) {
     /* the common case, a node and the cell before it: one side is a single node whose
        G_a parents hold the whole other side, so the union is that side, shared */
@@ -194,7 +200,7 @@ __attribute__((noinline)) static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t
 }
 
 /* Bit masks of the types strictly below (users' side) and above (arguments' side) each node. */
-__attribute__((noinline)) static void type_masks(TW *s, uint64_t *above) {
+static void type_masks(TW *s, uint64_t *above) {
     Py_ssize_t n = s->n, W = s->W;
     for (Py_ssize_t v = n - 1; v >= 0; v--) {
         uint64_t *bv = s->below + v * W;
@@ -224,7 +230,7 @@ __attribute__((noinline)) static void type_masks(TW *s, uint64_t *above) {
    them above or below: per type, the list of such nodes (CSR in *tstart, *tlist; recording order).
    A node with one pending argument and another type is left out: its near set for t is its
    argument's, which near_pass finds by following `through` (about 60% of the entries on lattices). */
-__attribute__((noinline)) static int type_lists(TW *s, const uint64_t *above, Py_ssize_t *tstart, Py_ssize_t **tlist) {
+static int type_lists(TW *s, const uint64_t *above, Py_ssize_t *tstart, Py_ssize_t **tlist) {
     Py_ssize_t n = s->n, T = s->T, W = s->W;
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
@@ -250,7 +256,7 @@ __attribute__((noinline)) static int type_lists(TW *s, const uint64_t *above, Py
         if (pass == 0) {
             for (Py_ssize_t t = 0; t < T; t++)
                 tstart[t + 1] += tstart[t];
-            if (!(*tlist = tw_alloc(s, tstart[T]))) {
+            if (!(*tlist = tw_alloc_raw(s, tstart[T]))) {
                 PyErr_NoMemory();
                 return -1;
             }
@@ -263,7 +269,7 @@ __attribute__((noinline)) static int type_lists(TW *s, const uint64_t *above, Py
 
 /* near(v) for type t along its node list, and pset(v) of its type-t nodes. near_tag[v] == t + 1
    marks a near(v) computed in this pass; any other node has none for t. */
-__attribute__((noinline)) static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, Py_ssize_t *near_tag,
+static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, Py_ssize_t *near_tag,
                      Py_ssize_t *mark) {
     for (Py_ssize_t k = 0; k < len; k++) {
         Py_ssize_t v = list[k], uo = 0, ul = 0;
@@ -303,7 +309,7 @@ __attribute__((noinline)) static int near_pass(TW *s, Py_ssize_t t, const Py_ssi
 }
 
 /* gpar counts, children lists gch (CSR) and the F_a counts from the parent sets. */
-__attribute__((noinline)) static int children(TW *s) {
+static int children(TW *s) {
     Py_ssize_t n = s->n;
     for (Py_ssize_t v = 0; v < n; v++) {
         if (s->typ[v] < 0)
@@ -316,8 +322,8 @@ __attribute__((noinline)) static int children(TW *s) {
     }
     for (Py_ssize_t v = 0; v < n; v++)
         s->gstart[v + 1] += s->gstart[v];
-    Py_ssize_t *fill = tw_alloc(s, n);
-    if (!fill || !(s->gch = tw_alloc(s, s->gstart[n]))) {
+    Py_ssize_t *fill = tw_alloc_raw(s, n);
+    if (!fill || !(s->gch = tw_alloc_raw(s, s->gstart[n]))) {
         PyErr_NoMemory();
         return -1;
     }
@@ -409,7 +415,7 @@ int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObje
                 s->ustart[v + 1] += s->ustart[v];
                 s->argstart[v + 1] += s->argstart[v];
             }
-            if (!(s->users = tw_alloc(s, s->ustart[n])) || !(s->argv = tw_alloc(s, s->argstart[n]))) {
+            if (!(s->users = tw_alloc_raw(s, s->ustart[n])) || !(s->argv = tw_alloc_raw(s, s->argstart[n]))) {
                 PyErr_NoMemory();
                 return -1;
             }
