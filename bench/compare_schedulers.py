@@ -118,7 +118,8 @@ def run_workload(name: str, args) -> list[dict]:
     rows = []
     scheds = [(s, schedulers.get(s)) for s in args.baselines]
     for enc, (pol, _) in policies.items():
-        own = fsm.Policy(pol.encoding, pol.types, pol.table, pol.q, pol.meta, pol.settle)  # never defers
+        own = fsm.Policy(pol.encoding, pol.types, pol.table, pol.q, pol.meta, pol.settle,
+                         hold_tail=pol.hold_tail)  # never defers
         scheds.append((f"fsm-{enc}", fsm.Scheduler(own)))
         if pol.defer_to:
             scheds.append((f"fsm-{enc}>{pol.defer_to}", fsm.Scheduler(pol)))

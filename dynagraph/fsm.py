@@ -127,14 +127,16 @@ class Trainer:
 
     def __init__(self, cg: ComputationGraph, encoding: str = "base", seed: int = 0, step_size: float = 0.4,
                  gamma: float = 0.9, epsilon: float = 0.5, epsilon_decay: float = 0.9,
-                 epsilon_min: float = 0.05, n_step: int = 10, bootstrap: str = "max", settle: bool = True):
+                 epsilon_min: float = 0.05, n_step: int = 10, bootstrap: str = "max", settle: bool = True,
+                 hold_tail: bool = True):
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
         if bootstrap not in ("max", "none"):
             raise ValueError(f"bootstrap must be 'max' or 'none', got {bootstrap!r}")
         cg._sync_values()
         self.nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
-        self.sim = Simulation(cg, self.nodes, typewise=True)
+        self.sim = Simulation(cg, self.nodes, typewise=True, hold_tail=hold_tail)
+        self.hold_tail = hold_tail
         keys = stable_keys(cg, self.sim.type_sig)
         self.types = [keys[s] for s in self.sim.type_sig]  # vocabulary id == simulation type
         self.vmap = list(range(len(self.types)))
@@ -228,7 +230,8 @@ class Trainer:
                 "hyper": {"step_size": self.alpha, "gamma": self.gamma, "epsilon": self.epsilon,
                           "epsilon_decay": self.epsilon_decay, "epsilon_min": self.epsilon_min,
                           "n_step": self.n, "bootstrap": self.bootstrap}}
-        return Policy(self.encoding, self.types, best_table, best_q, meta, settle=self.settle)
+        return Policy(self.encoding, self.types, best_table, best_q, meta, settle=self.settle,
+                      hold_tail=self.hold_tail)
 
 
 def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encoding: str = "base",
@@ -236,7 +239,7 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
           epsilon: float = 0.5, epsilon_decay: float = 0.9, epsilon_min: float = 0.05, n_step: int = 10,
           eval_every: int = 50, tolerance: float = 0.01, patience: int | None = None,
           time_limit: float | None = None, bootstrap: str = "max", settle: bool = True,
-          progress: bool = True, defer: bool = True) -> Policy:
+          progress: bool = True, defer: bool = True, hold_tail: bool = True) -> Policy:
     """Learn an FSM batching policy on one recorded graph (see the module docstring).
 
     patience: stop after this many greedy evaluations without improvement (None: never).
@@ -246,13 +249,15 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     With progress on, it ends by printing the step it expects under the policy against
     agenda's and depth's (expected_step; kept in meta["expected_step"]): whole steps timed when
     `graph` is a callable, scheduling time and batches only for an already recorded graph.
+    hold_tail: hold tail types (a loss layer, the losses) back until nothing else is pending, so
+    each runs once (schedulers/typewise.py); stored in the policy.
     defer: when whole steps were timed and the policy's is slower than the better of agenda and
     depth, set `policy.defer_to` to that scheduler (module docstring, "Deferring").
     """
     recorder = graph if callable(graph) and not isinstance(graph, ComputationGraph) else None
     cg = _graph_of(graph)
     trainer = Trainer(cg, encoding, seed, step_size, gamma, epsilon, epsilon_decay, epsilon_min, n_step,
-                      bootstrap, settle)
+                      bootstrap, settle, hold_tail)
     policy = trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
     if progress or (defer and recorder is not None):
         est = expected_step(recorder if recorder is not None else cg, policy, rounds=5)  # 3 flipped under load
@@ -301,7 +306,8 @@ def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
     graph nothing may run: only scheduling is timed and batches counted.
     """
     from .schedulers import get
-    own = Policy(policy.encoding, policy.types, policy.table, policy.q, policy.meta, policy.settle)  # no defer_to
+    own = Policy(policy.encoding, policy.types, policy.table, policy.q, policy.meta, policy.settle,
+                 hold_tail=policy.hold_tail)  # no defer_to
     scheds = {"agenda": get("agenda"), "depth": get("depth"), "fsm": FSMScheduler(own)}
     if callable(graph) and not isinstance(graph, ComputationGraph):
         best: dict = {}

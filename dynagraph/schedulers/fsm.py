@@ -22,6 +22,7 @@ Policy file (JSON, written by Policy.save):
     {"format": "dynagraph.fsm.policy", "version": 1,
      "encoding": "base" | "max" | "sort",
      "settle": true,                               # run ratio-1 types outside the policy
+     "hold_tail": true,                            # optional: hold tail types back (typewise.py)
      "types":  [stable type key, ...],             # vocabulary; a type is its index
      "states": [{"s": [type, ...],                 # the encoded state
                  "a": type,                        # the action: the type to run
@@ -90,12 +91,14 @@ class Policy:
     """A trained FSM: encoding, type vocabulary, state -> action table (+ Q-values)."""
 
     def __init__(self, encoding: str, types: list, table: dict, q: dict | None = None,
-                 meta: dict | None = None, settle: bool = True, defer_to: str | None = None):
+                 meta: dict | None = None, settle: bool = True, defer_to: str | None = None,
+                 hold_tail: bool = False):
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
         if defer_to is not None and (not isinstance(defer_to, str) or defer_to.partition(":")[0] == "fsm"):
             raise ValueError(f"an FSM policy defers to a scheduler name other than fsm, got {defer_to!r}")
         self.defer_to = defer_to
+        self.hold_tail = bool(hold_tail)  # typewise.Simulation(hold_tail=...): the loss layer runs last, once
         self.encoding = encoding
         self.settle = bool(settle)
         self.types = list(types)
@@ -126,6 +129,8 @@ class Policy:
                "types": self.types, "states": states, "meta": self.meta}
         if self.defer_to:
             out["defer_to"] = self.defer_to
+        if self.hold_tail:
+            out["hold_tail"] = True
         return out
 
     @classmethod
@@ -141,7 +146,7 @@ class Policy:
             if "q" in e:
                 q[s] = {int(k): float(v) for k, v in e["q"].items()}
         return cls(d["encoding"], d["types"], table, q, d.get("meta", {}), d.get("settle", False),
-                   d.get("defer_to"))
+                   d.get("defer_to"), bool(d.get("hold_tail", False)))
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -218,7 +223,7 @@ class FSMScheduler:
                 pol = self.policy
                 out = NATIVE.typewise_batches(cg.args, cg.sig, batchable_by_sig(cg), nodes,
                                               (pol.table, vocab, len(pol.types), ENCODINGS.index(pol.encoding),
-                                               pol.settle))
+                                               pol.settle, pol.hold_tail))
                 if out is not None:
                     batches, hits, misses = out
                     self._count(cg, hits, misses)
@@ -254,7 +259,7 @@ class FSMScheduler:
         if not nodes:
             return []
         pol = self.policy
-        sim = Simulation(cg, nodes, typewise=pol.settle)
+        sim = Simulation(cg, nodes, typewise=pol.settle, hold_tail=pol.hold_tail)
         sim.reset()
         keys = stable_keys(cg, sim.type_sig)
         vmap = [pol.index.get(keys[s], -1) for s in sim.type_sig]

@@ -19,6 +19,12 @@ static int cmp_ssize_tw(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Whether type t has ready nodes the decision may see: a tail type's are held while other
+   batchable nodes are pending (Simulation.held). */
+static inline int shown(const TW *s, Py_ssize_t t) {
+    return s->blen[t] > 0 && !(s->nontail > 0 && s->tail && s->tail[t]);
+}
+
 /* Append [node ids of local nodes ns[0..m)] to the schedule. */
 static int emit(TW *s, const Py_ssize_t *ns, Py_ssize_t m) {
     PyObject *b = PyList_New(m);
@@ -78,6 +84,8 @@ static int tw_step(TW *s, Py_ssize_t t, int typewise) {
                     s->fcount[t]++;
     }
     s->steps++;
+    if (s->tail && !s->tail[t])
+        s->nontail -= m;
     if (emit(s, batch, m) < 0)
         return -1;
     return tw_release(s, batch, m);
@@ -88,7 +96,7 @@ static int tw_settle(TW *s, Py_ssize_t *full) {
     for (;;) {
         Py_ssize_t k = 0;
         for (Py_ssize_t t = 0; t < s->T; t++)
-            if (s->blen[t] > 0 && s->blen[t] == s->fcount[t])
+            if (shown(s, t) && s->blen[t] == s->fcount[t])
                 full[k++] = t;
         if (k == 0)
             return 0;
@@ -121,7 +129,7 @@ static Py_ssize_t choose_typewise(TW *s) {
 static Py_ssize_t most_common_c(TW *s) {
     Py_ssize_t best = -1;
     for (Py_ssize_t t = 0; t < s->T; t++)
-        if (s->blen[t] > 0 && (best < 0 || s->blen[t] > s->blen[best]))
+        if (shown(s, t) && (best < 0 || s->blen[t] > s->blen[best]))
             best = t;
     return best;
 }
@@ -141,7 +149,7 @@ static int item_cmp(const void *a, const void *b) {  /* (-len, v) ascending */
 static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item *items) {
     Py_ssize_t k = 0;
     for (Py_ssize_t t = 0; t < s->T; t++) {
-        if (s->blen[t] == 0)
+        if (!shown(s, t))
             continue;
         if (vmap[t] < 0)
             Py_RETURN_NONE;
@@ -207,26 +215,27 @@ static Py_ssize_t fsm_lookup(TW *s, PyObject *table, const Py_ssize_t *vmap, con
         }
     }
     Py_DECREF(state);
-    return (t >= 0 && s->blen[t] > 0) ? t : -1;
+    return (t >= 0 && shown(s, t)) ? t : -1;
 }
 
 /* The FSM's side of a call: its table and the per-type vocabulary ids (vmap) and back (inv). */
 typedef struct {
     PyObject *table, *vocab;  /* borrowed; vocab: vocabulary id per signature id */
     Py_ssize_t V, *vmap, *inv, *full;
-    int on, encoding, settle;
+    int on, encoding, settle, hold_tail;
     Item *items;
 } Fsm;
 
-/* Unpack the policy argument: None (typewise) or (table, vocab_by_sig, n_vocab, encoding, settle). */
+/* Unpack the policy argument: None (typewise) or (table, vocab_by_sig, n_vocab, encoding, settle[, hold_tail]). */
 static int parse_policy(PyObject *policy, Fsm *f) {
     f->on = policy != Py_None;
     f->settle = 1;
+    f->hold_tail = 0;
     if (!f->on)
         return 0;
     long e = 0;
-    if (!PyArg_ParseTuple(policy, "O!O!nlp", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
-                          &f->settle))
+    if (!PyArg_ParseTuple(policy, "O!O!nlp|p", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
+                          &f->settle, &f->hold_tail))
         return -1;
     if (e < 0 || e > 2 || f->V < 0) {
         PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1 or 2");
@@ -257,6 +266,53 @@ static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, P
     for (Py_ssize_t v = 0; v < n; v++)
         s->typ[v] = -1;  /* not pending: no type */
     return tw_columns(s, args, sig, batchable, ids, B, lo, sig_type);
+}
+
+/* typewise.tail_types: tail[t] is the least fixed point of "no unbatchable user and every user's
+   type a tail type or t" over the type graph (bit rows of W words); then the non-tail count. */
+static int tail_types(TW *s) {
+    Py_ssize_t T = s->T, W = (T + 63) / 64;
+    uint64_t *succ = tw_zalloc(s, ((size_t)(T * W) + 1) * sizeof(uint64_t));
+    uint64_t *mask = tw_zalloc(s, ((size_t)W + 1) * sizeof(uint64_t));
+    char *blocked = tw_zalloc(s, (size_t)T + 1);
+    s->tail = tw_zalloc(s, (size_t)T + 1);
+    if (!succ || !mask || !blocked || !s->tail) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < s->n; v++) {
+        Py_ssize_t t = s->typ[v];
+        if (t < 0)
+            continue;
+        for (Py_ssize_t e = s->ustart[v]; e < s->ustart[v + 1]; e++) {
+            Py_ssize_t tu = s->typ[s->users[e]];
+            if (tu < 0)
+                blocked[t] = 1;
+            else
+                succ[t * W + (tu >> 6)] |= (uint64_t)1 << (tu & 63);
+        }
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (Py_ssize_t t = 0; t < T; t++) {
+            if (s->tail[t] || blocked[t])
+                continue;
+            int sub = 1;
+            for (Py_ssize_t w = 0; w < W && sub; w++) {
+                uint64_t own = w == (t >> 6) ? (uint64_t)1 << (t & 63) : 0;  /* a type's own chain */
+                sub = (succ[t * W + w] & ~(mask[w] | own)) == 0;
+            }
+            if (sub) {
+                s->tail[t] = 1;
+                mask[t >> 6] |= (uint64_t)1 << (t & 63);
+                changed = 1;
+            }
+        }
+    }
+    for (Py_ssize_t v = 0; v < s->n; v++)
+        if (s->typ[v] >= 0 && !s->tail[s->typ[v]])
+            s->nontail++;
+    return 0;
 }
 
 /* Per-type arrays: bucket ranges, F_a counts, the FSM's vocabulary maps; G_a when needed. */
@@ -291,6 +347,8 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
             }
         }
     }
+    if (f->hold_tail && tail_types(s) < 0)
+        return -1;
     /* each node joins its type's bucket once: give every type its own range */
     for (Py_ssize_t v = 0; v < n; v++)
         if (s->typ[v] >= 0)

@@ -23,6 +23,9 @@ typedef struct {
     Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp;
     uint64_t *below;
     Py_ssize_t W, depth, steps, unbatchable;
+    /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */
+    char *tail;
+    Py_ssize_t nontail;
     PyObject *result;
     /* memory: the shared arena (arena = 1, bytes used) and heap blocks owned by this call */
     int arena;
