@@ -331,6 +331,32 @@ def test_addresses_checks_what_it_hands_out(twin):
         addresses([ro], "d")
 
 
+@needs_native
+@pytest.mark.parametrize("twin", ["native", "python"])
+def test_grad_addresses_checks_gradient_blocks_against_their_values(twin):
+    grad_addresses = NATIVE.grad_addresses if twin == "native" else runs._grad_addresses_py
+    v, g = np.zeros((2, 3)), np.zeros((2, 3))
+    got = np.frombuffer(grad_addresses([g, None], [v, v], "d"), np.int64)
+    assert got[0] == g.ctypes.data and got[1] == 0
+    # per pair: slot 0 rows 1 and 0, slot 1 (None: an argument whose gradient is not needed) -> 0
+    slot, off = np.array([0, 0, 1], np.int64).tobytes(), np.array([24, 0, 8], np.int64).tobytes()
+    got = np.frombuffer(grad_addresses([g, None], [v, v], "d", slot, off), np.int64)
+    assert list(got) == [g.ctypes.data + 24, g.ctypes.data, 0]
+    for bad in (np.zeros((3, 2)), np.zeros((2, 4)), np.zeros((2, 3), np.float32), np.zeros((2, 6))[:, ::2]):
+        with pytest.raises((ValueError, BufferError)):  # unlike its value block: never written through
+            grad_addresses([bad], [v], "d")
+    ro = np.zeros((2, 3))
+    ro.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        grad_addresses([ro], [v], "d")
+    with pytest.raises(ValueError):
+        grad_addresses([g], [v, v], "d")
+    for slot, off in (([2], [0]), ([-1], [0]), ([0], [-8]), ([0], [48]), ([0, 0], [0])):
+        with pytest.raises(ValueError):
+            grad_addresses([g, None], [v, v], "d", np.array(slot, np.int64).tobytes(),
+                           np.array(off, np.int64).tobytes())
+
+
 def test_full_backward_gives_every_run_node_its_gradient():
     """backward(full=True): gradients reach nodes that need none (inputs), through runs too."""
     def grads(backend):

@@ -508,3 +508,117 @@ PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     }
     return out;
 }
+
+/* The data address of `a`, a writable C-contiguous buffer of `format` elements holding exactly
+   as many bytes and rows as `value` (the value block it is the gradient of), or -1 with an
+   exception set. Equal length and rows mean equal row width, so the byte offsets a run
+   table computed from the value block are in range in its gradient block too. */
+static int64_t grad_address(PyObject *a, PyObject *value, const char *format, Py_ssize_t i, Py_ssize_t *len) {
+    Py_buffer g, v;
+    if (PyObject_GetBuffer(a, &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(value, &v, PyBUF_ND) < 0) {
+        PyBuffer_Release(&g);
+        return -1;
+    }
+    int ok = g.format && !strcmp(g.format, format) && g.len == v.len && g.ndim >= 1 && v.ndim >= 1
+             && g.shape[0] == v.shape[0];
+    int64_t at = (int64_t)(intptr_t)g.buf;
+    *len = g.len;
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&v);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "grad_addresses: gradient block %zd is not a '%s' array shaped like "
+                                       "its value block", i, format);
+        return -1;
+    }
+    return at;
+}
+
+/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
+   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
+   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
+   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
+   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
+   (the row of an argument whose gradient is not needed: the kernel never writes it). */
+PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if ((nargs != 3 && nargs != 5) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
+        || !PyUnicode_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "grad_addresses(grads: list, values: list, format: str"
+                                         "[, pair_slot, pair_off])");
+        return NULL;
+    }
+    const char *format = PyUnicode_AsUTF8(argv[2]);
+    if (!format)
+        return NULL;
+    if (strcmp(format, "f") && strcmp(format, "d")) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: format must be 'f' or 'd'");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
+    if (PyList_GET_SIZE(argv[1]) != n) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: one value block per gradient block");
+        return NULL;
+    }
+    int64_t *at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    Py_ssize_t *len = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    PyObject *out = NULL;
+    if (!at || !len) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* every item is read before anything is returned: a buffer export runs no Python code
+           for numpy arrays, and the list is not used again after this loop */
+        PyObject *a = PyList_GET_ITEM(argv[0], i), *v = PyList_GET_ITEM(argv[1], i);
+        at[i] = 0;
+        len[i] = 0;
+        if (a == Py_None)
+            continue;
+        Py_INCREF(a);
+        Py_INCREF(v);
+        at[i] = grad_address(a, v, format, i, &len[i]);
+        Py_DECREF(a);
+        Py_DECREF(v);
+        if (at[i] == -1)
+            goto done;
+    }
+    if (nargs == 3) {
+        out = PyByteArray_FromStringAndSize((const char *)at, n * (Py_ssize_t)sizeof(int64_t));
+        goto done;
+    }
+    Py_buffer ps, po;
+    if (PyObject_GetBuffer(argv[3], &ps, PyBUF_SIMPLE) < 0)
+        goto done;
+    if (PyObject_GetBuffer(argv[4], &po, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ps);
+        goto done;
+    }
+    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
+    } else {
+        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
+        out = PyByteArray_FromStringAndSize(NULL, ps.len);
+        if (out) {
+            const int64_t *slot = ps.buf, *off = po.buf;
+            int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+            for (Py_ssize_t p = 0; p < np_; p++) {
+                int64_t s = slot[p];
+                if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
+                    PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
+                                 p, (long long)s, (long long)off[p]);
+                    Py_CLEAR(out);
+                    break;
+                }
+                o[p] = at[s] ? at[s] + off[p] : 0;
+            }
+        }
+    }
+    PyBuffer_Release(&ps);
+    PyBuffer_Release(&po);
+done:
+    PyMem_Free(at);
+    PyMem_Free(len);
+    return out;
+}
