@@ -80,8 +80,16 @@ def step_spec(cg, n: int) -> StepSpec | None:
     specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
-        specs[sid] = _spec(cg, n) if sid >= 0 else None
+        spec = _spec(cg, n) if sid >= 0 else None
+        if spec is not None:  # one object per distinct spec across graphs: _program keys runs by identity
+            if len(_INTERNED) >= 4096:
+                _INTERNED.clear()  # live graphs and programs keep their spec objects; only sharing resumes
+            spec = _INTERNED.setdefault(spec, spec)
+        specs[sid] = spec
     return specs[sid]
+
+
+_INTERNED: dict = {}
 
 
 def enabled(cg, be) -> bool:
@@ -231,9 +239,12 @@ _PROGRAMS: dict = {}  # step specs -> their arrays: per-sentence graphs repeat t
 
 
 def _program(specs: list) -> tuple:
-    """(offs, reach, code, consts, widths) of a run of these step specs, shared by every run
-    of equal specs (in any graph); the arrays are read-only, as the kernels only read them."""
-    key = tuple(specs)
+    """(offs, reach, code, consts, widths, max width, specs) of a run of these step specs,
+    shared by every run of equal specs (in any graph); the arrays are read-only, as the
+    kernels only read them. Keyed by the specs' identities (step_spec interns them): a tuple
+    of ints hashes in a fraction of the time of the specs themselves; the program holds its
+    specs, so no id in a key can be reused by another object while the key exists."""
+    key = tuple(map(id, specs))
     prog = _PROGRAMS.get(key)
     if prog is None:
         if len(_PROGRAMS) >= 4096:  # a bound, not an LRU: programs with many distinct runs rebuild
@@ -244,7 +255,7 @@ def _program(specs: list) -> tuple:
         for a in (code, consts, widths):
             a.flags.writeable = False
         prog = _PROGRAMS[key] = ([o for s in specs for o in s.offs], [r for s in specs for r in s.reach],
-                                 code, consts, widths)
+                                 code, consts, widths, max(s.width for s in specs), tuple(specs))
     return prog
 
 
@@ -262,7 +273,7 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
         bid = len(blocks)
         blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
         place(cg.blk, cg.row, nodes, bid)
-    offs, reach, code, consts, widths = _program(specs)
+    offs, reach, code, consts, widths, max_width, _ = _program(specs)
     table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
     if table is None:
         _unplace(cg, steps, first)
@@ -270,7 +281,8 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     bids = range(first, len(blocks))
     out_blocks = blocks[first:]
     outs = _addresses(out_blocks, _FORMAT[dt])
-    rows = np.array([len(nodes) for nodes in steps], np.int64)
+    counts = [len(nodes) for nodes in steps]
+    rows = np.array(counts, np.int64)
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
@@ -283,13 +295,13 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     slots = table[3]
     # the blocks the row addresses point into, held so that no rebinding frees one before backward
     keep = [blocks[b] for b in slots]
-    cg.executed.append(ExecutedRun(steps, bids, code, consts, rows, widths, max(s.width for s in specs), slots, keep,
+    cg.executed.append(ExecutedRun(steps, bids, code, consts, rows, widths, max_width, slots, keep,
                                    out_blocks, outs, table))
     stats = cg.stats
     stats.runs += 1
     stats.kernel_calls += 1
     stats.batches += len(steps)
-    stats.nodes += int(rows.sum())
+    stats.nodes += sum(counts)
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     stats.t_execute += t2 - t1
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
