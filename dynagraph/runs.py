@@ -207,8 +207,7 @@ class ExecutedRun:
         self.rows, self.width, self.max_width, self.slots, self.keep = rows, width, max_width, slots, keep
         # the run's output blocks and their addresses, held so backward need not look them up again
         self.outs, self.out_addresses = outs, out_addresses
-        self.src, self.pair_slot, self.pair_off, _, self.need, slot_last = table
-        self.slot_last = np.frombuffer(slot_last, np.int64).tolist()  # read per slot: Python ints
+        self.src, self.pair_slot, self.pair_off, _, self.need, self.slot_last = table
 
     @property
     def nodes(self) -> list:
@@ -305,7 +304,8 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     stats.t_execute += t2 - t1
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
-        stats.batch_log.extend((cg.op[nodes[0]].name, len(nodes)) for nodes in steps)
+        ops = cg.op
+        stats.batch_log.extend([(ops[nodes[0]].name, len(nodes)) for nodes in steps])
     return True
 
 
@@ -317,24 +317,28 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
     if 1 not in need:
         return
     # full: every argument needs its gradient, so each slot's last reader is the last step reading it at all
-    last = run.slot_last if not full else run.slot_last_all()
+    last = np.frombuffer(run.slot_last, np.int64).tolist() if not full else run.slot_last_all()
     blocks = cg.blocks
     # The run's own blocks that receive gradient only from later steps: one uninitialised
     # buffer, each zeroed by the kernel when its last reader begins (-1: keep as is).
     first = run.bids[0]
     zero_at = array("q", _MINUS_ONE) * len(run.bids)
-    fresh = [(s, b) for s, b in enumerate(run.slots) if last[s] >= 0 and b >= first and gb[b] is None]
+    fresh, total = [], 0
+    for s, b in enumerate(run.slots):
+        if b >= first and last[s] >= 0 and gb[b] is None:
+            fresh.append((s, b))
+            total += blocks[b].size
     if fresh:
-        buf = np.empty(sum(blocks[b].size for _, b in fresh), cg.dtype)
+        buf = np.empty(total, cg.dtype)
         at = 0
         for s, b in fresh:
-            size = blocks[b].size
-            gb[b] = buf[at:at + size].reshape(blocks[b].shape)
+            v = blocks[b]
+            gb[b] = buf[at:at + v.size].reshape(v.shape)
             zero_at[b - first] = last[s]
-            at += size
+            at += v.size
     fmt = _FORMAT[cg.dtype]
     # checked against the value blocks in C: a gradient block shaped unlike its value block is a ValueError
-    gsrc = _grad_addresses([grad_block(b) if last[s] >= 0 else None for s, b in enumerate(run.slots)],
+    gsrc = _grad_addresses([grad_block(b) if t >= 0 else None for t, b in zip(last, run.slots)],
                            [blocks[b] for b in run.slots], fmt, run.pair_slot, run.pair_off)
     gout = _grad_addresses([gb[b] for b in run.bids], run.outs, fmt)
     work = np.empty(run.max_width, cg.dtype)
