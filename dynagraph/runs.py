@@ -44,6 +44,7 @@ class StepSpec(NamedTuple):
     width: int         # output elements per node
     offs: tuple        # per argument: first element read (a pick_range's start)
     reach: tuple       # per argument: elements a source row must hold (off + width)
+    name: str = ""     # the op's name (for stats.batch_log)
 
 
 def _spec(cg, n: int) -> StepSpec | None:
@@ -58,11 +59,11 @@ def _spec(cg, n: int) -> StepSpec | None:
         if d != 0 or not src:  # only a range of the first axis is contiguous in a row
             return None
         off = start * size_of(src[1:])
-        return StepSpec(COPY, 1, 0.0, width, (off,), (off + width,))
+        return StepSpec(COPY, 1, 0.0, width, (off,), (off + width,), op.name)
     if op.uses_data or op.name not in OPCODE or not fusable(op, attrs, arg_shapes, shape):
         return None
     k = len(arg_shapes)
-    return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k)
+    return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k, op.name)
 
 
 def spec_cache(cg) -> dict:
@@ -238,7 +239,7 @@ _PROGRAMS: dict = {}  # step specs -> their arrays: per-sentence graphs repeat t
 
 
 def _program(specs: list) -> tuple:
-    """(offs, reach, code, consts, widths, max width, specs) of a run of these step specs,
+    """(offs, reach, code, consts, widths, max width, specs, op names) of a run of these step specs,
     shared by every run of equal specs (in any graph); the arrays are read-only, as the
     kernels only read them. Keyed by the specs' identities (step_spec interns them): a tuple
     of ints hashes in a fraction of the time of the specs themselves; the program holds its
@@ -254,7 +255,8 @@ def _program(specs: list) -> tuple:
         for a in (code, consts, widths):
             a.flags.writeable = False
         prog = _PROGRAMS[key] = ([o for s in specs for o in s.offs], [r for s in specs for r in s.reach],
-                                 code, consts, widths, max(s.width for s in specs), tuple(specs))
+                                 code, consts, widths, max(s.width for s in specs), tuple(specs),
+                                 tuple(s.name for s in specs))
     return prog
 
 
@@ -272,7 +274,7 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
         bid = len(blocks)
         blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
         place(cg.blk, cg.row, nodes, bid)
-    offs, reach, code, consts, widths, max_width, _ = _program(specs)
+    offs, reach, code, consts, widths, max_width, _, names = _program(specs)
     table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
     if table is None:
         _unplace(cg, steps, first)
@@ -280,7 +282,7 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     bids = range(first, len(blocks))
     out_blocks = blocks[first:]
     outs = _addresses(out_blocks, _FORMAT[dt])
-    counts = [len(nodes) for nodes in steps]
+    counts = list(map(len, steps))
     rows = np.array(counts, np.int64)
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
@@ -304,8 +306,7 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     stats.t_execute += t2 - t1
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
-        ops = cg.op
-        stats.batch_log.extend([(ops[nodes[0]].name, len(nodes)) for nodes in steps])
+        stats.batch_log.extend(zip(names, counts))
     return True
 
 
