@@ -334,13 +334,21 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
         at = 0
         for s, b in fresh:
             v = blocks[b]
-            gb[b] = buf[at:at + v.size].reshape(v.shape)
+            gb[b] = np.ndarray(v.shape, buf.dtype, buf, at)  # a view of the shared buffer at byte `at`
             zero_at[b - first] = last[s]
-            at += v.size
+            at += v.nbytes
     fmt = _FORMAT[cg.dtype]
     # checked against the value blocks in C: a gradient block shaped unlike its value block is a ValueError
-    gsrc = _grad_addresses([grad_block(b) if t >= 0 else None for t, b in zip(last, run.slots)],
-                           [blocks[b] for b in run.slots], fmt, run.pair_slot, run.pair_off)
+    written, borrowed = [], gb.borrowed
+    for t, b in zip(last, run.slots):
+        if t < 0:
+            written.append(None)  # no step of this run adds into block b
+            continue
+        g = gb[b]
+        if g is None or b in borrowed:  # grad_block's two cases: allocate, or copy before writing
+            g = grad_block(b)
+        written.append(g)
+    gsrc = _grad_addresses(written, [blocks[b] for b in run.slots], fmt, run.pair_slot, run.pair_off)
     gout = _grad_addresses([gb[b] for b in run.bids], run.outs, fmt)
     work = np.empty(run.max_width, cg.dtype)
     t1 = time.perf_counter()
