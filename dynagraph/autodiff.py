@@ -84,9 +84,8 @@ def scatter(cg, be, gb, plan: tuple, gx, stats, leaf_sums: dict | None = None) -
         g += gx.sum(axis=0, keepdims=True) if gx.shape[0] != 1 else gx
         return
     if kind == SLICE:
-        g = _grad_block(cg, xp, gb, b)
-        n = gx.shape[0]
-        g[rows:rows + n] += gx.reshape(g[rows:rows + n].shape)
+        dst = _grad_block(cg, xp, gb, b)[rows:rows + gx.shape[0]]
+        dst += gx.reshape(dst.shape)
         return
     if kind == TAKE:
         g = _grad_block(cg, xp, gb, b)
