@@ -34,7 +34,7 @@ PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
             break;
         }
         if (b < 0) {
-            PyObject *v = PyLong_FromSsize_t(i);
+            PyObject *v = dg_int(i);
             if (!v || PyList_Append(out, v) < 0)
                 Py_CLEAR(out);
             Py_XDECREF(v);
