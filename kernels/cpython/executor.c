@@ -349,7 +349,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
                                           "must have one entry per node");
         return NULL;
     }
-    Py_ssize_t total = 0, nj = 0;
+    Py_ssize_t total = 0, nj = 0, maxB = 1;
     for (Py_ssize_t m = 0; m < nsteps; m++) {  /* sizes first: one allocation each */
         PyObject *s = PyList_GET_ITEM(steps, m);
         if (!PyList_CheckExact(s) && !PyTuple_CheckExact(s)) {
@@ -370,6 +370,8 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         }
         total += PyTuple_GET_SIZE(a) * B;
         nj += PyTuple_GET_SIZE(a);
+        if (B > maxB)
+            maxB = B;
     }
     if (PyList_GET_SIZE(offs) != nj || PyList_GET_SIZE(reach) != nj) {
         PyErr_SetString(PyExc_ValueError, "run_table: offs and reach need one entry per step and argument");
@@ -381,9 +383,13 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     PyObject *poff = PyByteArray_FromStringAndSize(NULL, bytes);
     int *slot_of = PyMem_Malloc((size_t)(nblocks ? nblocks : 1) * sizeof(int));
     RunSlot *sl = PyMem_Calloc((size_t)(nblocks ? nblocks : 1), sizeof(RunSlot));  /* at most one per block */
+    PyObject **arow = PyMem_Malloc((size_t)maxB * sizeof(PyObject *));
     Py_ssize_t nslots = 0;
-    if (!slots || !need || !src || !pslot || !poff || !slot_of || !sl)
+    if (!slots || !need || !src || !pslot || !poff || !slot_of || !sl || !arow) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
+    }
     for (Py_ssize_t b = 0; b < nblocks; b++)
         slot_of[b] = -1;
     int64_t *o_src = (int64_t *)PyByteArray_AS_STRING(src), *o_slot = (int64_t *)PyByteArray_AS_STRING(pslot);
@@ -395,6 +401,19 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
         PyObject **ids = PySequence_Fast_ITEMS(s);
         Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(ids[0])));  /* checked above */
+        /* each node's argument tuple, checked once and read for every column (borrowed: nothing
+           below runs Python code that could change the lists) */
+        for (Py_ssize_t r = 0; r < B; r++) {
+            Py_ssize_t i = index_in(ids[r], n);
+            if (i < 0)
+                goto done;
+            PyObject *a = PyList_GET_ITEM(args, i);
+            if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
+                PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
+                goto done;
+            }
+            arow[r] = a;
+        }
         for (Py_ssize_t c = 0; c < k; c++) {
             Py_ssize_t off = PyLong_AsSsize_t(PyList_GET_ITEM(offs, j + c));
             Py_ssize_t rch = PyLong_AsSsize_t(PyList_GET_ITEM(reach, j + c));
@@ -406,15 +425,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
             }
             nd[j + c] = 0;
             for (Py_ssize_t r = 0; r < B; r++) {
-                Py_ssize_t i = index_in(ids[r], n);
-                if (i < 0)
-                    goto done;
-                PyObject *a = PyList_GET_ITEM(args, i);
-                if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
-                    PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
-                    goto done;
-                }
-                Py_ssize_t x = index_in(PyTuple_GET_ITEM(a, c), n);
+                Py_ssize_t x = index_in(PyTuple_GET_ITEM(arow[r], c), n);
                 if (x < 0)
                     goto done;
                 Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(blk, x)), rw = PyLong_AsSsize_t(PyList_GET_ITEM(row, x));
@@ -492,6 +503,7 @@ done:
         if (sl[q].held)
             PyBuffer_Release(&sl[q].view);
     PyMem_Free(sl);
+    PyMem_Free(arow);
     PyMem_Free(slot_of);
     Py_XDECREF(slots);
     Py_XDECREF(need);
