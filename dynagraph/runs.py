@@ -81,16 +81,29 @@ def step_spec(cg, n: int) -> StepSpec | None:
     specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
-        spec = _spec(cg, n) if sid >= 0 else None
-        if spec is not None:  # one object per distinct spec across graphs: _program keys runs by identity
-            if len(_INTERNED) >= 4096:
-                _INTERNED.clear()  # live graphs and programs keep their spec objects; only sharing resumes
-            spec = _INTERNED.setdefault(spec, spec)
+        if sid < 0:
+            specs[sid] = None
+            return None
+        # Across graphs by everything _spec reads (signature key: op, attrs and shared arguments;
+        # the output and argument shapes): a per-sentence program asks for the same dozen specs
+        # in every graph it records.
+        key = (cg.signatures[sid], cg.shape[n], tuple([cg.shape[a] for a in cg.args[n]]))
+        spec = _BY_KEY.get(key, _NONE)
+        if spec is _NONE:
+            spec = _spec(cg, n)
+            if spec is not None:  # one object per distinct spec: _program keys runs by identity
+                spec = _INTERNED.setdefault(spec, spec)
+            if len(_BY_KEY) >= 8192:  # a bound; live graphs and programs keep their spec objects,
+                _BY_KEY.clear()       # only the sharing across graphs starts again from empty
+                _INTERNED.clear()
+            _BY_KEY[key] = spec
         specs[sid] = spec
     return specs[sid]
 
 
-_INTERNED: dict = {}
+_INTERNED: dict = {}  # spec -> the one object equal to it (bounded with _BY_KEY)
+_BY_KEY: dict = {}    # (signature key, shape, argument shapes) -> interned spec, or None: not a run step
+_NONE = object()
 
 
 def enabled(cg, be) -> bool:
