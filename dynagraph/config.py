@@ -31,6 +31,9 @@ class Config:
     threads: int | None = None  # BLAS threads; None leaves numpy's default alone
     # Consecutive elementwise batches run as one C call on the cpu backend (dynagraph/runs.py).
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
+    # Replay the schedule of a small graph structured like one scheduled before (schedule_cache.py).
+    schedule_cache: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULE_CACHE", "1")
+                                 not in ("0", "false", "no"))
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property
