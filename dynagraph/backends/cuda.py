@@ -205,6 +205,9 @@ class CudaBackend(NumpyBackend):
         self.optimizer_rules = CudaOptimizerRules()
         self.row_add = _row_add
 
+    def to_host(self, a) -> np.ndarray:
+        return cupy.asnumpy(a)
+
     def row_index(self, blocks: list, blks: list, rows: list):
         if blocks is None:
             return super().row_index(blocks, blks, rows)
