@@ -1,0 +1,272 @@
+"""A test-only backend whose arrays are a device of their own, so that the suite can prove
+on a machine without a GPU where training crosses the device boundary.
+
+`DeviceArray` wraps a numpy array the way a CuPy array holds device memory: arithmetic,
+indexing, ufuncs and numpy functions run on it and give DeviceArrays (as CuPy does through
+`__array_ufunc__` / `__array_function__`), but nothing turns it into host data implicitly.
+`np.asarray(x)`, `np.array(x)`, `float(x)`, `int(x)`, `bool(x)`, `x.item()`, `x.tolist()`,
+`x.tobytes()`, the buffer protocol, `host[...] = x` and `np.add(host, x, out=host)` all raise
+HostTransferError. The one door is explicit: `x.get()` (CuPy's spelling, which
+`backends.to_numpy` uses) or `CheckedBackend.to_host(x)`; each crossing is recorded in
+`CheckedBackend.transfers` (size and the line that asked), so a test can assert what left
+the device. Host-to-device moves (`xp.asarray(host)`, `to_device`) copy, as a real upload
+does, and are allowed.
+
+The backend itself is the numpy reference (NumpyBackend) over this array module: no
+optional capability, so every op runs its own `xp` code, as on a backend without kernels.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import numpy.lib.mixins
+
+from dynagraph.backends import register_backend
+from dynagraph.backends.numpy_backend import NumpyBackend
+
+
+class HostTransferError(TypeError):
+    """A device array was about to become host data without an explicit transfer."""
+
+
+def _refuse(what: str):
+    raise HostTransferError(f"implicit device-to-host transfer ({what}) of a checked DeviceArray; "
+                            f"use backend.to_host(x) or x.get()")
+
+
+TRANSFERS: list = []  # (size, caller 'file:line') of every explicit device-to-host copy
+
+
+def _caller() -> str:
+    """'package/module.py:line' of the code that asked for the copy (past this file and
+    the backends' own doors)."""
+    f = sys._getframe(2)
+    while f is not None and (f.f_code.co_filename == __file__ or "/dynagraph/backends/" in f.f_code.co_filename):
+        f = f.f_back
+    return "/".join(f.f_code.co_filename.rsplit("/", 2)[-2:]) + f":{f.f_lineno}" if f is not None else "?"
+
+
+def _unwrap(x):
+    if type(x) is DeviceArray:
+        return x._a
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+def _wrap(r):
+    if isinstance(r, np.ndarray):
+        return DeviceArray(r)
+    if isinstance(r, np.generic):  # CuPy reductions give 0-d device arrays, never host scalars
+        return DeviceArray(np.asarray(r))
+    if isinstance(r, (list, tuple)) and not isinstance(r, np.dtype):
+        return type(r)(_wrap(v) for v in r) if type(r) in (list, tuple) else r
+    return r
+
+
+def _holds_device(xs) -> bool:
+    return any(type(x) is DeviceArray or (isinstance(x, (list, tuple)) and _holds_device(x)) for x in xs)
+
+
+class DeviceArray(numpy.lib.mixins.NDArrayOperatorsMixin):
+    """An array on the checked 'device' (see the module doc)."""
+    __slots__ = ("_a",)
+
+    def __init__(self, a: np.ndarray):
+        self._a = a
+
+    # ------------------------------------------------------------ the explicit door
+    def get(self) -> np.ndarray:
+        TRANSFERS.append((self._a.size, _caller()))
+        return self._a.copy()
+
+    # ------------------------------------------------------- implicit doors, all shut
+    def __array__(self, *a, **k):
+        _refuse("__array__: np.asarray / np.array / assignment into a host array")
+
+    def __float__(self):
+        _refuse("float()")
+
+    def __int__(self):
+        _refuse("int()")
+
+    def __index__(self):
+        _refuse("operator.index()")
+
+    def __bool__(self):
+        _refuse("bool(): a Python branch on device values")
+
+    def __complex__(self):
+        _refuse("complex()")
+
+    def item(self, *a):
+        _refuse(".item()")
+
+    def tolist(self):
+        _refuse(".tolist()")
+
+    def tobytes(self, *a, **k):
+        _refuse(".tobytes()")
+
+    def tofile(self, *a, **k):
+        _refuse(".tofile()")
+
+    def __repr__(self) -> str:  # no values: printing them would be a transfer
+        return f"DeviceArray(shape={self._a.shape}, dtype={self._a.dtype})"
+
+    __str__ = __repr__
+
+    # -------------------------------------------------------------- metadata
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: DeviceArray(self._a.T))
+    base = property(lambda self: None if self._a.base is None else _BaseToken(self._a.base))
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self):
+        return (DeviceArray(r) if isinstance(r, np.ndarray) else DeviceArray(np.asarray(r)) for r in self._a)
+
+    # -------------------------------------------------------------- indexing
+    def __getitem__(self, key):
+        return _wrap(self._a[_unwrap(key)])
+
+    def __setitem__(self, key, value):
+        self._a[_unwrap(key)] = _unwrap(value)  # a host value is an upload: allowed
+
+    # -------------------------------------------------------------- methods
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # __array_interface__, __array_struct__, __buffer__, ...
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+        return lambda *a, **k: _wrap(attr(*_unwrap(a), **_unwrap(k)))
+
+    # ------------------------------------------------------- numpy protocols
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        if out is not None:
+            if any(isinstance(o, np.ndarray) for o in out) and _holds_device(inputs):
+                _refuse(f"np.{ufunc.__name__} writing device values into a host out= array")
+            kwargs["out"] = tuple(_unwrap(o) for o in out)
+        if method == "at" and isinstance(inputs[0], np.ndarray) and _holds_device(inputs[1:]):
+            _refuse(f"np.{ufunc.__name__}.at into a host array")
+        r = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return None if method == "at" else _wrap(r)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        out = kwargs.get("out")
+        if isinstance(out, np.ndarray):
+            _refuse(f"np.{func.__name__} writing device values into a host out= array")
+        r = func(*_unwrap(args), **_unwrap(kwargs))
+        return out if out is not None else _wrap(r)
+
+
+class _BaseToken:
+    """`x.base` for identity tests only (`a.base is b.base` holds when numpy's would)."""
+    __slots__ = ("_a",)
+    _live: dict = {}
+
+    def __new__(cls, a):
+        tok = cls._live.get(id(a))
+        if tok is None or tok._a is not a:
+            tok = object.__new__(cls)
+            tok._a = a
+            cls._live[id(a)] = tok
+        return tok
+
+
+class _XP(types.ModuleType):
+    """numpy's namespace over DeviceArrays: functions take device (or host: an upload)
+    arguments and give device results; dtypes, constants and errstate pass through."""
+
+    def __init__(self):
+        super().__init__("checked_xp")
+
+    def __getattr__(self, name: str):
+        obj = getattr(np, name)
+        if isinstance(obj, np.ufunc):
+            return _UFunc(obj)
+        if isinstance(obj, type) or not callable(obj) or name in ("errstate", "dtype", "result_type",
+                                                                     "broadcast_shapes", "iinfo", "finfo"):
+            if isinstance(obj, types.ModuleType):
+                raise AttributeError(f"checked xp: numpy.{name} is not modelled")
+            return obj
+
+        def fn(*a, **k):
+            return _wrap(obj(*_unwrap(a), **_unwrap(k)))
+        fn.__name__ = name
+        setattr(self, name, fn)
+        return fn
+
+    def asarray(self, a, dtype=None, order=None):
+        if type(a) is DeviceArray:
+            return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+        return DeviceArray(np.array(a, dtype=dtype, order=order or "K"))  # an upload copies
+
+    array = asarray
+
+    def ascontiguousarray(self, a, dtype=None):
+        if type(a) is DeviceArray:
+            return DeviceArray(np.ascontiguousarray(a._a, dtype=dtype))
+        return DeviceArray(np.array(a, dtype=dtype, order="C"))
+
+
+class _UFunc:
+    __slots__ = ("_u",)
+
+    def __init__(self, u: np.ufunc):
+        self._u = u
+
+    def __call__(self, *a, **k):
+        if not _holds_device(a):  # all host: an upload first, so the result is a device array
+            a = tuple(DeviceArray(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in a)
+            if not _holds_device(a):
+                return _wrap(self._u(*a, **k))
+        return self._u(*a, **k)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._u, name)
+        if name in ("at", "reduce", "accumulate", "reduceat", "outer"):
+            return lambda *a, **k: attr(*a, **k) if _holds_device(a) else _wrap(attr(*a, **k))
+        return attr
+
+
+XP = _XP()
+
+
+class CheckedBackend(NumpyBackend):
+    """The numpy reference over DeviceArrays; every device-to-host copy is recorded."""
+    name = "checked"
+
+    def __init__(self):
+        super().__init__(XP)
+
+    def to_host(self, a) -> np.ndarray:
+        if type(a) is not DeviceArray:
+            raise TypeError(f"checked backend: to_host of a {type(a).__name__}, not a device array")
+        return a.get()
+
+    def to_device(self, a):
+        if type(a) is DeviceArray:
+            return a
+        return DeviceArray(np.array(a))
+
+
+def install() -> None:
+    """Make `dy.config.set(backend="checked")` available (idempotent)."""
+    register_backend("checked", CheckedBackend)
