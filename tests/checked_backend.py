@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import types
+import weakref
 
 import numpy as np
 import numpy.lib.mixins
@@ -36,6 +37,7 @@ def _refuse(what: str):
                             f"use backend.to_host(x) or x.get()")
 
 
+_FIRST = weakref.WeakValueDictionary()  # id(numpy array) -> its first live DeviceArray
 TRANSFERS: list = []  # (size, caller 'file:line') of every explicit device-to-host copy
 
 
@@ -74,10 +76,11 @@ def _holds_device(xs) -> bool:
 
 class DeviceArray(numpy.lib.mixins.NDArrayOperatorsMixin):
     """An array on the checked 'device' (see the module doc)."""
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "__weakref__")
 
     def __init__(self, a: np.ndarray):
         self._a = a
+        _FIRST.setdefault(id(a), self)  # the wrapper that `.base` of a view answers with
 
     # ------------------------------------------------------------ the explicit door
     def get(self) -> np.ndarray:
@@ -130,7 +133,15 @@ class DeviceArray(numpy.lib.mixins.NDArrayOperatorsMixin):
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
     T = property(lambda self: DeviceArray(self._a.T))
-    base = property(lambda self: None if self._a.base is None else _BaseToken(self._a.base))
+    @property
+    def base(self):
+        """The device array this one is a view of, as the same object each time (numpy's
+        `a.base is b.base` identity, which dy.block's stacked weights rely on)."""
+        b = self._a.base
+        if b is None or not isinstance(b, np.ndarray):
+            return None
+        w = _FIRST.get(id(b))
+        return w if w is not None and w._a is b else DeviceArray(b)
 
     def __len__(self) -> int:
         return len(self._a)
@@ -174,20 +185,6 @@ class DeviceArray(numpy.lib.mixins.NDArrayOperatorsMixin):
             _refuse(f"np.{func.__name__} writing device values into a host out= array")
         r = func(*_unwrap(args), **_unwrap(kwargs))
         return out if out is not None else _wrap(r)
-
-
-class _BaseToken:
-    """`x.base` for identity tests only (`a.base is b.base` holds when numpy's would)."""
-    __slots__ = ("_a",)
-    _live: dict = {}
-
-    def __new__(cls, a):
-        tok = cls._live.get(id(a))
-        if tok is None or tok._a is not a:
-            tok = object.__new__(cls)
-            tok._a = a
-            cls._live[id(a)] = tok
-        return tok
 
 
 class _XP(types.ModuleType):

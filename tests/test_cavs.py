@@ -52,7 +52,7 @@ def _grads(pc, build) -> tuple[float, list]:
     loss = build()
     value = loss.value()
     loss.backward()
-    return value, [p.grad.copy() for p in _params(pc)]
+    return value, [p.grad_as_array() for p in _params(pc)]
 
 
 def _assert_same(ref: tuple, got: tuple) -> None:
@@ -101,7 +101,8 @@ def test_runs_reuse_the_workspace_without_changing_a_number(three_ways, float64,
     kept_copy = kept.copy()
     hits = WORKSPACE.hits
     warm = _grads(pc, lambda: dy.esum(ex.cavs_losses(m, flat)))
-    assert WORKSPACE.hits > hits  # the retired graphs' buffers came back and were taken
+    if get_backend().xp is np:  # the workspace pools host buffers; a device backend allocates with its xp
+        assert WORKSPACE.hits > hits  # the retired graphs' buffers came back and were taken
     np.testing.assert_array_equal(warm[0], cold[0])
     for a, b in zip(cold[1], warm[1]):
         np.testing.assert_array_equal(a, b)
