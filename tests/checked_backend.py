@@ -12,8 +12,10 @@ HostTransferError. The one door is explicit: `x.get()` (CuPy's spelling, which
 the device. Host-to-device moves (`xp.asarray(host)`, `to_device`) copy, as a real upload
 does, and are allowed.
 
-The backend itself is the numpy reference (NumpyBackend) over this array module: no
-optional capability, so every op runs its own `xp` code, as on a backend without kernels.
+The backend itself is the numpy reference (NumpyBackend) over this array module, with
+two optional capabilities that a device backend has: fused_cells (dy.cavs's TreeLSTM cell
+as the generated cell program evaluated with xp, backends/tree_cell.py: the wrapper the
+cuda backend's kernel shares) and row_add. Every other op runs its own `xp` code.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import numpy.lib.mixins
 
 from dynagraph.backends import register_backend
 from dynagraph.backends.numpy_backend import NumpyBackend
+from dynagraph.backends.tree_cell import XpCells
 
 
 class HostTransferError(TypeError):
@@ -252,6 +255,12 @@ class CheckedBackend(NumpyBackend):
 
     def __init__(self):
         super().__init__(XP)
+        self.fused_cells = XpCells(XP)
+        self.row_add = self._row_add
+
+    @staticmethod
+    def _row_add(g, rows, vals) -> None:
+        XP.add.at(g, XP.asarray(rows), vals.reshape((len(rows),) + g.shape[1:]))
 
     def to_host(self, a) -> np.ndarray:
         if type(a) is not DeviceArray:
