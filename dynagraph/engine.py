@@ -55,26 +55,24 @@ def _split_deferred(cg, pending: list[int], defer, targets) -> tuple[list[int], 
     """(nodes to evaluate, nodes left pending). Left pending: the deferred nodes and every pending
     node that reads one (a finished sample's esum of deferred losses), except what a node in
     `targets` (the values being waited for) needs."""
-    args, blk = cg.args, cg.blk
-    tainted = set()
-    for nid in pending:  # ascending: arguments come first
-        if nid in defer or any(a in tainted for a in args[nid]):
-            tainted.add(nid)
-    if not tainted:
+    args = cg.args
+    tainted = set(defer.intersection(pending))  # set operations in C: `pending` grows by a round
+    if not tainted:  # of deferred nodes after each read, so this runs once per round over them all
         return pending, []
-    needed = set(targets)
-    run, left = [], []
-    for nid in reversed(pending):
-        if nid in tainted and nid not in needed:
-            left.append(nid)
-            continue
-        run.append(nid)
-        for a in args[nid]:
-            if blk[a] < 0:
+    for nid in [n for n in pending if n not in tainted]:  # ascending: arguments come first
+        if not tainted.isdisjoint(args[nid]):
+            tainted.add(nid)
+    if tainted.isdisjoint(targets):  # nothing waited for is deferred, so nothing it needs is
+        return [n for n in pending if n not in tainted], sorted(tainted)
+    needed = {t for t in targets if t in tainted}  # and the deferred nodes they read, walked back
+    stack = list(needed)
+    while stack:
+        for a in args[stack.pop()]:
+            if a in tainted and a not in needed:
                 needed.add(a)
-    run.reverse()
-    left.reverse()
-    return run, left
+                stack.append(a)
+    tainted -= needed
+    return [n for n in pending if n not in tainted], sorted(tainted)
 
 
 class _Bound:
