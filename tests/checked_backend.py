@@ -6,9 +6,10 @@ indexing, ufuncs and numpy functions run on it and give DeviceArrays (as CuPy do
 `__array_ufunc__` / `__array_function__`), but nothing turns it into host data implicitly.
 `np.asarray(x)`, `np.array(x)`, `float(x)`, `int(x)`, `bool(x)`, `x.item()`, `x.tolist()`,
 `x.tobytes()`, the buffer protocol, `host[...] = x` and `np.add(host, x, out=host)` all raise
-HostTransferError. The one door is explicit: `x.get()` (CuPy's spelling, which
+HostTransferError, and so does a ufunc mixing a host array into device
+arithmetic (CuPy refuses that too). The one door is explicit: `x.get()` (CuPy's spelling, which
 `backends.to_numpy` uses) or `CheckedBackend.to_host(x)`; each crossing is recorded in
-`CheckedBackend.transfers` (size and the line that asked), so a test can assert what left
+`TRANSFERS` (size and the line that asked), so a test can assert what left
 the device. Host-to-device moves (`xp.asarray(host)`, `to_device`) copy, as a real upload
 does, and are allowed.
 
@@ -177,6 +178,11 @@ class DeviceArray(numpy.lib.mixins.NDArrayOperatorsMixin):
             kwargs["out"] = tuple(_unwrap(o) for o in out)
         if method == "at" and isinstance(inputs[0], np.ndarray) and _holds_device(inputs[1:]):
             _refuse(f"np.{ufunc.__name__}.at into a host array")
+        # as CuPy: arithmetic refuses host operands (index arguments of .at/.reduceat are fine)
+        operands = inputs[:1] + inputs[2:] if method in ("at", "reduceat") else inputs
+        if any(isinstance(x, np.ndarray) and x.ndim for x in operands):
+            raise HostTransferError(f"np.{ufunc.__name__}: a host array mixed with device arrays (CuPy refuses "
+                                    f"it too: move it with xp.asarray first)")
         r = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
         if out is not None:
             return out[0] if len(out) == 1 else out

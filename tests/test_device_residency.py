@@ -54,6 +54,8 @@ def test_device_array_refuses_every_implicit_host_door():
         "ufunc out= host": lambda: np.add(host, x, out=host), "add.at into host": lambda: np.add.at(host, [0], x[0]),
         "np function out= host": lambda: np.sum(x, axis=0, out=host[0]),
         "in-place host op": lambda: host.__iadd__(x),
+        "host operand in device arithmetic": lambda: x + np.ones((2, 3)),
+        "host operand, reflected": lambda: np.ones((2, 3)) * x,
     }
     for what, door in doors.items():
         with pytest.raises(HostTransferError):
