@@ -238,7 +238,8 @@ def _relative(name: str, base: str) -> str:
 
 
 def collection_arrays(pc, key: str = "") -> dict:
-    return {e: p.values for e, p in entry_names(pc, key)}
+    """entry -> host copy of the parameter's values (saving is the allowed device-to-host copy)."""
+    return {e: p.as_array() for e, p in entry_names(pc, key)}
 
 
 def save_collection(pc, fname: str, key: str = "", append: bool = False) -> None:
@@ -288,7 +289,7 @@ def fill(wanted: list, stored: dict, where: str, scope: str | None = None) -> No
     if problems:
         raise CheckpointError(f"cannot populate from {where}: " + "\n  ".join(problems))
     for e, p in wanted:
-        p.values[...] = cast[e]
+        p.assign_host(cast[e])
 
 
 def _show(names: list, limit: int = 12) -> str:

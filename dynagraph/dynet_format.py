@@ -130,9 +130,8 @@ def populate(pc, path: str, key: str = "") -> None:
 
 
 def _assign(p, e: Entry) -> None:
-    p.values[...] = e.values
+    p.assign_host(e.values, e.grad)
     if e.grad is not None:
-        p.grad[...] = e.grad
         if p.is_lookup:
             p.touched[:] = e.grad.reshape(e.grad.shape[0], -1).any(axis=1)
 

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import parameters as _params
+from .backends import to_numpy
 from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, as_index, user_line
 from .graph import _RANDOM_KEY, ComputationGraph, IndexSlot, current
 from .ops import OPS, OpDef
@@ -34,7 +35,7 @@ class Expression(ExprBase):
 
     def npvalue(self, recalculate: bool = False) -> np.ndarray:
         self.forward(recalculate)
-        return np.array(self.cg.value(self.i), dtype=self.cg.dtype).reshape(self.cg.shape[self.i])
+        return np.array(to_numpy(self.cg.value(self.i)), dtype=self.cg.dtype).reshape(self.cg.shape[self.i])
 
     def value(self, recalculate: bool = False):
         v = self.npvalue(recalculate)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends import to_numpy
 from .config import config
 from .errors import (
     DynagraphError,
@@ -349,7 +350,7 @@ class ComputationGraph(GraphBase):
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
                                  f"\n  called at {user_line()}")
-        loss = float(np.asarray(self.value(expr.i)).reshape(-1)[0])
+        loss = float(to_numpy(self.value(expr.i)).reshape(-1)[0])  # one scalar to the host
         if not math.isfinite(loss):
             # A gradient from an infinite or nan loss is meaningless; stop here, before any
             # parameter gradient is accumulated (check_validity finds the producing op).
@@ -376,7 +377,7 @@ class ComputationGraph(GraphBase):
         # A batch may compute rows that need no gradient; like DyNet (and "none"), report zero.
         if g is None or not (self.needs_grad[nid] or self.grad_full):
             return np.zeros(self.shape[nid], dtype=self.dtype)
-        return np.asarray(g[self.row[nid]]).reshape(self.shape[nid]).copy()
+        return np.array(to_numpy(g[self.row[nid]])).reshape(self.shape[nid])
 
     def __len__(self) -> int:
         return len(self.op)

@@ -2,6 +2,12 @@
 
 Arrays are updated in place, never replaced, so a graph that bound a parameter
 keeps seeing its current value (as in DyNet).
+
+Values and gradients live on the device of the backend current when the parameter is
+made (`dy.config.set(backend=...)` first): arrays of that backend's `xp`. Initialisers
+draw on the host (one seeded stream for every backend) and the result is moved once.
+Only as_array, grad_as_array, row_as_array (and saving) copy back to the host; the
+touched-row mask of a lookup table is host bookkeeping, as its row ids are.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from . import checkpoint, dynet_format
+from .backends import get_backend
 from .config import config
 from .errors import CheckpointError
 from .ops.base import as_shape
@@ -135,8 +142,10 @@ class _Stored:
     def __init__(self, pc: "ParameterCollection", name: str, values: np.ndarray):
         self._pc, self._name = pc, name
         self._order = next(_creation)
-        self.values = np.array(values, dtype=config.np_dtype, order="C")  # a copy, as DyNet makes
-        self.grad = np.zeros_like(self.values)
+        self.backend = be = get_backend()
+        host = np.array(values, dtype=config.np_dtype, order="C")  # a copy, as DyNet makes
+        self.values = host if be.xp is np else be.to_device(host)
+        self.grad = be.xp.zeros_like(self.values)
         self.updated = True
 
     def name(self) -> str:
@@ -146,10 +155,10 @@ class _Stored:
         return self.values.shape
 
     def as_array(self) -> np.ndarray:
-        return self.values.copy()
+        return np.array(self.backend.to_host(self.values))  # a host copy
 
     def grad_as_array(self) -> np.ndarray:
-        return self.grad.copy()
+        return np.array(self.backend.to_host(self.grad))
 
     def zero(self) -> None:
         self.values[...] = 0
@@ -161,7 +170,14 @@ class _Stored:
         self.grad *= s
 
     def clip_inplace(self, left: float, right: float) -> None:
-        np.clip(self.values, left, right, out=self.values)
+        self.backend.xp.clip(self.values, left, right, out=self.values)
+
+    def grad_norm_sq(self) -> float:
+        return float(self.backend.to_host(self.grad_norm_sq_device()))
+
+    def grad_norm_sq_device(self):
+        """The squared gradient norm as a float64 scalar of the device (no transfer)."""
+        return self.backend.xp.vdot(self.grad, self.grad).astype(np.float64)
 
     def set_updated(self, b: bool) -> None:
         self.updated = bool(b)
@@ -169,13 +185,25 @@ class _Stored:
     def is_updated(self) -> bool:
         return self.updated
 
-    def _check_shape(self, arr: np.ndarray, shape: tuple) -> np.ndarray:
+    def _check_shape(self, arr: np.ndarray, shape: tuple):
+        """A host value checked against `shape`, as an array of the parameter's device."""
         arr = np.asarray(arr, dtype=self.values.dtype)
         if arr.shape != shape:
             if arr.size == int(np.prod(shape)) and (arr.ndim == 1 or len(shape) == 1):
-                return arr.reshape(shape)
+                return self._device(arr.reshape(shape))
             raise ValueError(f"{self._name}: value has shape {arr.shape}, expected {shape}")
-        return arr
+        return self._device(arr)
+
+    def assign_host(self, values: np.ndarray, grad: np.ndarray | None = None) -> None:
+        """Copy host arrays of the parameter's shape (checked by the caller) into its values
+        (and gradient) on the device: the loaders' one host-to-device door."""
+        self.values[...] = self._device(np.asarray(values, dtype=self.values.dtype))
+        if grad is not None:
+            self.grad[...] = self._device(np.asarray(grad, dtype=self.grad.dtype))
+
+    def _device(self, a):
+        """A host array (values or row ids) as the parameter's device's array."""
+        return a if self.backend.xp is np else self.backend.to_device(a)
 
     def __repr__(self):
         return f"<{type(self).__name__} {self._name} {self.values.shape}>"
@@ -204,9 +232,6 @@ class Parameters(_Stored):
         """The trained expression, in the graph of `o` when `o` is an expression."""
         return expression_hook(self, True, graph=getattr(o, "cg", None))
 
-    def grad_norm_sq(self) -> float:
-        return float(np.vdot(self.grad, self.grad))
-
 
 class LookupParameters(_Stored):
     """Embedding table of shape (rows, *dim). Gradients are tracked per touched row."""
@@ -219,7 +244,7 @@ class LookupParameters(_Stored):
     def init_row(self, i: int, row) -> None:
         """A flat list fills a matrix (or higher) entry in DyNet's column-major order, as
         DyNet does; an array of the entry's shape is taken as it is."""
-        self._row_index(i)
+        i = self._row_index(i)
         shape = self.values.shape[1:]
         row = np.asarray(row, dtype=self.values.dtype)
         if len(shape) > 1 and row.ndim == 1 and row.size == int(np.prod(shape)):
@@ -230,7 +255,7 @@ class LookupParameters(_Stored):
         self.values[...] = self._check_shape(arr, self.values.shape)
 
     def row_as_array(self, i: int) -> np.ndarray:
-        return self.values[self._row_index(i)].copy()
+        return np.array(self.backend.to_host(self.values[self._row_index(i)]))
 
     def rows_as_array(self, rows) -> np.ndarray:
         return np.stack([self.row_as_array(r) for r in rows])
@@ -240,8 +265,12 @@ class LookupParameters(_Stored):
             raise IndexError(f"{self._name}: row {i} out of range for a table with {self.values.shape[0]} rows")
         return int(i)
 
-    def add_sparse_grad(self, idx: np.ndarray, g: np.ndarray) -> None:
-        np.add.at(self.grad, idx, g)
+    def add_sparse_grad(self, idx: np.ndarray, g) -> None:
+        """grad[idx] += g (repeated ids add up); idx are host row ids, g the device's rows."""
+        if self.backend.xp is np:
+            np.add.at(self.grad, idx, g)
+        else:
+            self.backend.add_rows(self.grad, list(np.asarray(idx).reshape(-1)), g)
         self.touched[idx] = True
 
     def touched_rows(self) -> np.ndarray:
@@ -249,12 +278,16 @@ class LookupParameters(_Stored):
 
     def clear_grad(self) -> None:
         rows = self.touched_rows()
-        self.grad[rows] = 0
+        self.grad[self._device(rows)] = 0
         self.touched[rows] = False
 
-    def grad_norm_sq(self) -> float:
-        g = self.grad[self.touched_rows()]
-        return float(np.vdot(g, g))
+    def touched_grad(self):
+        """The gradient's touched rows, gathered on the device."""
+        return self.grad[self._device(self.touched_rows())]
+
+    def grad_norm_sq_device(self):
+        g = self.touched_grad()
+        return self.backend.xp.vdot(g, g).astype(np.float64)
 
     def expr(self, update: bool = False):
         return expression_hook(self, update)

@@ -1,6 +1,8 @@
-"""Every backend a suite runs on: numpy (reference), cpu (compiled kernels) and cuda
-(CuPy on a device). One that this machine cannot run is a skipped parameter, with the
-reason, so the suites stay the same everywhere and a GPU machine runs the cuda rows.
+"""Every backend a suite runs on: numpy (reference), cpu (compiled kernels), cuda
+(CuPy on a device) and checked (tests/checked_backend.py: numpy behind a device boundary
+that refuses implicit host copies, so every suite proves on any machine that nothing
+crosses it implicitly). One that this machine cannot run is a skipped parameter, with
+the reason, so the suites stay the same everywhere and a GPU machine runs the cuda rows.
 
     @pytest.fixture(params=BACKENDS)
     def backend(request): ...
@@ -11,10 +13,12 @@ import functools
 
 import pytest
 
+import checked_backend
 import dynagraph as dy
 from dynagraph.backends import get_backend
 
-NAMES = ("numpy", "cpu", "cuda")
+checked_backend.install()
+NAMES = ("numpy", "cpu", "cuda", "checked")
 
 
 @functools.lru_cache(maxsize=None)

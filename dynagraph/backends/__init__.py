@@ -12,6 +12,16 @@ from ..config import config
 from .numpy_backend import NumpyBackend
 
 _cache: dict = {}
+_factories: dict = {}  # name -> zero-argument callable making a backend (register_backend)
+
+
+def register_backend(name: str, factory) -> None:
+    """Make `factory()` (an object satisfying backends/contract.py's Backend) available as
+    `dy.config.set(backend=name)`; the built-in names cannot be replaced."""
+    if name in ("numpy", "cpu", "cuda"):
+        raise ValueError(f"backend {name!r} is built in and cannot be replaced")
+    _factories[name] = factory
+    _cache.pop(name, None)
 
 
 def get_backend(name: str | None = None) -> NumpyBackend:
@@ -42,7 +52,10 @@ def _make(name: str) -> NumpyBackend:
             return CudaBackend()
         except Exception as e:  # CuPy present, no usable device or driver
             raise RuntimeError(f"backend 'cuda': no usable CUDA device ({type(e).__name__}: {e})") from None
-    raise ValueError(f"unknown backend {name!r}; use numpy, cpu or cuda")
+    if name in _factories:
+        return _factories[name]()
+    raise ValueError(f"unknown backend {name!r}; use numpy, cpu or cuda"
+                     + "".join(f", {n}" for n in sorted(_factories)))
 
 
 def xp_for(name: str | None = None):
@@ -50,4 +63,6 @@ def xp_for(name: str | None = None):
 
 
 def to_numpy(a) -> np.ndarray:
+    """A host copy (or view) of a's values: an explicit device-to-host transfer (`.get()`,
+    as CuPy's) for a device array, np.asarray for a host one."""
     return a.get() if hasattr(a, "get") else np.asarray(a)

@@ -14,7 +14,10 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     row_add             g[rows] += vals in one call, repeats included   cavs/
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
 
-A lookup table's sparse gradient is the required `embedding_backward`. A backend with
+A lookup table's sparse gradient is the required `embedding_backward`. Parameters, their
+gradients and optimizer state are arrays of the backend's `xp`; `to_host` and `to_device`
+are the only doors to and from numpy (tests/checked_backend.py proves that training passes
+through no other). A backend with
 fused_cells also has row_add (the cell task scatter-adds its inputs' gradients).
 """
 from __future__ import annotations
@@ -98,6 +101,8 @@ class Backend(Protocol):
     def scatter_rows(self, grad_block, blks: list, rows: list, vals) -> None: ...
     def add_rows(self, g, rows: list, vals) -> None: ...
     def embedding_backward(self, p, idx, vals) -> None: ...
+    def to_host(self, a) -> np.ndarray: ...
+    def to_device(self, a): ...
 
     elementwise_runs: Optional[ElementwiseRuns]
     fused_chains: Optional[FusedChains]

@@ -10,9 +10,11 @@ capabilities as device kernels.
     per (program, dtype);
   * optimizer_rules: SGD, momentum, Adagrad and Adam as one ElementwiseKernel each,
     dense or over rows, on the device-resident weights and states;
-  * elementwise_runs and fused_cells: None (runs.py builds host address tables from
-    numpy blocks; the TreeLSTM cell kernel has no CUDA version yet): those paths run
-    the ops' own xp code on the device.
+  * fused_cells: dy.cavs's N-ary TreeLSTM cell as one generated kernel per arity, from
+    the same op-table formulas (cuda_codegen.treelstm_source; the wrapper is shared with
+    the xp evaluation of tree_cell.py, which the tests run without a GPU);
+  * elementwise_runs: None (runs.py builds host address tables from numpy blocks): those
+    batches run the ops' own xp code on the device.
 
 CuPy is optional: this module is imported only for backend "cuda", and raises
 ImportError without it (backends/__init__.py turns that into a clear message).
@@ -28,6 +30,7 @@ import cupyx
 
 from . import cuda_codegen
 from .numpy_backend import NumpyBackend
+from .tree_cell import _CellsBase
 
 _BLOCK = 256
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -189,6 +192,55 @@ class CudaOptimizerRules:
         self._apply(self._adam, w, g, (m, v), (beta1, beta2, eps, lr_t, gscale), rows)
 
 
+class CudaCells(_CellsBase):
+    """fused_cells: the TreeLSTM cell program of cuda_codegen as one generated kernel per
+    (arity, bias, dc, child-gradient mode, dtype), one thread per (row, unit)."""
+
+    def __init__(self):
+        super().__init__(cupy)
+        self._modules: dict = {}
+
+    def _fn(self, which: str, N: int, has_bias: bool, has_dc: bool, mode: int, dt):
+        key = (N, has_bias, has_dc, mode, np.dtype(dt).str)
+        mod = self._modules.get(key)
+        if mod is None:
+            src = cuda_codegen.treelstm_source(N, has_bias, has_dc, mode, np.dtype(dt).name)
+            mod = self._modules[key] = cupy.RawModule(code=src)
+        return mod.get_function(which)
+
+    @staticmethod
+    def _rows_arg(kr) -> tuple:
+        if kr is None:
+            return _NULL, np.int64(0)
+        return kr.rows, np.int64(kr.ld)  # a device view: its pointer is the window's first row
+
+    @staticmethod
+    def _ld(a, H: int, what: str) -> np.int64:
+        """Row stride (elements) of an output with unit column stride."""
+        if a.shape[1] > 1 and a.strides[1] != a.itemsize or a.strides[0] % a.itemsize:
+            raise ValueError(f"treelstm: {what} must have unit column stride")
+        return np.int64(a.strides[0] // a.itemsize if a.shape[0] > 1 else H)
+
+    def _fwd(self, pre, bias, kids, kr, N: int, h, c, act, B: int, H: int) -> None:
+        if not act.flags.c_contiguous:
+            raise ValueError("treelstm_forward: act must be C-contiguous")
+        fn = self._fn("dg_tree_fwd", N, bias is not None, False, 0, pre.dtype)
+        rows, ldk = self._rows_arg(kr)
+        fn(*_grid(B * H), (pre, _NULL if bias is None else bias, _NULL if kids is None else kids, rows, ldk,
+                           c, self._ld(c, H, "c"), h, self._ld(h, H, "h"), act, np.int64(B), np.int64(H)))
+
+    def _bwd(self, act, kids, kr, N: int, dh, dc, dpre, dkids, mode: int, B: int, H: int) -> None:
+        if not dpre.flags.c_contiguous or (mode == 1 and not dkids.flags.c_contiguous):
+            raise ValueError("treelstm_backward: dpre and the children's gradients must be C-contiguous")
+        fn = self._fn("dg_tree_bwd", N, False, dc is not None, mode, act.dtype)
+        rows, ldk = self._rows_arg(kr)
+        fn(*_grid(B * H), (act, _NULL if kids is None else kids, rows, ldk, dh, _NULL if dc is None else dc, dpre,
+                           _NULL if dkids is None else dkids, np.int64(B), np.int64(H)))
+
+
+_NULL = np.uint64(0)  # a null pointer argument of a RawKernel
+
+
 def _row_add(g, rows, vals) -> None:
     """g[rows] += vals in one atomicAdd kernel, repeated rows included."""
     cupyx.scatter_add(g, cupy.asarray(rows), vals.reshape((len(rows),) + g.shape[1:]))
@@ -203,7 +255,11 @@ class CudaBackend(NumpyBackend):
         self._rows = _RowKernels()
         self.fused_chains = CudaChains()
         self.optimizer_rules = CudaOptimizerRules()
+        self.fused_cells = CudaCells()
         self.row_add = _row_add
+
+    def to_host(self, a) -> np.ndarray:
+        return cupy.asnumpy(a)
 
     def row_index(self, blocks: list, blks: list, rows: list):
         if blocks is None:

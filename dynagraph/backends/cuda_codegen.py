@@ -202,3 +202,107 @@ def all_ops_source(dtype: str) -> str:
         parts.append(f'extern "C" __global__ void dg_op_{name}({params}, T g, T* d, T* out) {{\n  '
                      + "\n  ".join(body) + "\n  out[0] = y;\n}")
     return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------ the TreeLSTM cell
+# The N-ary TreeLSTM cell (the fused_cells capability) as straight-line statements built
+# from the same formulas: logistic, tanh, cmult and add of the op table. Each statement is
+# (register, expression) in the shared vocabulary, so one program is both rendered as a
+# CUDA kernel (treelstm_source) and evaluated with any xp (backends/tree_cell.py, and the
+# tests against the C cell). Layouts as the C kernel (kernels/gates.inc): pre (B, (N+3)H)
+# = [i f_1..f_N o u], act (B, (N+4)H) = [i f_1..f_N o u tanh(c)].
+def _op(name: str, *args: str) -> str:
+    return _subst(FORWARD[name], dict(zip(("x",) if len(args) == 1 else ("u", "v"), args)))
+
+
+def _grad(name: str, k: int, g: str, y: str | None = None, u: str | None = None, v: str | None = None) -> str:
+    names = {"g": g}
+    names.update({n: a for n, a in (("y", y), ("u", u), ("v", v)) if a is not None})
+    return _subst(BACKWARD[name][k], names)
+
+
+def treelstm_slots(N: int) -> dict:
+    """Gate -> its column block in pre and act (tc: act only)."""
+    return {"i": 0, **{f"f{k}": k + 1 for k in range(N)}, "o": N + 1, "u": N + 2, "tc": N + 3}
+
+
+def treelstm_forward_program(N: int, has_bias: bool) -> list:
+    """Registers in: p_<gate> (pre), b_<gate> (bias, when has_bias), ck<k> (child k's cell).
+    Out: a_<gate> (act), c_out, h_out."""
+    st = []
+    for gate, fn in [("i", "logistic"), ("u", "tanh")] + [(f"f{k}", "logistic") for k in range(N)] + \
+            [("o", "logistic")]:
+        x = f"p_{gate}"
+        if has_bias:
+            st.append((f"z_{gate}", _op("add", x, f"b_{gate}")))
+            x = f"z_{gate}"
+        st.append((f"a_{gate}", _op(fn, x)))
+    st.append(("c_0", _op("cmult", "a_i", "a_u")))  # c = i u + f_1 c_1 + f_2 c_2 + ..., left to right
+    for k in range(N):
+        st.append((f"fc{k}", _op("cmult", f"a_f{k}", f"ck{k}")))
+        st.append((f"c_{k + 1}", _op("add", f"c_{k}", f"fc{k}")))
+    st.append(("c_out", f"c_{N}"))
+    st.append(("a_tc", _op("tanh", "c_out")))
+    st.append(("h_out", _op("cmult", "a_o", "a_tc")))
+    return st
+
+
+def treelstm_backward_program(N: int, has_dc: bool) -> list:
+    """Registers in: a_<gate> (act), ck<k>, dh, dc (when has_dc). Out: d_<gate> (dpre), dck<k>."""
+    st = [("d_tc", _grad("cmult", 1, "dh", u="a_o")), ("d_o_g", _grad("cmult", 0, "dh", v="a_tc")),
+          ("dcv", _grad("tanh", 0, "d_tc", y="a_tc"))]
+    if has_dc:
+        st.append(("dcv_t", _op("add", "dcv", "dc")))
+    dcv = "dcv_t" if has_dc else "dcv"
+    st += [("d_i_g", _grad("cmult", 0, dcv, v="a_u")), ("d_u_g", _grad("cmult", 1, dcv, u="a_i")),
+           ("d_i", _grad("logistic", 0, "d_i_g", y="a_i")), ("d_u", _grad("tanh", 0, "d_u_g", y="a_u"))]
+    for k in range(N):
+        st += [(f"d_f{k}_g", _grad("cmult", 0, dcv, v=f"ck{k}")), (f"dck{k}", _grad("cmult", 1, dcv, u=f"a_f{k}")),
+               (f"d_f{k}", _grad("logistic", 0, f"d_f{k}_g", y=f"a_f{k}"))]
+    st.append(("d_o", _grad("logistic", 0, "d_o_g", y="a_o")))
+    return st
+
+
+def treelstm_source(N: int, has_bias: bool, has_dc: bool, dck_mode: int, dtype: str) -> str:
+    """dg_tree_fwd(pre, bias, kids, kid_rows, ldk, c, ldc, h, ldh, act, B, H) and
+    dg_tree_bwd(act, kids, kid_rows, ldk, dh, dc, dpre, dkids, B, H), one thread per
+    (row, unit). Child k of row b is kids row kid_rows[k ldk + b], or k B + b when kid_rows
+    is NULL. dck_mode: 0 no child gradient, 1 written to dense dkids (N, B, H), 2 added
+    into rows of the table dkids (atomicAdd: rows may repeat)."""
+    T = CTYPE[str(dtype)]
+    slots = treelstm_slots(N)
+    head = ["  long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
+            "  if (e >= B * H) return;",
+            "  long long b = e / H, j = e - b * H;"]
+    kid = [f"  long long kr{k} = (kid_rows ? kid_rows[{k} * ldk + b] : {k} * B + b) * H + j;" for k in range(N)]
+    G, A = (N + 3), (N + 4)
+    fwd = [PRELUDE % {"T": T},
+           'extern "C" __global__ void dg_tree_fwd(const T* pre, const T* bias, const T* kids,',
+           "    const long long* kid_rows, long long ldk, T* c, long long ldc, T* h, long long ldh, T* act,",
+           "    long long B, long long H) {", *head, *kid]
+    for gate, s in slots.items():
+        if gate != "tc":
+            fwd.append(f"  T p_{gate} = pre[b * {G} * H + {s} * H + j];")
+            if has_bias:
+                fwd.append(f"  T b_{gate} = bias[{s} * H + j];")
+    fwd += [f"  T ck{k} = kids[kr{k}];" for k in range(N)]
+    fwd += [f"  T {r} = {x};" for r, x in treelstm_forward_program(N, has_bias)]
+    fwd += [f"  act[b * {A} * H + {s} * H + j] = a_{gate};" for gate, s in slots.items()]
+    fwd += ["  c[b * ldc + j] = c_out;", "  h[b * ldh + j] = h_out;", "}"]
+    bwd = ['extern "C" __global__ void dg_tree_bwd(const T* act, const T* kids, const long long* kid_rows,',
+           "    long long ldk, const T* dh_, const T* dc_, T* dpre, T* dkids, long long B, long long H) {",
+           *head, *kid]
+    bwd += [f"  T a_{gate} = act[b * {A} * H + {s} * H + j];" for gate, s in slots.items()]
+    bwd += [f"  T ck{k} = kids[kr{k}];" for k in range(N)]
+    bwd.append("  T dh = dh_[b * H + j];")
+    if has_dc:
+        bwd.append("  T dc = dc_[b * H + j];")
+    bwd += [f"  T {r} = {x};" for r, x in treelstm_backward_program(N, has_dc)]
+    bwd += [f"  dpre[b * {G} * H + {s} * H + j] = d_{gate};" for gate, s in slots.items() if gate != "tc"]
+    for k in range(N):
+        if dck_mode == 1:
+            bwd.append(f"  dkids[({k} * B + b) * H + j] = dck{k};")
+        elif dck_mode == 2:
+            bwd.append(f"  atomicAdd(&dkids[kr{k}], dck{k});")
+    bwd.append("}")
+    return "\n".join(fwd + bwd) + "\n"

@@ -24,6 +24,18 @@ class NumpyBackend:
         self.forward_kernels: dict = {}
         self.backward_kernels: dict = {}
 
+    # ------------------------------------------------------------ host <-> device
+    # The only doors between the host and the backend's arrays. Parameters, gradients and
+    # optimizer state stay on the backend's device; `.value()`, `.npvalue()`, `as_array()`,
+    # `grad_as_array()`, saving and the trainers' one clipping norm per update use to_host.
+    def to_host(self, a) -> np.ndarray:
+        """A host (numpy) array with a's values; may share memory with a (copy before writing)."""
+        return np.asarray(a)
+
+    def to_device(self, a):
+        """An array of this backend holding a host array's (or a number's) values; may share memory."""
+        return self.xp.asarray(a)
+
     # ------------------------------------------------------------ row movement
     def take_rows(self, block, rows: list):
         """block[rows] as a new contiguous array (one source block)."""

@@ -216,7 +216,10 @@ class TreeLSTMPass:
         cl, xp, M = self.cl, self.xp, e0 - s0
         xr, kr = self.cell.rows(t, self.fc.KidRows)
         X = self.XG[l0:l0 + M]
-        xp.take(self.S[cl.jh], xr.rows, axis=0, out=X, mode="clip")  # rows are in range: row N is zeros
+        if xp is np:
+            xp.take(self.S[cl.jh], xr.rows, axis=0, out=X, mode="clip")  # rows are in range: row N is zeros
+        else:  # CuPy's take has neither mode nor a checked out=: gather, then one copy
+            X[...] = xp.take(self.S[cl.jh], xr.rows, axis=0)
         X = X.reshape(M, -1)
         b, _, WT = self.W
         pre = xp.matmul(X, WT, out=self._scratch(M, cl.G))

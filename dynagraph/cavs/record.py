@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backends import get_backend
 from ..errors import DynagraphError, DynagraphIndexError, user_line
 from ..expression import Expression, record
 from ..graph import ComputationGraph, current
@@ -238,7 +239,7 @@ def run(functions, graphs: Sequence, pull=None, *, fuse: bool | None = None) -> 
     for f, c in enumerate(comps):
         if c.push_shape is not None:
             r.holders[f] = _PushTable(f"cavs:{name_list[f]}:push",  # every row written by the lazy part
-                                      np.empty((sched.count[f],) + c.push_shape, dtype=cg.dtype))
+                                      get_backend().xp.empty((sched.count[f],) + c.push_shape, dtype=cg.dtype))
     args = list(pull_data.exprs)
     if pull_data.kind == "table":
         args.append(Expression(cg, cg.leaf(pull_data.table, True)))

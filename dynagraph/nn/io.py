@@ -114,7 +114,7 @@ def _describe(i: int, o) -> tuple:
     if isinstance(o, (Parameters, LookupParameters)):
         entry = f"{key}/{o.name().rstrip('/').rsplit('/', 1)[-1]}"
         kind = "LookupParameters" if o.is_lookup else "Parameters"
-        return {"kind": kind, "name": o.name(), "shape": list(o.values.shape), "entry": entry}, {entry: o.values}
+        return {"kind": kind, "name": o.name(), "shape": list(o.values.shape), "entry": entry}, {entry: o.as_array()}
     missing = [a for a in ("param_collection", "spec") if not hasattr(o, a)]
     if missing or not callable(getattr(type(o), "from_spec", None)):
         raise TypeError(f"dy.save: object {i} ({type(o).__name__}) is not saveable: it needs "

@@ -10,6 +10,11 @@ anything is modified.
 
 Every array is changed in place, never replaced: graphs bind views of
 `p.values`, and the user may hold references to them.
+
+Optimizer state lives next to the parameter, on its backend's device (arrays of
+`p.backend.xp`); the rules run there, through the backend's optimizer_rules where it
+has them and as `xp` code otherwise. The one host transfer per update is the global
+gradient norm that clipping needs (a float64 scalar, summed on the device).
 """
 from __future__ import annotations
 
@@ -104,6 +109,7 @@ class Trainer:
         for p in params:
             if not p.is_updated():
                 continue  # DyNet leaves frozen parameters (and their gradients) alone
+            self._xp = p.backend.xp
             if p.is_lookup:
                 self._update_lookup(p, gscale)
             else:
@@ -135,6 +141,7 @@ class Trainer:
             if rows.size and not self._compiled(p.values, p.grad, states, gscale, rows):
                 # Gather the touched rows, apply the rule, scatter back: untouched rows
                 # and their optimizer state stay exactly as they were.
+                rows = p._device(rows)
                 w = p.values[rows]
                 sub = [s[rows] for s in states]
                 self._rule(w, p.grad[rows], sub, gscale)
@@ -146,7 +153,7 @@ class Trainer:
     def _states(self, p) -> list:
         s = self._state.get(id(p))
         if s is None:
-            s = self._state[id(p)] = [np.zeros_like(p.values) for _ in range(self.n_states)]
+            s = self._state[id(p)] = [p.backend.xp.zeros_like(p.values) for _ in range(self.n_states)]
         return s
 
     def state_arrays(self, p) -> list:
@@ -154,8 +161,11 @@ class Trainer:
         for checkpoints and dy.distributed. Empty for plain SGD."""
         return self._states(p)
 
-    def _rule(self, w: np.ndarray, g: np.ndarray, states: list, gscale: float) -> None:
-        """Update w (and states) in place from gradient g scaled by gscale. g must not be kept."""
+    _xp = np  # the array module of the parameter being updated (set per parameter by update)
+
+    def _rule(self, w, g, states: list, gscale: float) -> None:
+        """Update w (and states) in place from gradient g scaled by gscale, with self._xp
+        (w's array module). g must not be kept."""
         raise NotImplementedError
 
     def _apply(self, w, g, states, gscale, rows) -> None:
@@ -178,16 +188,29 @@ class Trainer:
 
 
 def _grad_norm_sq(params) -> float:
-    """Sum of squared gradient norms; raises NonFiniteError naming every bad parameter."""
+    """Sum of squared gradient norms; raises NonFiniteError naming every bad parameter.
+
+    Each parameter's float64 term is formed on its device and the terms are summed there
+    in order (the same float64 additions as summing them on the host), so one scalar per
+    backend crosses to the host; only a non-finite sum looks at the parameters one by one."""
+    total, sums = 0.0, {}
+    for p in params:
+        be = p.backend
+        sums[be] = p.grad_norm_sq_device() if be not in sums else sums[be] + p.grad_norm_sq_device()
+    for be, s in sums.items():
+        total += float(be.to_host(s))
+    if math.isfinite(total):
+        return total
     total, bad = 0.0, []
     for p in params:
         s = p.grad_norm_sq()
         if not math.isfinite(s):
-            g = p.grad[p.touched_rows()] if p.is_lookup else p.grad
-            if not np.isfinite(g).all():
+            be = p.backend
+            g = p.touched_grad() if p.is_lookup else p.grad
+            if not bool(be.to_host(be.xp.isfinite(g).all())):
                 bad.append(f"{p.name()} {tuple(p.shape())}")
                 continue
-            s = float(np.sum(np.square(g, dtype=np.float64)))  # finite values, float32 sum overflowed
+            s = float(be.to_host(be.xp.sum(be.xp.square(g, dtype=np.float64))))  # float32 sum overflowed
         total += s
     if bad:
         raise NonFiniteError(f"non-finite (nan or inf) gradient in parameter(s) {', '.join(bad)}; "
@@ -238,8 +261,8 @@ class AdagradTrainer(Trainer):
     def _rule(self, w, g, states, gscale):
         h, = states
         g = g * gscale
-        h += np.square(g)
-        w -= g / np.sqrt(h + self.epsilon) * self.learning_rate
+        h += self._xp.square(g)
+        w -= g / self._xp.sqrt(h + self.epsilon) * self.learning_rate
 
     def _kernel(self, k, w, g, states, gscale, rows):
         k.adagrad_update(w, g, states[0], self.learning_rate, self.epsilon, gscale, rows)
@@ -257,10 +280,11 @@ class AdadeltaTrainer(Trainer):
         hg, hd = states
         g = g * gscale
         hg *= self.rho
-        hg += np.square(g) * (1 - self.rho)
-        d = -g * np.sqrt(hd + self.epsilon) / np.sqrt(hg + self.epsilon)
+        xp = self._xp
+        hg += xp.square(g) * (1 - self.rho)
+        d = -g * xp.sqrt(hd + self.epsilon) / xp.sqrt(hg + self.epsilon)
         hd *= self.rho
-        hd += np.square(d) * (1 - self.rho)
+        hd += xp.square(d) * (1 - self.rho)
         w += d
 
 
@@ -276,8 +300,8 @@ class RMSPropTrainer(Trainer):
         h, = states
         g = g * gscale
         h *= self.rho
-        h += np.square(g) * (1 - self.rho)
-        w -= g / np.sqrt(h + self.epsilon) * self.learning_rate
+        h += self._xp.square(g) * (1 - self.rho)
+        w -= g / self._xp.sqrt(h + self.epsilon) * self.learning_rate
 
 
 class AdamTrainer(Trainer):
@@ -298,7 +322,7 @@ class AdamTrainer(Trainer):
         mom *= self.beta_1
         mom += g * (1 - self.beta_1)
         var *= self.beta_2
-        var += np.square(g) * (1 - self.beta_2)
+        var += self._xp.square(g) * (1 - self.beta_2)
         return self._lr_t()
 
     def _lr_t(self) -> float:
@@ -311,7 +335,7 @@ class AdamTrainer(Trainer):
     def _rule(self, w, g, states, gscale):
         mom, var = states
         lr_t = self._moments(g, mom, var, gscale)
-        w -= mom / (np.sqrt(var) + self.epsilon) * lr_t
+        w -= mom / (self._xp.sqrt(var) + self.epsilon) * lr_t
 
 
 class AmsgradTrainer(AdamTrainer):
@@ -322,5 +346,5 @@ class AmsgradTrainer(AdamTrainer):
     def _rule(self, w, g, states, gscale):
         mom, var, vhat = states
         lr_t = self._moments(g, mom, var, gscale)
-        np.maximum(vhat, var, out=vhat)
-        w -= mom / (np.sqrt(vhat) + self.epsilon) * lr_t
+        self._xp.maximum(vhat, var, out=vhat)
+        w -= mom / (self._xp.sqrt(vhat) + self.epsilon) * lr_t

@@ -109,3 +109,43 @@ def test_cuda_matches_numpy(scheduler):
         dy.config.set(backend=old)
     assert v == pytest.approx(v_ref, rel=1e-5)
     np.testing.assert_allclose(np.asarray(g), g_ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("N", [0, 1, 3])
+def test_generated_tree_cell_kernel_matches_the_xp_cell(dt, N):
+    """fused_cells: the TreeLSTM cell kernel generated from the op table, against the same
+    program evaluated with numpy (tests/backends/test_tree_cell.py checks that against the C
+    cell): dense children, then children as rows of a table with outputs in place."""
+    from dynagraph.backends.tree_cell import XpCells
+    assert isinstance(CUDA.fused_cells, contract.FusedCells)
+    ref, fc = XpCells(np), CUDA.fused_cells
+    rng = np.random.default_rng(N)
+    B, H, R = 5, 7, 16
+    tol = dict(rtol=1e-12, atol=1e-14) if dt == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    pre = rng.standard_normal((B, (N + 3) * H)).astype(dt)
+    bias = rng.standard_normal((N + 3) * H).astype(dt)
+    kids = rng.standard_normal((N, B, H)).astype(dt)
+    want = ref.treelstm_forward(pre, kids, bias=bias)
+    got = fc.treelstm_forward(cupy.asarray(pre), cupy.asarray(kids), bias=cupy.asarray(bias))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(cupy.asnumpy(a), b, **tol)
+    dh, dc = rng.standard_normal((B, H)).astype(dt), rng.standard_normal((B, H)).astype(dt)
+    want_b = ref.treelstm_backward(want[2], kids, dh, dc)
+    got_b = fc.treelstm_backward(cupy.asarray(want[2]), cupy.asarray(kids), cupy.asarray(dh), cupy.asarray(dc))
+    for a, b in zip(got_b, want_b):
+        if b is not None:
+            np.testing.assert_allclose(cupy.asnumpy(a), b, **tol)
+    if N:
+        table = rng.standard_normal((R, H)).astype(dt)
+        rows = rng.integers(0, 6, (N, B))
+        rows[0, 1] = rows[0, 0]  # a repeated child: atomicAdd
+        t_ref, t_dev = table.copy(), cupy.asarray(table)
+        h0, c0, _ = ref.treelstm_forward(pre, t_ref, kid_rows=ref.KidRows(rows, R), out=(t_ref[8:8 + B], None, None))
+        h1, c1, a1 = fc.treelstm_forward(cupy.asarray(pre), t_dev, kid_rows=fc.KidRows(rows, R),
+                                         out=(t_dev[8:8 + B], None, None))
+        np.testing.assert_allclose(cupy.asnumpy(t_dev), t_ref, **tol)
+        g_ref, g_dev = np.zeros((R, H), dt), cupy.zeros((R, H), dt)
+        ref.treelstm_backward(cupy.asnumpy(a1), t_ref, dh, kid_rows=ref.KidRows(rows, R), dc_table=g_ref)
+        fc.treelstm_backward(a1, t_dev, cupy.asarray(dh), kid_rows=fc.KidRows(rows, R), dc_table=g_dev)
+        np.testing.assert_allclose(cupy.asnumpy(g_dev), g_ref, **tol)

@@ -15,6 +15,7 @@ import numpy as np
 
 import dynagraph as dy
 from dynagraph import schedulers
+from dynagraph.backends import to_numpy
 from refcheck import Run, run_graph, using
 
 TOL = 1e-10  # float64: batching may only reorder roundings, never change results
@@ -107,7 +108,7 @@ def run_recorded(name, build_fn: Callable, backward: bool = True) -> Recorded:
     run = run_graph(rec, build_fn, backward=backward)
     cg = run.cg
     check_all_calls(cg, rec)
-    values = [np.array(cg.value(i)).reshape(cg.shape[i]) for i in range(len(cg))]
+    values = [to_numpy(cg.value(i)).reshape(cg.shape[i]) for i in range(len(cg))]
     grads = {i: cg.gradient(i) for i in range(len(cg)) if backward and cg.needs_grad[i]}
     return Recorded(run, rec, values, grads)
 
