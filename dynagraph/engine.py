@@ -12,6 +12,14 @@ from .backends import get_backend
 from .config import config
 from .recording import NATIVE
 
+_coarsener = None  # set by dynagraph.coarsen: (cg, pending) -> a coarsened chunk or None
+
+
+def set_coarsener(fn) -> None:
+    global _coarsener
+    _coarsener = fn
+
+
 _ZERO = 0  # _ZERO.__gt__(b) is `0 > b`: the node has no value block yet
 
 
@@ -34,12 +42,23 @@ class Engine:
         left = []
         if defer:
             pending, left = _split_deferred(cg, pending, defer, targets)
+        coarse = _coarsener(cg, pending) if _coarsener is not None and config.coarsen else None
+        if coarse is not None:
+            batches = coarse.schedule()
+            stats.t_schedule += time.perf_counter() - t0
+            coarse.execute(get_backend(), batches)
+            self._done(cg, stats, upto, left)
+            return
         sched = schedulers.get(cg.scheduler)
         batches = sched.schedule(cg, pending)
         if config.debug or not getattr(sched, "trusted", False):
             schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, get_backend(), batches)
+        self._done(cg, stats, upto, left)
+
+    @staticmethod
+    def _done(cg, stats, upto: int, left: list) -> None:
         cg.done = left[0] if left else upto + 1
         if stats.lower_bound_fn is None:
             stats.lower_bound_fn = _Bound(cg)

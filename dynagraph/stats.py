@@ -24,6 +24,11 @@ class Stats:
     t_backward: float = 0.0      # backward kernels
     policy_hits: int = 0         # FSM scheduler: decisions found in the policy table
     policy_misses: int = 0       # FSM scheduler: decisions made by the fallback rule
+    coarse_groups: int = 0       # coarsened groups run (dynagraph/coarsen): one plan call each
+    coarse_nodes: int = 0        # recorded nodes those groups computed
+    block_copies: int = 0        # copies inside dy.block plans and coarsened groups (forward + backward)
+    block_copy_bytes: int = 0
+    t_coarsen: float = 0.0       # finding repeated patterns (part of scheduling)
     batch_log: list = field(default_factory=list, repr=False)  # (op name, size) per batch
     # Set by the engine: computing the bound is O(nodes x signatures), so only on demand.
     lower_bound_fn: Callable[[], int] | None = field(default=None, repr=False, compare=False)

@@ -1,0 +1,156 @@
+"""Finding repeated subgraphs in the pending nodes of a recorded graph.
+
+Per-sample code repeats one op pattern at every tree node and time step. Here the
+pending nodes are cut into *instances*, and instances with the same canonical key
+(same signatures, same internal wiring, same sharing of outside inputs) form a
+*pattern*: each pattern runs through the compiled-block machinery of `dy.block`.
+
+How nodes become instances (one pass, consumers before producers, so in
+decreasing node id):
+
+* a node whose consumers all belong to one instance joins it (a fan-in cone:
+  the gate slices of an LSTM join the products that read them), unless it looks
+  like that instance's root (same signature, arguments of the same signatures):
+  then it is the previous repetition's output (a child's `h` read by its parent);
+* a node read by several instances joins the one with the smallest root id,
+  unless that instance already holds a node of its signature (that is the next
+  repetition: the previous step's `h` stays the root of its own step);
+* otherwise, or when the instance is full (`MAX_NODES`), it is a root: the
+  last node of a new instance.
+
+Every cross-instance edge goes from an instance with a smaller root id to one
+with a larger root id, so the instances form a DAG ordered by root id.
+
+Nodes that cannot be coarsened (leaves, inputs without arguments, unbatchable
+ops, nodes that keep a saved context such as `dy.block` calls) stay op-level and
+act as instances of their own, which no other node joins.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+MAX_NODES = 48          # instance size cap: keeps patterns small and repeating
+MIN_CALLS = 2           # a pattern is coarsened only if it occurs at least this often
+MAX_ARGS = 8            # a wider node (the esum of a mini-batch's losses) is a reduction: op-level
+
+
+class Pattern(NamedTuple):
+    key: tuple                # ((signature id, argument refs), ...) per member, in node-id order
+    roots: list               # one root node per instance
+    members: list             # per instance, its node ids in id order (position m = step m)
+    externals: list           # per instance, its outside arguments in first-use order
+    slots: list               # per instance, the per-node data (indices, labels, random keys)
+
+
+def coarsenable(op, nargs: int) -> bool:
+    return 0 < nargs <= MAX_ARGS and not op.leaf and op.batchable and not op.saves_ctx
+
+
+def find_patterns(cg, pending: list) -> tuple[list, set, list]:
+    """(patterns, coarsened node ids, instance root of each pending node by id - pending[0])
+    among `pending` (ascending node ids). Nodes of instances that were not coarsened keep
+    their root as sort key: every edge between instances goes to a larger root."""
+    if len(pending) < 2 * MIN_CALLS:
+        return [], set(), []
+    lo = pending[0]
+    span = pending[-1] - lo + 1
+    args, ops, sig = cg.args, cg.op, cg.sig
+    is_pending = [False] * span
+    for n in pending:
+        is_pending[n - lo] = True
+    owner = [-1] * span       # the instance root of each pending node
+    cmin = [-1] * span        # smallest instance root among a node's consumers
+    cmulti = [False] * span   # consumers in more than one instance
+    excluded: set = set()
+    size: dict = {}
+    sigs_of: dict = {}
+    root_shape: dict = {}
+    for n in reversed(pending):
+        k = n - lo
+        a_n = args[n]
+        if not coarsenable(ops[n], len(a_n)):
+            excluded.add(n)
+            owner[k] = r = n
+        else:
+            m = cmin[k]
+            if m < 0 or m in excluded or size[m] >= MAX_NODES:
+                r = n
+            elif not cmulti[k]:
+                # the next repetition's output looks like this instance's root: cut there
+                r = n if sig[n] == sig[m] and _shape_of(n, args, sig) == root_shape[m] else m
+            elif sig[n] not in sigs_of[m]:
+                r = m
+            else:
+                r = n
+            owner[k] = r
+            if r == n:
+                size[n] = 1
+                sigs_of[n] = {sig[n]}
+                root_shape[n] = _shape_of(n, args, sig)
+            else:
+                size[r] += 1
+                sigs_of[r].add(sig[n])
+        for a in a_n:
+            j = a - lo
+            if j >= 0 and is_pending[j]:
+                c = cmin[j]
+                if c < 0:
+                    cmin[j] = r
+                elif c != r:
+                    cmulti[j] = True
+                    if r < c:
+                        cmin[j] = r
+    members: dict = {}
+    for n in pending:
+        r = owner[n - lo]
+        if r not in excluded and size[r] > 1:
+            ms = members.get(r)
+            if ms is None:
+                members[r] = [n]
+            else:
+                ms.append(n)
+    by_key: dict = {}
+    data = cg.data
+    for r, ms in members.items():
+        key, ext, slots = _instance_key(ms, args, sig, ops, data)
+        p = by_key.get(key)
+        if p is None:
+            by_key[key] = Pattern(key, [r], [ms], [ext], [slots])
+        else:
+            p.roots.append(r)
+            p.members.append(ms)
+            p.externals.append(ext)
+            p.slots.append(slots)
+    patterns = [p for p in by_key.values() if len(p.roots) >= MIN_CALLS]
+    coarse = {n for p in patterns for ms in p.members for n in ms}
+    return patterns, coarse, owner
+
+
+def _shape_of(n: int, args: list, sig: list) -> tuple:
+    """A node's signature and its arguments' signatures: one level of structure."""
+    return tuple([sig[a] for a in args[n]])
+
+
+def _instance_key(ms: list, args: list, sig: list, ops: list, data: list) -> tuple:
+    """The canonical key of one instance: per member its signature id and where each
+    argument comes from (a member position, or the k-th distinct outside input as -1-k);
+    with its outside inputs and per-node data."""
+    pos: dict = {}
+    ext: dict = {}
+    toks = []
+    slots = []
+    for idx, n in enumerate(ms):
+        pos[n] = idx
+        refs = []
+        for a in args[n]:
+            p = pos.get(a)
+            if p is None:
+                e = ext.get(a)
+                if e is None:
+                    e = ext[a] = len(ext)
+                p = -1 - e
+            refs.append(p)
+        toks.append((sig[n], tuple(refs)))
+        if ops[n].uses_data:
+            slots.append(data[n])
+    return tuple(toks), list(ext), tuple(slots)

@@ -1,0 +1,270 @@
+"""Running coarsened groups: one compiled plan (dy.block's `Plan`/`Program`) per pattern,
+a schedule over units (instances and the nodes left op-level), and the backward record.
+
+Every member node keeps its own value block (a view of the plan's value, no copy),
+so later batches, `.value()`, `gradient()` of a root and autodiff see what op-by-op
+execution leaves. The record's `grad` replays the plan in reverse from the gradients
+that arrived in the members' blocks and scatters the results to the outside inputs.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from .. import executor
+from ..autodiff import scatter
+from ..config import config
+from ..executor import LEAF, any_true
+from ..graph import ComputationGraph, IndexSlot
+from ..ops.base import Sliced, SparseRows
+from ..program import Grads, UnitGrads
+from ..program.units import PIECES
+from ..subgraph import PLACEHOLDER, Plan
+from .detect import Pattern
+
+_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()   # canonical key -> compiled plan
+_MAX_PLANS = 256
+
+
+def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
+    """The compiled plan of pattern p (cached across graphs by a graph-independent key) and
+    the graph's node ids of its parameters, in the plan's leaf order."""
+    sigs = cg.signatures
+    canon = (tuple((sigs[s], refs) for s, refs in p.key), config.block_plan, bool(config.fuse), cg.dtype.str)
+    plan = _PLANS.get(canon)
+    if plan is None:
+        plan = _PLANS[canon] = _trace(cg, p)
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    else:
+        _PLANS.move_to_end(canon)
+    if plan.program is not None and plan.program.rehomed:
+        cg.rebind(plan.program.rehomed)   # the planned layout stacked some weights
+    return plan, [cg.leaf(prm, upd) for prm, upd in zip(plan.leaf_params, plan.leaf_update)]
+
+
+def _trace(cg, p: Pattern) -> Plan:
+    """Re-record the first instance into a private trace graph: outside inputs become
+    placeholders (or the same parameters), per-node data becomes index slots."""
+    ms, ext = p.members[0], p.externals[0]
+    trace = ComputationGraph(scheduler="none")
+    trace.tracing = True
+    trace.dtype = cg.dtype
+    ids: dict = {}
+    inputs = []
+    for a in ext:
+        if cg.op[a].leaf:
+            ids[a] = trace.leaf(cg.attrs[a][1], cg.sig_part[a][2])
+        else:
+            ids[a] = trace.placeholder(PLACEHOLDER, cg.shape[a])
+            inputs.append(ids[a])
+    slot = 0
+    for n in ms:
+        op = cg.op[n]
+        d = None
+        if op.uses_data:
+            d = IndexSlot(slot)
+            slot += 1
+        ids[n] = trace.add(op, tuple(ids[a] for a in cg.args[n]), cg.attrs[n], d)
+    ops = "+".join(sorted({cg.op[n].name for n in ms}))
+    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, config.fuse)
+    plan.positions = [ids[n] for n in ms]           # trace id of member position m
+    plan.ext_is_input = [not cg.op[a].leaf for a in ext]
+    return plan
+
+
+class CoarseRecord:
+    """One coarsened group's forward, kept for backward (an entry of cg.executed)."""
+
+    __slots__ = ("plan", "nodes", "steps", "bids", "xs", "plans", "cols", "saved", "B", "leads")
+
+    def __init__(self, plan, steps, bids, xs, plans, cols, saved, B, leads):
+        self.plan, self.steps, self.bids, self.xs, self.plans = plan, steps, bids, xs, plans
+        self.cols, self.saved, self.B, self.leads = cols, saved, B, leads
+        self.nodes = [n for s in steps for n in s]
+
+    def grad(self, cg, be, gb, full: bool, grad_block) -> None:
+        """Replay the plan in reverse from the gradients in the members' blocks."""
+        t0 = time.perf_counter()
+        plan, B, xp = self.plan, self.B, be.xp
+        gs = [gb[b] for b in self.bids]
+        if all(g is None for g in gs):
+            return
+        if full:
+            need = (True,) * len(self.cols)
+        else:
+            need = tuple(any_true(cg.needs_grad, ids) for ids in self.cols)
+            if True not in need:
+                return
+        prog = plan.program
+        dtype = cg.dtype
+        acc = Grads(xp) if prog is None else UnitGrads(xp, prog, B, dtype)
+        shapes = {i: shape for i, _, _, _, _, shape in plan.steps}
+        for t, g, lead in zip(plan.positions, gs, self.leads):
+            if g is not None:
+                acc.add(t, g, (lead,) + shapes[t] if lead == 1 else g.shape)
+        if prog is not None:
+            gxs = prog.grad(be, acc, self.saved, need)
+        else:
+            gxs = plan.grad_steps(be, acc, self.saved, need)
+        t1 = time.perf_counter()
+        stats = cg.stats
+        stats.t_backward += t1 - t0
+        stats.kernel_calls += plan.op.inner_kernels
+        if prog is not None:
+            stats.block_copies += prog.counts.backward_copies
+            stats.block_copy_bytes += prog.counts.backward_bytes
+        for k, pl in enumerate(self.plans):
+            gx = gxs[k]
+            if not need[k] or gx is None:
+                continue
+            if pl[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != B:
+                gx = xp.broadcast_to(gx, (B,) + gx.shape[1:])
+            scatter(cg, be, gb, pl, gx, stats)
+        stats.t_memory += time.perf_counter() - t1
+
+
+def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> None:
+    """Run instances `which` (indices into p) of pattern p as one call of its plan."""
+    stats = cg.stats
+    xp = be.xp
+    t0 = time.perf_counter()
+    B = len(which)
+    exts = [p.externals[w] for w in which]
+    cols = [tuple(e[k] for e in exts) for k, inp in enumerate(plan.ext_is_input) if inp]
+    xs, plans = [], []
+    for ids in cols:
+        x, pl = executor.gather(cg, be, ids, stats)
+        xs.append(x)
+        plans.append(pl)
+    for leaf in leaf_ids:
+        b = cg.blk[leaf]
+        xs.append(cg.blocks[b])
+        plans.append((LEAF, b, None))
+        cols.append((leaf,))
+    data = [p.slots[w] for w in which]
+    t1 = time.perf_counter()
+    data_of = lambda spec: plan._data(spec, data)  # noqa: E731
+    if plan.program is not None:
+        vals, saved = plan.program.run(be, xs, data_of, B)
+    else:
+        vals, saved = plan.run_steps(be, xs, data_of)
+    t2 = time.perf_counter()
+    steps, bids, leads = [], [], []
+    members = [p.members[w] for w in which]
+    dtype = cg.dtype
+    for m, t in enumerate(plan.positions):
+        v = vals.get(t)
+        if v is None:
+            v = _piece_value(plan, saved, t, xp)
+        leads.append(v.shape[0])
+        if v.shape[0] != B:  # computed from parameters alone: one shared row
+            v = xp.broadcast_to(v, (B,) + v.shape[1:])
+        v = xp.ascontiguousarray(v, dtype=dtype)
+        nodes = [ms[m] for ms in members]
+        bid = len(cg.blocks)
+        cg.blocks.append(v)
+        executor.place(cg.blk, cg.row, nodes, bid)
+        steps.append(nodes)
+        bids.append(bid)
+    cg.executed.append(CoarseRecord(plan, steps, bids, xs, plans, cols, saved, B, leads))
+    stats.kernel_calls += plan.op.inner_kernels
+    stats.batches += 1
+    stats.nodes += B * len(plan.positions)
+    stats.coarse_groups += 1
+    stats.coarse_nodes += B * len(plan.positions)
+    if plan.program is not None:
+        stats.block_copies += plan.program.counts.forward_copies
+        stats.block_copy_bytes += plan.program.counts.forward_bytes
+    stats.t_execute += t2 - t1
+    stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
+    if stats.batch_log is not None and len(stats.batch_log) < 100_000:
+        stats.batch_log.append((f"{plan.name}/{len(plan.positions)}", B))
+
+
+def _piece_value(plan: Plan, saved: list, t: int, xp):
+    """A piece-major product's own value, (B, P*h), from its (P, B, h) output (only when a
+    node of the graph is that product; the plan's steps read the slices)."""
+    prog = plan.program
+    for k, u in enumerate(prog.units):
+        if u.kind == PIECES and plan.steps[u.steps[0]][0] == t:
+            y3 = saved[k][1]
+            P, B, h = y3.shape
+            return xp.ascontiguousarray(y3.transpose(1, 0, 2)).reshape(B, P * h)
+    raise KeyError(f"coarsened plan {plan.name}: no value for trace node {t}")
+
+
+class Coarsened:
+    """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
+
+    def __init__(self, cg, pending: list, patterns: list, coarse: set, owner: list):
+        self.cg, self.pending, self.patterns, self.coarse = cg, pending, patterns, coarse
+        self.owner = owner
+
+    def schedule(self) -> list:
+        """Batches over units by unit depth: ("nodes", [ids]) or ("group", pattern index,
+        [instance indices]). An instance's depth is one more than the deepest unit that
+        feeds it; instances of one pattern at one depth run as one group."""
+        cg = self.cg
+        args, sig, ops = cg.args, cg.sig, cg.op
+        unit_of: dict = {}
+        units = []   # (instance root, node id, pattern or -1, payload): every edge goes forward
+        for pi, p in enumerate(self.patterns):
+            for w, (r, ms) in enumerate(zip(p.roots, p.members)):
+                for n in ms:
+                    unit_of[n] = r
+                units.append((r, r, pi, w))
+        coarse, owner = self.coarse, self.owner
+        lo = self.pending[0]
+        for n in self.pending:
+            if n not in coarse:
+                units.append((owner[n - lo], n, -1, n))
+        units.sort()
+        level: dict = {}
+        groups: dict = {}
+        out = []
+        for _, r, pi, payload in units:
+            if pi < 0:
+                deps = args[payload]
+            else:
+                p = self.patterns[pi]
+                deps = p.externals[payload]
+            lv = 0
+            for a in deps:
+                u = unit_of.get(a, a)
+                la = level.get(u)
+                if la is not None and la >= lv:
+                    lv = la + 1
+            level[r] = lv
+            if pi < 0:
+                key = (lv, "n", sig[payload]) if ops[payload].batchable else None
+            else:
+                key = (lv, "g", pi)
+            g = groups.get(key) if key is not None else None
+            if g is None:
+                g = [payload]
+                if key is not None:
+                    groups[key] = g
+                out.append((lv, r, pi, g))
+            else:
+                g.append(payload)
+        out.sort(key=lambda t: (t[0], t[1]))
+        return [(pi, g) for _, _, pi, g in out]
+
+    def execute(self, be, batches: list) -> None:
+        cg = self.cg
+        stretch: list = []
+        compiled = [None] * len(self.patterns)
+        for pi, g in batches:
+            if pi < 0:
+                stretch.append(g)
+                continue
+            if stretch:
+                executor.execute(cg, be, stretch)
+                stretch = []
+            if compiled[pi] is None:
+                compiled[pi] = plan_for(cg, self.patterns[pi])
+            plan, leaf_ids = compiled[pi]
+            run_group(cg, be, plan, leaf_ids, self.patterns[pi], g)
+        if stretch:
+            executor.execute(cg, be, stretch)
