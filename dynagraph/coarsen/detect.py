@@ -42,8 +42,13 @@ class Pattern(NamedTuple):
     slots: list               # per instance, the per-node data (indices, labels, random keys)
 
 
-def coarsenable(op, nargs: int) -> bool:
-    return 0 < nargs <= MAX_ARGS and not op.leaf and op.batchable and not op.saves_ctx
+def coarsenable(op, arg_ops: list) -> bool:
+    """Ops a plan can run per instance. A node computed from parameters alone stays
+    op-level: inside a plan its value would be one shared row, and its gradient the sum
+    over the instances rather than each node's own."""
+    if not 0 < len(arg_ops) <= MAX_ARGS or op.leaf or not op.batchable or op.saves_ctx:
+        return False
+    return op.uses_data or not all(o.leaf for o in arg_ops)
 
 
 def find_patterns(cg, pending: list) -> tuple[list, set, list]:
@@ -68,7 +73,7 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
     for n in reversed(pending):
         k = n - lo
         a_n = args[n]
-        if not coarsenable(ops[n], len(a_n)):
+        if not coarsenable(ops[n], [ops[a] for a in a_n]):
             excluded.add(n)
             owner[k] = r = n
         else:

@@ -30,7 +30,7 @@ def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
     """The compiled plan of pattern p (cached across graphs by a graph-independent key) and
     the graph's node ids of its parameters, in the plan's leaf order."""
     sigs = cg.signatures
-    canon = (tuple((sigs[s], refs) for s, refs in p.key), config.block_plan, bool(config.fuse), cg.dtype.str)
+    canon = (tuple((sigs[s], refs) for s, refs in p.key), config.block_plan, cg.dtype.str)
     plan = _PLANS.get(canon)
     if plan is None:
         plan = _PLANS[canon] = _trace(cg, p)
@@ -67,7 +67,9 @@ def _trace(cg, p: Pattern) -> Plan:
             slot += 1
         ids[n] = trace.add(op, tuple(ids[a] for a in cg.args[n]), cg.attrs[n], d)
     ops = "+".join(sorted({cg.op[n].name for n in ms}))
-    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, config.fuse)
+    # no fused chains: their C backward keeps the chain's inner gradients to itself, and
+    # gradient() of every node of the group must equal op-level autodiff's
+    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False)
     plan.positions = [ids[n] for n in ms]           # trace id of member position m
     plan.ext_is_input = [not cg.op[a].leaf for a in ext]
     return plan
@@ -98,7 +100,7 @@ class CoarseRecord:
                 return
         prog = plan.program
         dtype = cg.dtype
-        acc = Grads(xp) if prog is None else UnitGrads(xp, prog, B, dtype)
+        acc = _Captured(xp) if prog is None else _CapturedUnits(xp, prog, B, dtype)
         shapes = {i: shape for i, _, _, _, _, shape in plan.steps}
         for t, g, lead in zip(plan.positions, gs, self.leads):
             if g is not None:
@@ -107,6 +109,7 @@ class CoarseRecord:
             gxs = prog.grad(be, acc, self.saved, need)
         else:
             gxs = plan.grad_steps(be, acc, self.saved, need)
+        self._node_grads(gb, acc, B, xp)
         t1 = time.perf_counter()
         stats = cg.stats
         stats.t_backward += t1 - t0
@@ -122,6 +125,70 @@ class CoarseRecord:
                 gx = xp.broadcast_to(gx, (B,) + gx.shape[1:])
             scatter(cg, be, gb, pl, gx, stats)
         stats.t_memory += time.perf_counter() - t1
+
+
+    def _node_grads(self, gb, acc, B: int, xp) -> None:
+        """Each member's total gradient into its block's gradient, as op-level autodiff
+        leaves it (gradient() of any node of the group)."""
+        prog = self.plan.program
+        for t, bid in zip(self.plan.positions, self.bids):
+            g = _unit_grad(prog, acc.seen_units, t, B, xp) if prog is not None else None
+            whole = acc.seen.get(t)
+            if g is None:
+                g = whole
+            elif whole is not None and t not in prog.home:  # a piece-major product read whole too
+                g = g + whole
+            if g is not None and not isinstance(g, (Sliced, SparseRows)):
+                gb[bid] = xp.ascontiguousarray(xp.broadcast_to(g, gb_shape(g, B)))
+
+
+def gb_shape(g, B: int) -> tuple:
+    return (B,) + g.shape[1:]
+
+
+def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
+    """A member's gradient from the unit buffer it lived in (a group, or a piece-major product)."""
+    home = prog.home.get(t)
+    if home is not None:
+        buf = seen_units.get(home[0])
+        return None if buf is None else buf[home[1] * B:(home[1] + 1) * B]
+    for k, u in enumerate(prog.units):
+        if u.kind == PIECES and prog.plan.steps[u.steps[0]][0] == t:
+            buf = seen_units.get(k)
+            if buf is None:
+                return None
+            P = u.pieces
+            h = buf.shape[-1]
+            return xp.ascontiguousarray(buf.reshape(P, B, h).transpose(1, 0, 2)).reshape(B, P * h)
+    return None
+
+
+class _Seen:
+    """Keeps every variable's gradient as the replay takes it (its total by then)."""
+
+    def pop(self, i: int):
+        g = super().pop(i)
+        if g is not None:
+            self.seen[i] = g
+        return g
+
+    def take(self, k: int):
+        g = super().take(k)
+        if g is not None:
+            self.seen_units[k] = g
+        return g
+
+
+class _Captured(_Seen, Grads):
+    def __init__(self, xp):
+        super().__init__(xp)
+        self.seen, self.seen_units = {}, {}
+
+
+class _CapturedUnits(_Seen, UnitGrads):
+    def __init__(self, xp, program, B: int, dtype):
+        super().__init__(xp, program, B, dtype)
+        self.seen, self.seen_units = {}, {}
 
 
 def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> None:
