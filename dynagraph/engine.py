@@ -11,6 +11,7 @@ from . import autodiff, executor, graph, schedulers
 from .backends import get_backend
 from .config import config
 from .recording import NATIVE
+from .stats import ACTIVE
 
 _coarsener = None  # set by dynagraph.coarsen: (cg, pending) -> a coarsened chunk or None
 
@@ -33,6 +34,13 @@ _pending = NATIVE.pending if NATIVE is not None else _pending_py
 
 class Engine:
     def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
+        token = ACTIVE.set(cg.stats)  # dy.block plans report their inner copies here
+        try:
+            self._forward(cg, upto, defer, targets)
+        finally:
+            ACTIVE.reset(token)
+
+    def _forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
         """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
         their pending users out unless `targets` need them (`done` stops at the first left)."""
         t0 = time.perf_counter()
@@ -66,7 +74,11 @@ class Engine:
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:
-        autodiff.backward(cg, get_backend(), nid, full)
+        token = ACTIVE.set(cg.stats)
+        try:
+            autodiff.backward(cg, get_backend(), nid, full)
+        finally:
+            ACTIVE.reset(token)
         cg._t_last = time.perf_counter()
 
 
