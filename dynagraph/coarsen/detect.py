@@ -9,9 +9,10 @@ How nodes become instances (one pass, consumers before producers, so in
 decreasing node id):
 
 * a node whose consumers all belong to one instance joins it (a fan-in cone:
-  the gate slices of an LSTM join the products that read them), unless it has the
-  signature of that instance's root: then it is taken for the previous
-  repetition's output (a child's `h` read by its parent) and starts an instance;
+  the gate slices of an LSTM join the products that read them), unless it looks
+  like that instance's root (its signature, arguments of the same signatures):
+  then it is the previous repetition's output (a child's `h` read by its
+  parent) and starts an instance of its own;
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
   repetition: the previous step's `h` stays the root of its own step);
@@ -70,10 +71,14 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
     size: dict = {}
     sigs_of: dict = {}
     root_sig: dict = {}
+    can: dict = {}
     for n in reversed(pending):
         k = n - lo
         a_n = args[n]
-        if not coarsenable(ops[n], [ops[a] for a in a_n]):
+        ok = can.get(sig[n])  # a function of the signature (op, and which arguments are parameters)
+        if ok is None:
+            ok = can[sig[n]] = coarsenable(ops[n], [ops[a] for a in a_n])
+        if not ok:
             excluded.add(n)
             owner[k] = r = n
         else:
@@ -82,7 +87,7 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
                 r = n
             elif not cmulti[k]:
                 # the next repetition's output looks like this instance's root: cut there
-                r = n if sig[n] == root_sig[m] else m
+                r = n if sig[n] == root_sig[m][0] and _arg_sigs(n, args, sig) == root_sig[m][1] else m
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
@@ -91,7 +96,7 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
             if r == n:
                 size[n] = 1
                 sigs_of[n] = {sig[n]}
-                root_sig[n] = sig[n]
+                root_sig[n] = (sig[n], _arg_sigs(n, args, sig))
             else:
                 size[r] += 1
                 sigs_of[r].add(sig[n])
@@ -129,6 +134,11 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
     patterns = [p for p in by_key.values() if len(p.roots) >= MIN_CALLS]
     coarse = {n for p in patterns for ms in p.members for n in ms}
     return patterns, coarse, owner
+
+
+def _arg_sigs(n: int, args: list, sig: list) -> tuple:
+    """One level of structure below a node: its arguments' signatures."""
+    return tuple([sig[a] for a in args[n]])
 
 
 def _instance_key(ms: list, args: list, sig: list, ops: list, data: list) -> tuple:
