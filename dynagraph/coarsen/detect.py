@@ -30,13 +30,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+try:  # the per-node pass compiled (kernels/cpython/coarsen.c); instances_py is its twin
+    from .. import _coarsen as _NATIVE
+except ImportError:  # pragma: no cover - built without a compiler
+    _NATIVE = None
+
 MAX_NODES = 48          # instance size cap: keeps patterns small and repeating
 MIN_CALLS = 2           # a pattern is coarsened only if it occurs at least this often
 MAX_ARGS = 8            # a wider node (the esum of a mini-batch's losses) is a reduction: op-level
 
 
 class Pattern(NamedTuple):
-    key: tuple                # ((signature id, argument refs), ...) per member, in node-id order
+    key: tuple                # per member in node-id order: signature id, argument count, argument refs
     roots: list               # one root node per instance
     members: list             # per instance, its node ids in id order (position m = step m)
     externals: list           # per instance, its outside arguments in first-use order
@@ -58,6 +63,29 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
     their root as sort key: every edge between instances goes to a larger root."""
     if len(pending) < 2 * MIN_CALLS:
         return [], set(), []
+    if _NATIVE is not None:
+        owner, instances = _NATIVE.find(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
+                                        len(cg.signatures))
+    else:
+        owner, instances = instances_py(cg, pending)
+    by_key: dict = {}
+    for r, ms, key, ext, slots in instances:
+        p = by_key.get(key)
+        if p is None:
+            by_key[key] = Pattern(key, [r], [ms], [ext], [slots])
+        else:
+            p.roots.append(r)
+            p.members.append(ms)
+            p.externals.append(ext)
+            p.slots.append(slots)
+    patterns = [p for p in by_key.values() if len(p.roots) >= MIN_CALLS]
+    coarse = {n for p in patterns for ms in p.members for n in ms}
+    return patterns, coarse, owner
+
+
+def instances_py(cg, pending: list) -> tuple[list, list]:
+    """The pure-Python twin of dynagraph._coarsen.find: (owner, [(root, members, key,
+    externals, slots)]) for every instance of two or more nodes."""
     lo = pending[0]
     span = pending[-1] - lo + 1
     args, ops, sig = cg.args, cg.op, cg.sig
@@ -70,7 +98,6 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
     excluded: set = set()
     size: dict = {}
     sigs_of: dict = {}
-    root_sig: dict = {}
     can: dict = {}
     for n in reversed(pending):
         k = n - lo
@@ -86,8 +113,8 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
             if m < 0 or m in excluded or size[m] >= MAX_NODES:
                 r = n
             elif not cmulti[k]:
-                # the next repetition's output looks like this instance's root: cut there
-                r = n if sig[n] == root_sig[m][0] and _arg_sigs(n, args, sig) == root_sig[m][1] else m
+                # shaped like the instance's root: the previous repetition's output, cut there
+                r = n if sig[n] == sig[m] and _arg_sigs(n, args, sig) == _arg_sigs(m, args, sig) else m
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
@@ -96,7 +123,6 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
             if r == n:
                 size[n] = 1
                 sigs_of[n] = {sig[n]}
-                root_sig[n] = (sig[n], _arg_sigs(n, args, sig))
             else:
                 size[r] += 1
                 sigs_of[r].add(sig[n])
@@ -119,21 +145,12 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
                 members[r] = [n]
             else:
                 ms.append(n)
-    by_key: dict = {}
     data = cg.data
-    for r, ms in members.items():
-        key, ext, slots = _instance_key(ms, args, sig, ops, data)
-        p = by_key.get(key)
-        if p is None:
-            by_key[key] = Pattern(key, [r], [ms], [ext], [slots])
-        else:
-            p.roots.append(r)
-            p.members.append(ms)
-            p.externals.append(ext)
-            p.slots.append(slots)
-    patterns = [p for p in by_key.values() if len(p.roots) >= MIN_CALLS]
-    coarse = {n for p in patterns for ms in p.members for n in ms}
-    return patterns, coarse, owner
+    out = []
+    for r in sorted(members):
+        ms = members[r]
+        out.append((r, ms) + _instance_key(ms, args, sig, ops, data))
+    return owner, out
 
 
 def _arg_sigs(n: int, args: list, sig: list) -> tuple:
@@ -142,25 +159,26 @@ def _arg_sigs(n: int, args: list, sig: list) -> tuple:
 
 
 def _instance_key(ms: list, args: list, sig: list, ops: list, data: list) -> tuple:
-    """The canonical key of one instance: per member its signature id and where each
-    argument comes from (a member position, or the k-th distinct outside input as -1-k);
-    with its outside inputs and per-node data."""
+    """The canonical key of one instance, a flat tuple: per member its signature id, its
+    number of arguments and where each comes from (a member position, or the k-th distinct
+    outside input as -1-k); with its outside inputs and per-node data."""
     pos: dict = {}
     ext: dict = {}
-    toks = []
+    key = []
     slots = []
     for idx, n in enumerate(ms):
         pos[n] = idx
-        refs = []
-        for a in args[n]:
+        a_n = args[n]
+        key.append(sig[n])
+        key.append(len(a_n))
+        for a in a_n:
             p = pos.get(a)
             if p is None:
                 e = ext.get(a)
                 if e is None:
                     e = ext[a] = len(ext)
                 p = -1 - e
-            refs.append(p)
-        toks.append((sig[n], tuple(refs)))
+            key.append(p)
         if ops[n].uses_data:
             slots.append(data[n])
-    return tuple(toks), list(ext), tuple(slots)
+    return tuple(key), list(ext), tuple(slots)

@@ -29,8 +29,7 @@ _MAX_PLANS = 256
 def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
     """The compiled plan of pattern p (cached across graphs by a graph-independent key) and
     the graph's node ids of its parameters, in the plan's leaf order."""
-    sigs = cg.signatures
-    canon = (tuple((sigs[s], refs) for s, refs in p.key), config.block_plan, cg.dtype.str)
+    canon = (_canonical(cg.signatures, p.key), config.block_plan, cg.dtype.str)
     plan = _PLANS.get(canon)
     if plan is None:
         plan = _PLANS[canon] = _trace(cg, p)
@@ -41,6 +40,16 @@ def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
     if plan.program is not None and plan.program.rehomed:
         cg.rebind(plan.program.rehomed)   # the planned layout stacked some weights
     return plan, [cg.leaf(prm, upd) for prm, upd in zip(plan.leaf_params, plan.leaf_update)]
+
+
+def _canonical(sigs: list, key: tuple) -> tuple:
+    """The key with each signature id replaced by the signature itself (ids are per graph)."""
+    out, k = [], 0
+    while k < len(key):
+        n = key[k + 1]
+        out.append((sigs[key[k]], key[k + 2:k + 2 + n]))
+        k += 2 + n
+    return tuple(out)
 
 
 def _trace(cg, p: Pattern) -> Plan:

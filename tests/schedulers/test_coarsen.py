@@ -230,3 +230,33 @@ def test_value_of_an_inner_node_after_evaluation():
             ref_vals, ref_later = vals, later
         del with_graph
     config.coarsen = False
+
+
+@settings(max_examples=20, **_SETTINGS)
+@given(spec=rg.graph_spec, detail=st.sampled_from(DETAILS))
+def test_compiled_pass_equals_its_python_twin(spec, detail):
+    """dynagraph._coarsen.find and detect.instances_py cut every graph the same way."""
+    from dynagraph.coarsen import detect
+    if detect._NATIVE is None:
+        pytest.skip("dynagraph._coarsen not built")
+    for build in (lambda pc: rg.record(pc, spec), _cells(detail, 1, 2, 4), _treelstm(2, 2)):
+        cg = dy.renew_cg(scheduler="agenda")
+        with dy.cg():
+            build(dy.ParameterCollection())
+        pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
+        if len(pending) < 2:
+            continue
+        native = detect._NATIVE.find(cg.args, cg.sig, cg.op, cg.data, pending, detect.MAX_NODES,
+                                     detect.MAX_ARGS, len(cg.signatures))
+        assert tuple(native) == tuple(detect.instances_py(cg, pending))
+
+
+def test_compiled_pass_rejects_bad_ids():
+    from dynagraph.coarsen import detect
+    if detect._NATIVE is None:
+        pytest.skip("dynagraph._coarsen not built")
+    ops = [dy.ops.OPS["tanh"]] * 3
+    with pytest.raises(IndexError):
+        detect._NATIVE.find([(), (0,), (7,)], [0, 0, 0], ops, [None] * 3, [1, 2], 48, 8, 1)
+    with pytest.raises(IndexError):
+        detect._NATIVE.find([(), (0,), (1,)], [0, 0, 0], ops, [None] * 3, [1, 5], 48, 8, 1)
