@@ -10,6 +10,7 @@ gradients equal op-by-op execution; instances that differ in any signature detai
 """
 from __future__ import annotations
 
+import gc
 import time
 
 from .. import engine
@@ -25,11 +26,17 @@ def coarsen(cg, pending: list) -> Coarsened | None:
     if not config.coarsen or cg.scheduler == "none" or len(pending) < 4:
         return None
     t0 = time.perf_counter()
-    patterns, coarse, owner = find_patterns(cg, pending)
+    collecting = gc.isenabled()
+    gc.disable()  # the pass allocates a few small objects per node, all live: nothing to collect
+    try:
+        patterns, owner = find_patterns(cg, pending)
+    finally:
+        if collecting:
+            gc.enable()
     cg.stats.t_coarsen += time.perf_counter() - t0
     if not patterns:
         return None
-    return Coarsened(cg, pending, patterns, coarse, owner)
+    return Coarsened(cg, pending, patterns, owner)
 
 
 engine.set_coarsener(coarsen)

@@ -57,12 +57,12 @@ def coarsenable(op, arg_ops: list) -> bool:
     return op.uses_data or not all(o.leaf for o in arg_ops)
 
 
-def find_patterns(cg, pending: list) -> tuple[list, set, list]:
-    """(patterns, coarsened node ids, instance root of each pending node by id - pending[0])
+def find_patterns(cg, pending: list) -> tuple[list, list]:
+    """(patterns, instance root of each pending node by id - pending[0])
     among `pending` (ascending node ids). Nodes of instances that were not coarsened keep
     their root as sort key: every edge between instances goes to a larger root."""
     if len(pending) < 2 * MIN_CALLS:
-        return [], set(), []
+        return [], []
     if _NATIVE is not None:
         owner, instances = _NATIVE.find(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
                                         len(cg.signatures))
@@ -78,9 +78,7 @@ def find_patterns(cg, pending: list) -> tuple[list, set, list]:
             p.members.append(ms)
             p.externals.append(ext)
             p.slots.append(slots)
-    patterns = [p for p in by_key.values() if len(p.roots) >= MIN_CALLS]
-    coarse = {n for p in patterns for ms in p.members for n in ms}
-    return patterns, coarse, owner
+    return [p for p in by_key.values() if len(p.roots) >= MIN_CALLS], owner
 
 
 def instances_py(cg, pending: list) -> tuple[list, list]:

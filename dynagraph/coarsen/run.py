@@ -87,12 +87,16 @@ def _trace(cg, p: Pattern) -> Plan:
 class CoarseRecord:
     """One coarsened group's forward, kept for backward (an entry of cg.executed)."""
 
-    __slots__ = ("plan", "nodes", "steps", "bids", "xs", "plans", "cols", "saved", "B", "leads")
+    __slots__ = ("plan", "steps", "bids", "xs", "plans", "cols", "saved", "B", "leads")
 
     def __init__(self, plan, steps, bids, xs, plans, cols, saved, B, leads):
         self.plan, self.steps, self.bids, self.xs, self.plans = plan, steps, bids, xs, plans
         self.cols, self.saved, self.B, self.leads = cols, saved, B, leads
-        self.nodes = [n for s in steps for n in s]
+
+    @property
+    def nodes(self) -> list:
+        """Every member node (what revert() and set_data() look at)."""
+        return [n for s in self.steps for n in s]
 
     def grad(self, cg, be, gb, full: bool, grad_block) -> None:
         """Replay the plan in reverse from the gradients in the members' blocks."""
@@ -206,8 +210,8 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
     xp = be.xp
     t0 = time.perf_counter()
     B = len(which)
-    exts = [p.externals[w] for w in which]
-    cols = [tuple(e[k] for e in exts) for k, inp in enumerate(plan.ext_is_input) if inp]
+    by_position = list(zip(*[p.externals[w] for w in which]))
+    cols = [ids for ids, inp in zip(by_position, plan.ext_is_input) if inp]
     xs, plans = [], []
     for ids in cols:
         x, pl = executor.gather(cg, be, ids, stats)
@@ -227,7 +231,7 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         vals, saved = plan.run_steps(be, xs, data_of)
     t2 = time.perf_counter()
     steps, bids, leads = [], [], []
-    members = [p.members[w] for w in which]
+    by_member = list(zip(*[p.members[w] for w in which]))
     dtype = cg.dtype
     for m, t in enumerate(plan.positions):
         v = vals.get(t)
@@ -237,7 +241,7 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         if v.shape[0] != B:  # computed from parameters alone: one shared row
             v = xp.broadcast_to(v, (B,) + v.shape[1:])
         v = xp.ascontiguousarray(v, dtype=dtype)
-        nodes = [ms[m] for ms in members]
+        nodes = by_member[m]
         bid = len(cg.blocks)
         cg.blocks.append(v)
         executor.place(cg.blk, cg.row, nodes, bid)
@@ -273,49 +277,44 @@ def _piece_value(plan: Plan, saved: list, t: int, xp):
 class Coarsened:
     """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
 
-    def __init__(self, cg, pending: list, patterns: list, coarse: set, owner: list):
-        self.cg, self.pending, self.patterns, self.coarse = cg, pending, patterns, coarse
-        self.owner = owner
+    def __init__(self, cg, pending: list, patterns: list, owner: list):
+        self.cg, self.pending, self.patterns, self.owner = cg, pending, patterns, owner
+        self.roots = {r for p in patterns for r in p.roots}   # the coarsened instances
 
     def schedule(self) -> list:
-        """Batches over units by unit depth: ("nodes", [ids]) or ("group", pattern index,
-        [instance indices]). An instance's depth is one more than the deepest unit that
-        feeds it; instances of one pattern at one depth run as one group."""
+        """Batches over units by unit depth: (-1, [node ids]) or (pattern index, [instance
+        indices]). An instance's depth is one more than the deepest unit that feeds it;
+        instances of one pattern at one depth run as one group. Units are visited in the
+        order of their instance roots (a topological order, see detect.py)."""
         cg = self.cg
         args, sig, ops = cg.args, cg.sig, cg.op
-        unit_of: dict = {}
-        units = []   # (instance root, node id, pattern or -1, payload): every edge goes forward
+        owner, lo = self.owner, self.pending[0]
+        span = len(owner)
+        roots = self.roots
+        units = []   # (instance root, node id, pattern or -1, payload)
         for pi, p in enumerate(self.patterns):
-            for w, (r, ms) in enumerate(zip(p.roots, p.members)):
-                for n in ms:
-                    unit_of[n] = r
-                units.append((r, r, pi, w))
-        coarse, owner = self.coarse, self.owner
-        lo = self.pending[0]
-        for n in self.pending:
-            if n not in coarse:
-                units.append((owner[n - lo], n, -1, n))
+            units.extend([(r, r, pi, w) for w, r in enumerate(p.roots)])
+        units.extend([(owner[n - lo], n, -1, n) for n in self.pending if owner[n - lo] not in roots])
         units.sort()
         level: dict = {}
         groups: dict = {}
         out = []
+        get = level.get
         for _, r, pi, payload in units:
-            if pi < 0:
-                deps = args[payload]
-            else:
-                p = self.patterns[pi]
-                deps = p.externals[payload]
+            deps = args[payload] if pi < 0 else self.patterns[pi].externals[payload]
             lv = 0
             for a in deps:
-                u = unit_of.get(a, a)
-                la = level.get(u)
-                if la is not None and la >= lv:
-                    lv = la + 1
+                j = a - lo
+                if 0 <= j < span:
+                    u = owner[j]
+                    la = get(u if u in roots else a)
+                    if la is not None and la >= lv:
+                        lv = la + 1
             level[r] = lv
             if pi < 0:
-                key = (lv, "n", sig[payload]) if ops[payload].batchable else None
+                key = (lv, -1, sig[payload]) if ops[payload].batchable else None
             else:
-                key = (lv, "g", pi)
+                key = (lv, pi, 0)
             g = groups.get(key) if key is not None else None
             if g is None:
                 g = [payload]

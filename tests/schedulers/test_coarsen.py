@@ -187,7 +187,7 @@ def test_detection_keeps_different_details_apart():
         cg = dy.renew_cg(scheduler="agenda")
         outs = _cells(detail, 1, 3, 4)(dy.ParameterCollection())
         pending = [i for i in range(outs[-1].i + 1) if not cg.op[i].leaf]
-        patterns, _, _ = find_patterns(cg, pending)
+        patterns, _ = find_patterns(cg, pending)
         odd_roots = {outs[s * 4 + 1].i for s in range(3)}
         for p in patterns:
             kinds = {r in odd_roots for r in p.roots}
