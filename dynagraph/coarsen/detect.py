@@ -9,10 +9,11 @@ How nodes become instances (one pass, consumers before producers, so in
 decreasing node id):
 
 * a node whose consumers all belong to one instance joins it (a fan-in cone:
-  the gate slices of an LSTM join the products that read them), unless it looks
-  like that instance's root (its signature, arguments of the same signatures):
-  then it is the previous repetition's output (a child's `h` read by its
-  parent) and starts an instance of its own;
+  the gate slices of an LSTM join the products that read them), unless it has
+  the signature of that instance's root and either arguments of the same
+  signatures or a consumer of the same signature as the root's: then it is the
+  previous repetition's output (a child's `h` read by its parent's
+  `concatenate`) and starts an instance of its own;
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
   repetition: the previous step's `h` stays the root of its own step);
@@ -93,6 +94,7 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     owner = [-1] * span       # the instance root of each pending node
     cmin = [-1] * span        # smallest instance root among a node's consumers
     cmulti = [False] * span   # consumers in more than one instance
+    csig = [-1] * span        # the signature of a node's last-recorded consumer
     excluded: set = set()
     size: dict = {}
     sigs_of: dict = {}
@@ -111,8 +113,10 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             if m < 0 or m in excluded or size[m] >= MAX_NODES:
                 r = n
             elif not cmulti[k]:
-                # shaped like the instance's root: the previous repetition's output, cut there
-                r = n if sig[n] == sig[m] and _arg_sigs(n, args, sig) == _arg_sigs(m, args, sig) else m
+                # shaped like the instance's root, or read like it: the previous repetition's
+                # output (a child's h read by its parent's concatenate), cut there
+                r = n if sig[n] == sig[m] and (_arg_sigs(n, args, sig) == _arg_sigs(m, args, sig) or
+                                               0 <= csig[m - lo] == csig[k]) else m
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
@@ -127,6 +131,8 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
         for a in a_n:
             j = a - lo
             if j >= 0 and is_pending[j]:
+                if csig[j] < 0:
+                    csig[j] = sig[n]
                 c = cmin[j]
                 if c < 0:
                     cmin[j] = r

@@ -96,20 +96,21 @@ static PyObject *find(PyObject *self, PyObject *a) {
     Py_ssize_t span = hi - lo + 1;
     Py_ssize_t *owner = malloc(sizeof(Py_ssize_t) * span), *cmin = malloc(sizeof(Py_ssize_t) * span);
     Py_ssize_t *size = calloc(span, sizeof(Py_ssize_t)), *sigv = malloc(sizeof(Py_ssize_t) * span);
+    Py_ssize_t *csig = malloc(sizeof(Py_ssize_t) * span);   /* signature of the last-recorded consumer */
     char *ispend = calloc(span, 1), *cmulti = calloc(span, 1), *excl = calloc(span, 1);
     signed char *cache = malloc(ncache > 0 ? ncache : 1), *uses = malloc(ncache > 0 ? ncache : 1);
     Py_ssize_t cap = 16;
     while (cap < 2 * np_ + 16) cap <<= 1;
     SigSet set = {malloc(sizeof(SigKey) * cap), cap};
     PyObject *owner_list = NULL, *out = NULL, *result = NULL;
-    if (!owner || !cmin || !size || !sigv || !ispend || !cmulti || !excl || !cache || !uses || !set.slots) {
+    if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !cache || !uses || !set.slots) {
         PyErr_NoMemory();
         goto done;
     }
     memset(cache, -1, ncache > 0 ? ncache : 1);
     memset(uses, 0, ncache > 0 ? ncache : 1);
     for (Py_ssize_t i = 0; i < cap; i++) set.slots[i].root = -1;
-    for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; }
+    for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; csig[i] = -1; }
     for (Py_ssize_t i = 0; i < np_; i++) {
         Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
         if (n < lo || n > hi) { PyErr_SetString(PyExc_IndexError, "pending ids not ascending"); goto done; }
@@ -148,6 +149,7 @@ static PyObject *find(PyObject *self, PyObject *a) {
                         }
                         if (same) r = n;
                     }
+                    if (csig[m - lo] >= 0 && csig[m - lo] == csig[k]) r = n;   /* read like the root */
                 }
             } else if (!sigset_has(&set, m, sg)) {
                 r = m;
@@ -163,6 +165,7 @@ static PyObject *find(PyObject *self, PyObject *a) {
             if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); goto done; }
             Py_ssize_t q = x - lo;
             if (q >= 0 && q < span && ispend[q]) {
+                if (csig[q] < 0) csig[q] = sg;
                 if (cmin[q] < 0) cmin[q] = r;
                 else if (cmin[q] != r) { cmulti[q] = 1; if (r < cmin[q]) cmin[q] = r; }
             }
@@ -240,7 +243,7 @@ static PyObject *find(PyObject *self, PyObject *a) {
 done:
     Py_XDECREF(owner_list);
     Py_XDECREF(out);
-    free(owner); free(cmin); free(size); free(sigv); free(ispend); free(cmulti); free(excl);
+    free(owner); free(cmin); free(size); free(sigv); free(csig); free(ispend); free(cmulti); free(excl);
     free(cache); free(uses); free(set.slots);
     return result;
 }
