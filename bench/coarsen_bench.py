@@ -67,10 +67,10 @@ def main(argv=None) -> list[dict]:
         patterns, _ = detect.find_patterns(cg, pending)
         covered = sum(len(ms) for p in patterns for ms in p.members)
         top = sorted(patterns, key=lambda p: -len(p.roots) * len(p.members[0]))[:3]
-        native = _best(lambda: detect.find_patterns(cg, pending), args.repeat) if detect._NATIVE else float("nan")
+        native = _best(lambda cg=cg, pending=pending: detect.find_patterns(cg, pending), args.repeat) if detect._NATIVE else float("nan")
         saved, detect._NATIVE = detect._NATIVE, None
         try:
-            python = _best(lambda: detect.find_patterns(cg, pending), args.repeat)
+            python = _best(lambda cg=cg, pending=pending: detect.find_patterns(cg, pending), args.repeat)
         finally:
             detect._NATIVE = saved
         row = {"workload": name, "nodes": len(pending), "patterns": len(patterns), "coarse": covered / len(pending),

@@ -22,7 +22,7 @@ from ..program.units import PIECES
 from ..subgraph import PLACEHOLDER, Plan
 from .detect import Pattern
 
-_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()   # canonical key -> compiled plan
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()   # canonical key -> compiled plan
 _MAX_PLANS = 256
 
 
@@ -87,7 +87,7 @@ def _trace(cg, p: Pattern) -> Plan:
 class CoarseRecord:
     """One coarsened group's forward, kept for backward (an entry of cg.executed)."""
 
-    __slots__ = ("plan", "steps", "bids", "xs", "plans", "cols", "saved", "B", "leads")
+    __slots__ = ("B", "bids", "cols", "leads", "plan", "plans", "saved", "steps", "xs")
 
     def __init__(self, plan, steps, bids, xs, plans, cols, saved, B, leads):
         self.plan, self.steps, self.bids, self.xs, self.plans = plan, steps, bids, xs, plans
@@ -139,7 +139,6 @@ class CoarseRecord:
             scatter(cg, be, gb, pl, gx, stats)
         stats.t_memory += time.perf_counter() - t1
 
-
     def _node_grads(self, gb, acc, B: int, xp) -> None:
         """Each member's total gradient into its block's gradient, as op-level autodiff
         leaves it (gradient() of any node of the group)."""
@@ -152,11 +151,7 @@ class CoarseRecord:
             elif whole is not None and t not in prog.home:  # a piece-major product read whole too
                 g = g + whole
             if g is not None and not isinstance(g, (Sliced, SparseRows)):
-                gb[bid] = xp.ascontiguousarray(xp.broadcast_to(g, gb_shape(g, B)))
-
-
-def gb_shape(g, B: int) -> tuple:
-    return (B,) + g.shape[1:]
+                gb[bid] = xp.ascontiguousarray(xp.broadcast_to(g, (B,) + g.shape[1:]))
 
 
 def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
@@ -224,7 +219,7 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         cols.append((leaf,))
     data = [p.slots[w] for w in which]
     t1 = time.perf_counter()
-    data_of = lambda spec: plan._data(spec, data)  # noqa: E731
+    data_of = lambda spec: plan._data(spec, data)
     if plan.program is not None:
         vals, saved = plan.program.run(be, xs, data_of, B)
     else:
