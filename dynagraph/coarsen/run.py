@@ -14,6 +14,7 @@ from collections import OrderedDict
 from .. import executor
 from ..autodiff import scatter
 from ..config import config
+from ..errors import NonFiniteError
 from ..executor import LEAF, any_true
 from ..graph import ComputationGraph, IndexSlot
 from ..ops.base import Sliced, SparseRows
@@ -237,6 +238,10 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
             v = xp.broadcast_to(v, (B,) + v.shape[1:])
         v = xp.ascontiguousarray(v, dtype=dtype)
         nodes = by_member[m]
+        if cg.check_validity and not bool(xp.isfinite(v).all()):
+            op = cg.op[nodes[0]]
+            raise NonFiniteError(f"{op.name} produced a non-finite value (nodes {list(nodes)[:5]}..., "
+                                 f"in coarsened group {plan.name})")
         bid = len(cg.blocks)
         cg.blocks.append(v)
         executor.place(cg.blk, cg.row, nodes, bid)

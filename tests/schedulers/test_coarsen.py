@@ -260,3 +260,24 @@ def test_compiled_pass_rejects_bad_ids():
         detect._NATIVE.find([(), (0,), (7,)], [0, 0, 0], ops, [None] * 3, [1, 2], 48, 8, 1)
     with pytest.raises(IndexError):
         detect._NATIVE.find([(), (0,), (1,)], [0, 0, 0], ops, [None] * 3, [1, 5], 48, 8, 1)
+
+
+def test_check_validity_names_the_op_inside_a_group():
+    config.coarsen = True
+    try:
+        dy.renew_cg(scheduler="agenda", check_validity=True)
+        h = dy.inputVector([1.0, 2.0])
+        outs = []
+        for k in range(4):
+            x = dy.inputVector([float(k), -1.0])
+            outs.append(dy.log(dy.cmult(x, h) + 0.0))   # log of a negative entry: nan
+        with np.errstate(all="ignore"), pytest.raises(dy.NonFiniteError, match="log.*coarsened group"):
+            dy.forward(outs)
+    finally:
+        config.coarsen = False
+
+
+def test_viz_and_executed_batches_of_a_coarsened_graph(tmp_path):
+    cg = assert_matches_none(_cells("none", 0, 2, 3))
+    batches = cg.executed_batches()
+    assert sorted(n for b in batches for n in b) == [i for i in range(len(cg)) if not cg.op[i].leaf]
