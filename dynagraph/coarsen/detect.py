@@ -9,11 +9,11 @@ How nodes become instances (one pass, consumers before producers, so in
 decreasing node id):
 
 * a node whose consumers all belong to one instance joins it (a fan-in cone:
-  the gate slices of an LSTM join the products that read them), unless it has
-  the signature of that instance's root and either arguments of the same
-  signatures or a consumer of the same signature as the root's: then it is the
-  previous repetition's output (a child's `h` read by its parent's
-  `concatenate`) and starts an instance of its own;
+  the gate slices of an LSTM join the products that read them), unless it is
+  shaped like a member (same signature, arguments of the same signatures) or
+  has the root's signature and a consumer of the same signature as the root's:
+  then it is the previous repetition's output (a child's `h` read by its
+  parent's `concatenate`) and starts an instance of its own;
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
   repetition: the previous step's `h` stays the root of its own step);
@@ -98,6 +98,7 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     excluded: set = set()
     size: dict = {}
     sigs_of: dict = {}
+    shapes_of: dict = {}
     can: dict = {}
     for n in reversed(pending):
         k = n - lo
@@ -113,10 +114,11 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             if m < 0 or m in excluded or size[m] >= MAX_NODES:
                 r = n
             elif not cmulti[k]:
-                # shaped like the instance's root, or read like it: the previous repetition's
-                # output (a child's h read by its parent's concatenate), cut there
-                r = n if sig[n] == sig[m] and (_arg_sigs(n, args, sig) == _arg_sigs(m, args, sig) or
-                                               0 <= csig[m - lo] == csig[k]) else m
+                # shaped like a member (its signature, arguments of the same signatures) or
+                # read like the root: the previous repetition's output (a child's h read by its
+                # parent's concatenate), cut there
+                r = n if _shape(n, args, sig) in shapes_of[m] or (
+                    sig[n] == sig[m] and 0 <= csig[m - lo] == csig[k]) else m
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
@@ -125,9 +127,11 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             if r == n:
                 size[n] = 1
                 sigs_of[n] = {sig[n]}
+                shapes_of[n] = {_shape(n, args, sig)}
             else:
                 size[r] += 1
                 sigs_of[r].add(sig[n])
+                shapes_of[r].add(_shape(n, args, sig))
         for a in a_n:
             j = a - lo
             if j >= 0 and is_pending[j]:
@@ -157,9 +161,16 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     return owner, out
 
 
-def _arg_sigs(n: int, args: list, sig: list) -> tuple:
-    """One level of structure below a node: its arguments' signatures."""
-    return tuple([sig[a] for a in args[n]])
+_MASK = (1 << 62) - 1
+
+
+def _shape(n: int, args: list, sig: list) -> int:
+    """One level of structure: a hash of a node's signature and its arguments' signatures
+    (the compiled pass computes the same number; a collision only cuts an instance early)."""
+    h = sig[n] + 2
+    for a in args[n]:
+        h = (h * 1000003 + sig[a] + 2) & _MASK
+    return h
 
 
 def _instance_key(ms: list, args: list, sig: list, ops: list, data: list) -> tuple:

@@ -101,15 +101,15 @@ static PyObject *find(PyObject *self, PyObject *a) {
     signed char *cache = malloc(ncache > 0 ? ncache : 1), *uses = malloc(ncache > 0 ? ncache : 1);
     Py_ssize_t cap = 16;
     while (cap < 2 * np_ + 16) cap <<= 1;
-    SigSet set = {malloc(sizeof(SigKey) * cap), cap};
+    SigSet set = {malloc(sizeof(SigKey) * cap), cap}, shapes = {malloc(sizeof(SigKey) * cap), cap};
     PyObject *owner_list = NULL, *out = NULL, *result = NULL;
-    if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !cache || !uses || !set.slots) {
+    if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !cache || !uses || !set.slots || !shapes.slots) {
         PyErr_NoMemory();
         goto done;
     }
     memset(cache, -1, ncache > 0 ? ncache : 1);
     memset(uses, 0, ncache > 0 ? ncache : 1);
-    for (Py_ssize_t i = 0; i < cap; i++) set.slots[i].root = -1;
+    for (Py_ssize_t i = 0; i < cap; i++) set.slots[i].root = shapes.slots[i].root = -1;
     for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; csig[i] = -1; }
     for (Py_ssize_t i = 0; i < np_; i++) {
         Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
@@ -125,6 +125,16 @@ static PyObject *find(PyObject *self, PyObject *a) {
         Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = sigv[k];
         int ok = can_join(ops, an, nargs, n, sg, cache, ncache, max_args, nnodes, uses);
         if (ok < 0) goto done;
+        /* one level of structure, hashed exactly as detect._shape does */
+        unsigned long long hmask = (1ull << 62) - 1;
+        unsigned long long hs = (unsigned long long)(sg + 2);
+        for (Py_ssize_t j = 0; j < nargs; j++) {
+            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
+            if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); goto done; }
+            Py_ssize_t sx = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x));
+            hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
+        }
+        Py_ssize_t shape_k = (Py_ssize_t)hs;
         if (!ok) {
             excl[k] = 1;
             owner[k] = r = n;
@@ -133,24 +143,10 @@ static PyObject *find(PyObject *self, PyObject *a) {
             if (m < 0 || excl[m - lo] || size[m - lo] >= max_nodes) {
                 r = n;
             } else if (!cmulti[k]) {
-                r = m;
-                if (sg == sigv[m - lo]) {   /* shaped like the root: the previous repetition */
-                    PyObject *am = PyList_GET_ITEM(args, m);
-                    if (PyTuple_GET_SIZE(am) == nargs) {
-                        int same = 1;
-                        for (Py_ssize_t j = 0; j < nargs && same; j++) {
-                            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
-                            Py_ssize_t y = PyLong_AsSsize_t(PyTuple_GET_ITEM(am, j));
-                            if (x < 0 || y < 0 || x >= nnodes || y >= nnodes) {
-                                PyErr_SetString(PyExc_IndexError, "argument id out of range");
-                                goto done;
-                            }
-                            same = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x)) == PyLong_AsSsize_t(PyList_GET_ITEM(sig, y));
-                        }
-                        if (same) r = n;
-                    }
-                    if (csig[m - lo] >= 0 && csig[m - lo] == csig[k]) r = n;   /* read like the root */
-                }
+                /* shaped like a member, or read like the root: the previous repetition */
+                int cut = sigset_has(&shapes, m, shape_k);
+                if (!cut && sg == sigv[m - lo] && csig[m - lo] >= 0 && csig[m - lo] == csig[k]) cut = 1;
+                r = cut ? n : m;
             } else if (!sigset_has(&set, m, sg)) {
                 r = m;
             } else {
@@ -159,6 +155,7 @@ static PyObject *find(PyObject *self, PyObject *a) {
             owner[k] = r;
             size[r - lo] += 1;
             sigset_add(&set, r, sg);
+            sigset_add(&shapes, r, shape_k);
         }
         for (Py_ssize_t j = 0; j < nargs; j++) {
             Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
@@ -244,7 +241,7 @@ done:
     Py_XDECREF(owner_list);
     Py_XDECREF(out);
     free(owner); free(cmin); free(size); free(sigv); free(csig); free(ispend); free(cmulti); free(excl);
-    free(cache); free(uses); free(set.slots);
+    free(cache); free(uses); free(set.slots); free(shapes.slots);
     return result;
 }
 
