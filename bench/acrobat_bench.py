@@ -2,6 +2,7 @@
 
     python bench/acrobat_bench.py                          # every model, batch 8 and 64, train and infer
     python bench/acrobat_bench.py --models stackrnn,drnn --batches 64 --hidden 256 --rounds 3
+    python bench/acrobat_bench.py --systems concurrent --scheduler depth --no-hints   # batches without dy.ghost
 
 One program text (bench/acrobat_models.py) for every system, import swap only: DyNet (autobatch=1)
 has no autobatch_map, so its per-sample loop runs sequentially. Each system runs in its own
@@ -28,11 +29,13 @@ SYSTEMS = {"concurrent": ("dynagraph", True), "one-by-one": ("dynagraph", False)
 
 
 # ------------------------------------------------------------------ worker
-def worker(system: str, hidden: int) -> None:
+def worker(system: str, hidden: int, scheduler: str) -> None:
     from bench.worker import setup
     lib, concurrent = SYSTEMS[system]
     setup(lib, "1" if lib == "dynet" else "", 1)
     dy = __import__(lib)
+    if lib == "dynagraph" and scheduler:
+        dy.config.set(scheduler=scheduler)
     from bench.acrobat_models import Model
     models: dict = {}
     for line in sys.stdin:
@@ -48,9 +51,16 @@ def worker(system: str, hidden: int) -> None:
             best = min(best, time.perf_counter() - t)
         if lib == "dynagraph":
             st = dy.cg().stats
-            extra = {"batches": st.batches, "lower_bound": st.lower_bound,
+            extra = {"batches": st.batches, "lower_bound": _evaluated_bound(dy.cg()),
                      "round_bound": _round_bound(m, seeds, train, concurrent)}
         print(json.dumps({"seconds": best, **extra}), flush=True)
+
+
+def _evaluated_bound(cg) -> int:
+    """The lower bound over the nodes that ran (a phase-1 node no read needed never runs)."""
+    from dynagraph import schedulers
+    blk, op = cg.blk, cg.op
+    return schedulers.lower_bound(cg, [i for i in range(len(blk)) if blk[i] >= 0 and not op[i].leaf])
 
 
 def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
@@ -60,9 +70,12 @@ def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
     total = [0]
     forward = engine.Engine.forward
 
-    def counting(self, cg, upto, *a, **k):
-        total[0] += schedulers.lower_bound(cg, engine._pending(cg.blk, cg.done, upto + 1))
-        return forward(self, cg, upto, *a, **k)
+    def counting(self, cg, upto, defer=frozenset(), targets=()):
+        pending = engine._pending(cg.blk, cg.done, upto + 1)
+        if defer:  # dy.phase: the nodes this chunk leaves pending are counted where they run
+            pending = engine._split_deferred(cg, pending, defer, targets)[0]
+        total[0] += schedulers.lower_bound(cg, pending)
+        return forward(self, cg, upto, defer, targets)
 
     engine.Engine.forward = counting
     try:
@@ -83,10 +96,12 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--scheduler", default="", help="dynagraph's scheduler (default: the configured one, agenda)")
+    ap.add_argument("--no-hints", action="store_true", help="leave out ACROBAT's hints (dy.ghost) in the models")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        return worker(a.worker, a.hidden)
+        return worker(a.worker, a.hidden, a.scheduler)
     systems = a.systems.split(",")
     # find_spec, not import: importing DyNet initialises it, which changes this process's
     # floating-point exception state (numpy then raises FloatingPointError elsewhere)
@@ -94,8 +109,10 @@ def main(argv=None) -> None:
         print("dynet38 not installed: DyNet column skipped (pip install dynet38)")
         systems.remove("dynet")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    procs = {s: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", s, "--hidden", str(a.hidden)],
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               DYNAGRAPH_HINTS="0" if a.no_hints else "1")
+    procs = {s: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", s, "--hidden", str(a.hidden),
+                                  "--scheduler", a.scheduler],
                                  cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
              for s in systems}
     configs = [(m, int(b), mode) for m in a.models.split(",") for b in a.batches.split(",")
@@ -125,11 +142,12 @@ def main(argv=None) -> None:
         for p in procs.values():
             p.stdin.close()
             p.wait()
-    _table(best, configs, systems, a.hidden, a.rounds)
+    _table(best, configs, systems, a)
 
 
-def _table(best: dict, configs: list, systems: list, hidden: int, rounds: int) -> None:
-    print(f"\nACROBAT models, H={hidden}, one thread, samples/s (best of {rounds} interleaved rounds)")
+def _table(best: dict, configs: list, systems: list, a) -> None:
+    print(f"\nACROBAT models, H={a.hidden}, one thread, scheduler {a.scheduler or 'default'}, "
+          f"hints {'off' if a.no_hints else 'on'}, samples/s (best of {a.rounds} interleaved rounds)")
     head = f"{'model':10} {'B':>3} {'mode':5} " + " ".join(f"{s:>11}" for s in systems)
     head += f" {'x one-by-one':>12} {'x dynet':>8} {'batches':>8} {'bound':>6} {'ratio':>6} {'rounds':>6} {'ratio':>6}"
     print(head)

@@ -15,12 +15,20 @@ outcome from the sample's own seeded pseudo-random stream, so every system does 
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 from typing import Any
 
 H = 128
 MODELS = ["nestedrnn", "drnn", "earlyexit", "stackrnn", "treelstm", "birnn"]
 V, C, LAYERS = 100, 5, 8
+
+
+def hints(dy: Any) -> bool:
+    """ACROBAT's static hints (dy.ghost, dy.phase) where the module has them; DYNAGRAPH_HINTS=0
+    leaves them out (the bench measures batches with and without)."""
+    return hasattr(dy, "ghost") and os.environ.get("DYNAGRAPH_HINTS", "1") != "0"
 
 
 def run_all(dy: Any, fn, samples: list, concurrent: bool = True) -> list:
@@ -46,6 +54,10 @@ class Model:
         self.gate = pc.add_parameters((1, H))
         self.trainer = dy.SimpleSGDTrainer(pc, 0.01)
         self.fn = getattr(self, "_" + kind)
+        # a data-dependent branch: both arms padded to one length (no-op context for DyNet)
+        self.branch = dy.ghost if hints(dy) else contextlib.nullcontext
+        # per-step losses no read needs: program phase 1, one batch after every sample's last read
+        self.later = (lambda: dy.phase(1)) if hints(dy) else contextlib.nullcontext
 
     # ------------------------------------------------------------------ cells
     def rnn(self, x, h):
@@ -74,7 +86,8 @@ class Model:
         losses, frontier = [], [(self.rnn(self.E[rng.randrange(V)], dy.zeros(H)), 0)]
         while frontier:
             h, depth = frontier.pop()
-            losses.append(self.loss(h, rng.randrange(C), train))
+            with self.later():
+                losses.append(self.loss(h, rng.randrange(C), train))
             dy.logistic(self.gate * h).value()  # the decision reads a value: expand this node or not
             if depth < 4 and rng.random() < 0.75:
                 for side in ("l", "r")[:rng.randint(1, 2)]:
@@ -106,12 +119,14 @@ class Model:
             shift = bool(buf) and (len(stack) < 2 or rng.random() < 0.5)
             action = 0 if shift else 1
             if train:
-                losses.append(dy.pickneglogsoftmax(scores, action))
-            if shift:
-                stack.append(self.rnn(self.E[buf.pop()], top))
-            else:
-                r, l_ = stack.pop(), stack.pop()
-                stack.append(dy.tanh(self.W["l"] * l_ + self.W["r"] * r + self.b))
+                with self.later():
+                    losses.append(dy.pickneglogsoftmax(scores, action))
+            with self.branch():
+                if shift:
+                    stack.append(self.rnn(self.E[buf.pop()], top))
+                else:
+                    r, l_ = stack.pop(), stack.pop()
+                    stack.append(dy.tanh(self.W["l"] * l_ + self.W["r"] * r + self.b))
         final = self.loss(stack[0], rng.randrange(C), train)
         return dy.esum(losses + [final]) if train else final
 

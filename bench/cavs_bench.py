@@ -13,7 +13,9 @@ best round (the machine is shared and noisy: ratios of best rounds are what to q
 Systems: dynagraph:agenda and dynagraph:depth (op level, two schedulers),
 dynagraph:block (leaf and node cells as dy.block), dynagraph:cavs (dy.cavs vertex
 functions; dynagraph:cavs-plain turns fusion and the measured optimisations off),
-dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), torch
+"+spelling" after block or cavs picks how the node cell is written (per-gate (default),
+one-logistic, esum, helper: dy.tree_lstm_update; dynagraph:cavs+esum), to show that
+fusion does not depend on it; dynet:1 and dynet:2 (DyNet autobatch modes, single-threaded as DyNet is), torch
 (PyTorch eager, one sample at a time, bench/torch_models.py; opt-in), and numpy
 (bench/numpy_batched.py: hand-batched, all nodes of one tree height in one GEMM, the
 practical upper bound for batching; "vs numpy" is each system's ratio to it).
@@ -55,7 +57,7 @@ SYSTEMS = ["dynagraph:agenda", "dynagraph:depth", "dynagraph:block", "dynagraph:
 class BlockModel(DyModel):
     """The TreeLSTM of dy_models with its leaf and node cells as static subgraphs."""
 
-    def __init__(self, dy: Any, *a, **k):
+    def __init__(self, dy: Any, *a, spelling: str = "per-gate", **k):
         super().__init__(dy, *a, **k)
         P, H = self.P, self.H
 
@@ -64,7 +66,7 @@ class BlockModel(DyModel):
             c = dy.cmult(dy.logistic(dy.pick_range(g, 0, H)), dy.tanh(dy.pick_range(g, 2 * H, 3 * H)))
             return dy.cmult(dy.logistic(dy.pick_range(g, H, 2 * H)), dy.tanh(c)), c
         self.leaf = dy.block(leaf, name="leaf")
-        self.node = dy.block(lambda hl, cl, hr, cr: _node(dy, P, H, hl, cl, hr, cr), name="node")
+        self.node = dy.block(lambda hl, cl, hr, cr: _node(dy, P, H, hl, cl, hr, cr, spelling), name="node")
 
     def _treelstm(self, t):
         states = []
@@ -73,19 +75,32 @@ class BlockModel(DyModel):
         return self._root_loss(states[-1][0], t.label)
 
 
-def _node(dy, P, H, hl, cl, hr, cr):
+def _node(dy, P, H, hl, cl, hr, cr, spelling: str = "per-gate"):
     g = dy.affine_transform([P["b"], P["U_l"], hl, P["U_r"], hr])
-    i, fl = dy.logistic(dy.pick_range(g, 0, H)), dy.logistic(dy.pick_range(g, H, 2 * H))
-    fr, o = dy.logistic(dy.pick_range(g, 2 * H, 3 * H)), dy.logistic(dy.pick_range(g, 3 * H, 4 * H))
+    if spelling == "helper":
+        return dy.tree_lstm_update(g, [cl, cr], H)
+    if spelling == "one-logistic":  # one logistic over the four sigmoid gates, then slices
+        s = dy.logistic(dy.pick_range(g, 0, 4 * H))
+        i, fl, fr, o = (dy.pick_range(s, k * H, (k + 1) * H) for k in range(4))
+    else:
+        i, fl = dy.logistic(dy.pick_range(g, 0, H)), dy.logistic(dy.pick_range(g, H, 2 * H))
+        fr, o = dy.logistic(dy.pick_range(g, 2 * H, 3 * H)), dy.logistic(dy.pick_range(g, 3 * H, 4 * H))
     u = dy.tanh(dy.pick_range(g, 4 * H, 5 * H))
-    c = dy.cmult(i, u) + dy.cmult(fl, cl) + dy.cmult(fr, cr)
+    if spelling == "esum":
+        c = dy.esum([dy.cmult(i, u), dy.cmult(fl, cl), dy.cmult(fr, cr)])
+    else:
+        c = dy.cmult(i, u) + dy.cmult(fl, cl) + dy.cmult(fr, cr)
     return dy.cmult(o, dy.tanh(c)), c
+
+
+# how a system's variant names the node cell's spelling: dynagraph:cavs+one-logistic
+SPELLINGS = ("per-gate", "one-logistic", "esum", "helper")
 
 
 class CavsModel(DyModel):
     """The same TreeLSTM as two vertex functions over the whole minibatch."""
 
-    def __init__(self, dy: Any, *a, fuse: bool | None = None, **k):
+    def __init__(self, dy: Any, *a, fuse: bool | None = None, spelling: str = "per-gate", **k):
         super().__init__(dy, *a, **k)
         import dynagraph.cavs as cavs
         P, H = self.P, self.H
@@ -102,7 +117,7 @@ class CavsModel(DyModel):
         @cavs.vertex_function(arity=2)
         def node(v):
             (hl, cl), (hr, cr) = v.gather(0), v.gather(1)
-            h, c = _node(dy, P, H, hl, cl, hr, cr)
+            h, c = _node(dy, P, H, hl, cl, hr, cr, spelling)
             v.scatter(h, c)
             v.push(h)
         self.functions = [leaf, node]
@@ -170,13 +185,17 @@ def make_model(system: str, variant: str, arrays: dict, lr: float):
         from bench.torch_models import TorchModel
         return TorchModel("treelstm", arrays, lr)
     import dynagraph
+    variant, _, spelling = variant.partition("+")
+    if spelling and spelling not in SPELLINGS:
+        raise ValueError(f"unknown cell spelling {spelling!r}; one of {', '.join(SPELLINGS)}")
+    spelling = spelling or "per-gate"
     if variant == "block":
-        return BlockModel(dynagraph, "treelstm", arrays, lr)
+        return BlockModel(dynagraph, "treelstm", arrays, lr, spelling=spelling)
     if variant in ("cavs", "cavs-plain"):
         import dynagraph.cavs as cavs
         plain = variant == "cavs-plain"
         cavs.DEDUP_HOISTED = not plain
-        return CavsModel(dynagraph, "treelstm", arrays, lr, fuse=False if plain else None)
+        return CavsModel(dynagraph, "treelstm", arrays, lr, fuse=False if plain else None, spelling=spelling)
     return DyModel(dynagraph, "treelstm", arrays, lr, {"scheduler": variant})
 
 

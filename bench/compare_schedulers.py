@@ -17,6 +17,9 @@ the policy never saw. Columns:
     record/forward/backward/step ms
                  one training step (renew_cg + record, forward, backward), best of --reps
                  rounds interleaved across schedulers; "step x agenda" is the ratio
+    fsm-ENC      the learned policy itself; "fsm-ENC>agenda" (or >depth) is the FSM scheduler as
+                 a user gets it when dy.fsm.train measured the policy's step slower than that
+                 baseline's on the training graph (Policy.defer_to)
     hit %        FSM decisions found in the policy table (the rest use the fallback);
                  "-" when settling left no decision to make
     train s      FSM training time (episodes run in parentheses)
@@ -53,10 +56,9 @@ def pending(cg) -> list[int]:
 def train_policies(w, xs, encodings, args) -> dict:
     out = {}
     for enc in encodings:
-        cg = w.graph(xs)
         t0 = time.perf_counter()
-        pol = fsm.train(cg, encoding=enc, episodes=args.episodes, seed=0, time_limit=args.time_limit,
-                        progress=not args.quiet)
+        pol = fsm.train(lambda: w.graph(xs), encoding=enc, episodes=args.episodes, seed=0,
+                        time_limit=args.time_limit, progress=not args.quiet)
         out[enc] = (pol, time.perf_counter() - t0)
     return out
 
@@ -115,7 +117,12 @@ def run_workload(name: str, args) -> list[dict]:
     policies = train_policies(w, train_xs, args.encodings, args)
     rows = []
     scheds = [(s, schedulers.get(s)) for s in args.baselines]
-    scheds += [(f"fsm-{enc}", fsm.Scheduler(pol)) for enc, (pol, _) in policies.items()]
+    for enc, (pol, _) in policies.items():
+        own = fsm.Policy(pol.encoding, pol.types, pol.table, pol.q, pol.meta, pol.settle,
+                         hold_tail=pol.hold_tail)  # never defers
+        scheds.append((f"fsm-{enc}", fsm.Scheduler(own)))
+        if pol.defer_to:
+            scheds.append((f"fsm-{enc}>{pol.defer_to}", fsm.Scheduler(pol)))
     steps = measure_steps(w, test_xs, scheds, args.reps)
     for sname, sched in scheds:
         r = {"workload": name, "kind": w.kind, "scheduler": sname, "lower_bound": lb}
@@ -123,7 +130,7 @@ def run_workload(name: str, args) -> list[dict]:
         r.update(steps[sname])
         r["x_lb"] = r["batches"] / max(lb, 1)
         if sname.startswith("fsm-"):
-            pol, secs = policies[sname[4:]]
+            pol, secs = policies[sname[4:].partition(">")[0]]
             r.update({"train_s": secs, "episodes": pol.meta["episodes"],
                       "train_batches": pol.meta["batches"], "train_lower_bound": pol.meta["lower_bound"],
                       "states": len(pol)})
@@ -168,6 +175,9 @@ def summary(rows: list[dict]) -> str:
                 f"step x{best['e2e_ms'] / rs['agenda']['e2e_ms']:.2f} agenda's")
         if "depth" in rs:
             line += f", x{best['e2e_ms'] / min(rs['agenda']['e2e_ms'], rs['depth']['e2e_ms']):.2f} min(agenda, depth)"
+        defer = [k for k in rs if k.startswith(best["scheduler"] + ">")]
+        if defer:
+            line += f"; deferring ({defer[0]}): step x{rs[defer[0]]['e2e_ms'] / rs['agenda']['e2e_ms']:.2f} agenda's"
         if "typewise" in rs:
             line += f"; typewise {rs['typewise']['batches']} batches"
         out.append(line)

@@ -22,6 +22,7 @@ from . import fsm  # noqa: F401  (dy.fsm: ED-Batch's learned batching policy)
 from . import viz  # noqa: F401  (dy.viz: pictures of the recorded graph and its schedule)
 from . import distributed  # noqa: F401  (dy.distributed: data parallelism on MPI; mpi4py imported lazily)
 from .concurrent import autobatch_map, phase  # noqa: F401  (ACROBAT: data-dependent control flow batched)
+from .ghosts import ghost  # noqa: F401  (ACROBAT: both arms of a branch keep the schedule aligned)
 from .expressions import *  # noqa: F401,F403
 
 

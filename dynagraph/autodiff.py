@@ -49,10 +49,16 @@ def _grad_block(cg, xp, gb, b):
     return g
 
 
-def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
-    """Add gx to the rows its argument was gathered from (the forward's plan)."""
+def scatter(cg, be, gb, plan: tuple, gx, stats, leaf_sums: dict | None = None) -> None:
+    """Add gx to the rows its argument was gathered from (the forward's plan). With
+    leaf_sums, a dense gradient of a parameter's block (a bias) is kept there, summed
+    once per block at the end of the pass (_leaf_grads) instead of one add per batch."""
     xp = be.xp
     kind, b, rows = plan
+    if kind == LEAF and leaf_sums is not None and type(gx) is not SparseRows and type(gx) is not Sliced \
+            and gx.dtype == cg.dtype and gx.shape[1:] == cg.blocks[b].shape[1:]:
+        leaf_sums.setdefault(b, []).append(gx)
+        return
     if (kind == SLICE or kind == LEAF) and gb[b] is None and not isinstance(gx, (SparseRows, Sliced)) \
             and gx.dtype == cg.dtype:
         shape = cg.blocks[b].shape
@@ -78,9 +84,8 @@ def scatter(cg, be, gb, plan: tuple, gx, stats) -> None:
         g += gx.sum(axis=0, keepdims=True) if gx.shape[0] != 1 else gx
         return
     if kind == SLICE:
-        g = _grad_block(cg, xp, gb, b)
-        n = gx.shape[0]
-        g[rows:rows + n] += gx.reshape(g[rows:rows + n].shape)
+        dst = _grad_block(cg, xp, gb, b)[rows:rows + gx.shape[0]]
+        dst += gx.reshape(dst.shape)
         return
     if kind == TAKE:
         g = _grad_block(cg, xp, gb, b)
@@ -140,6 +145,15 @@ def _weight_grads(cg, xp, gb: Grads, deferred: dict) -> None:
             _grad_block(cg, xp, gb, b)[...] += gw
 
 
+def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
+    """Each parameter block's deferred dense gradients (one (B, ...) array per batch), summed
+    over every row of every batch in one reduction and added to (or adopted as) its block."""
+    for b, parts in leaf_sums.items():
+        total = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True)
+        if not gb.adopt(b, total, cg.blocks[b].shape, True):
+            _grad_block(cg, xp, gb, b)[...] += total
+
+
 def backward(cg, be, nid: int, full: bool = False) -> None:
     stats = cg.stats
     xp = be.xp
@@ -149,6 +163,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     needs_grad = cg.needs_grad
     grad_block = lambda b: _grad_block(cg, xp, gb, b)  # noqa: E731
     deferred: dict = {}  # parameter block -> [(g, x), ...] of its products, summed at the end
+    leaf_sums: dict = {}  # parameter block -> [its dense gradient per batch], summed at the end
     for record in reversed(cg.executed):
         if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
             if hasattr(record, "grad"):  # a coarsened group (dynagraph/coarsen) replays itself
@@ -195,11 +210,12 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
                 gx = gxs[k]
                 if plan[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != len(nodes):
                     gx = xp.broadcast_to(gx, (len(nodes),) + gx.shape[1:])
-                scatter(cg, be, gb, plan, gx, stats)
+                scatter(cg, be, gb, plan, gx, stats, leaf_sums)
         stats.t_memory += time.perf_counter() - t1
-    if deferred:
+    if deferred or leaf_sums:
         t0 = time.perf_counter()
         _weight_grads(cg, xp, gb, deferred)
+        _leaf_grads(cg, xp, gb, leaf_sums)
         stats.t_backward += time.perf_counter() - t0
     for leaf in cg._leaves.values():
         g = gb[cg.blk[leaf]]

@@ -19,13 +19,13 @@ and gradients equal running the samples one by one (`concurrent=False`).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from contextvars import copy_context
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
+from .ghosts import align_depths, groups_by_depth
 from .graph import SAMPLE, current
 
 __all__ = ["autobatch_map", "phase"]
@@ -46,11 +46,14 @@ def _mix(z: int) -> int:
 class _Sample:
     """What graph.py sees of a running sample: park(cg, nid) and next_key(); plus its dy.phase
     (phase > 0: nodes recorded since `since` in graph `graph` are deferred)."""
-    __slots__ = ("index", "park", "key_base", "count", "phase", "since", "graph", "deferred")
+    __slots__ = ("index", "park", "key_base", "count", "phase", "since", "graph", "deferred", "ghosts", "arms")
 
-    def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None):
+    def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None,
+                 arms: dict | None = None):
         self.index, self.park, self.count = index, park, 0
         self.phase, self.since, self.graph, self.deferred = 0, 0, None, deferred
+        self.ghosts: list = []  # open dy.ghost blocks: their arms pause at every park
+        self.arms = arms        # graph -> the map's dy.ghost arms not evaluated yet
         self.key_base = (_mix(seed ^ _mix(index)) >> (64 - 63 + _STREAM_BITS)) << _STREAM_BITS
 
     def next_key(self) -> int:
@@ -66,25 +69,40 @@ class _Sample:
             self.since = len(self.graph)
 
 
-@contextlib.contextmanager
-def phase(k: int):
+class phase:
     """ACROBAT's program phases: inside dy.autobatch_map, nodes recorded in `with dy.phase(k):`,
     k > 0, are left out of the evaluations that serve the samples' reads (unless a read needs
     them), so they batch later, e.g. every step's output layer of every sample as one batch at the
-    final loss. Outside a concurrent map a phase changes nothing. Phases nest; the inner one wins."""
-    sample = SAMPLE.get()
-    if sample is None or sample.park is None:
-        yield
-        return
-    sample.close_phase()
-    outer = sample.phase, sample.graph
-    sample.phase, sample.graph = int(k), current()
-    sample.since = len(sample.graph)
-    try:
-        yield
-    finally:
-        sample.close_phase()
-        sample.phase, sample.graph = outer
+    final loss. Outside a concurrent map a phase changes nothing. Phases nest; the inner one wins.
+    A class, not a generator context: it sits on the per-step recording path."""
+    __slots__ = ("k", "sample", "outer")
+
+    def __init__(self, k: int):
+        self.k, self.sample, self.outer = int(k), None, None
+
+    def __enter__(self) -> "phase":
+        sample = SAMPLE.get()
+        if sample is None or sample.park is None:
+            return self
+        if self.sample is not None:  # one object shared by samples would restore the wrong phase
+            raise DynagraphError("a dy.phase(k) object is entered by one sample at a time: "
+                                 "write `with dy.phase(k):` where the nodes are recorded")
+        self.sample = sample
+        if sample.phase:
+            sample.close_phase()
+        self.outer = sample.phase, sample.graph
+        sample.phase, sample.graph = self.k, current()
+        sample.since = len(sample.graph)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sample = self.sample
+        if sample is None:
+            return
+        self.sample = None
+        if sample.phase:
+            sample.close_phase()
+        sample.phase, sample.graph = self.outer
         if sample.graph is not None:
             sample.since = len(sample.graph)
 
@@ -141,7 +159,13 @@ def _body(fn: Callable, x) -> tuple:
 
 
 class _Map:
-    """One concurrent map: the calling greenlet drives one greenlet per sample."""
+    """One concurrent map: the calling greenlet (the driver) drives one greenlet per sample.
+
+    A round runs every live sample in order until it parks or finishes. A parking sample
+    switches straight to the next (started) sample of the round, not back to the driver: one
+    greenlet switch per park instead of two. The driver takes over after the round's last
+    sample, when a sample finishes (its greenlet returns to its parent, the driver), and to
+    start a sample (starting it from another sample would nest the stacks, sample on sample)."""
 
     def __init__(self, fn: Callable, samples: Sequence, seed: int):
         try:
@@ -153,51 +177,89 @@ class _Map:
         self.results: list = [None] * len(samples)
         self.lets = []
         self.deferred: dict = {}  # graph -> node ids recorded in a phase > 0 (dy.phase)
+        self.arms: dict = {}      # graph -> dy.ghost arms whose outputs are not evaluated yet
+        self.round: list = []     # the live samples of the round being run, in order
+        self.pos = 0              # round[pos] is the sample running now
+        self.parked: list = []    # samples of this round that parked
+        self.graphs: list = []    # graphs that parked samples wait on, first-parked first
+        self.targets: dict = {}   # graph -> the node ids being waited for
         for i, x in enumerate(samples):
             let = greenlet(functools.partial(_body, fn, x), parent=self.driver)
             ctx = copy_context()  # the caller's graph stack and default graph, plus this sample
-            ctx.run(SAMPLE.set, _Sample(i, seed, self._park, self.deferred))
+            ctx.run(SAMPLE.set, _Sample(i, seed, self._park, self.deferred, self.arms))
             let.gr_context = ctx
             self.lets.append(let)
 
     def _park(self, cg, nid: int) -> None:
-        """Called by graph.forward_to inside a sample: hand control back until the chunk ran."""
+        """Called by graph.forward_to inside a sample: hand over to the next sample of the round
+        (the driver after the last) and come back once the chunk serving this read ran."""
         sample = SAMPLE.get()
-        sample.close_phase()
-        self.driver.switch((_PARK, cg, nid))
+        if sample.phase:
+            sample.close_phase()
+        for g in sample.ghosts:
+            g.pause()
+        self.parked.append(sample.index)
+        waiting = self.targets.get(cg)
+        if waiting is None:
+            self.graphs.append(cg)
+            self.targets[cg] = [nid]
+        else:
+            waiting.append(nid)
+        self.pos += 1
+        nxt = self.lets[self.round[self.pos]] if self.pos < len(self.round) else None
+        if nxt:  # started and parked: resume it directly
+            nxt.switch()
+        else:  # end of the round, or a sample not started yet: a greenlet starts on the stack
+            self.driver.switch(_PARK)  # of the one that switches to it, so the driver starts it
         if sample.graph is not None:
             sample.since = len(sample.graph)
+        for g in sample.ghosts:
+            g.resume()
+
+    def _run_round(self, live: list) -> None:
+        """Run every sample of `live` until it parks or finishes."""
+        self.round, self.pos, self.parked, self.graphs, self.targets = live, 0, [], [], {}
+        while self.pos < len(live):
+            i = live[self.pos]
+            try:
+                msg = self.lets[i].switch()
+            except BaseException as e:
+                _tag(e, live[self.pos])  # the sample that raised is the one running
+                raise
+            if msg is _PARK:  # the samples before round[pos] parked
+                continue
+            self.results[live[self.pos]] = msg[1]  # a sample finished: go on with the next one
+            self.pos += 1
+
+    def _evaluate(self) -> None:
+        """One chunk per graph that samples wait on serves all of this round's reads."""
+        for g in self.graphs:
+            arms = self.arms.get(g)
+            by_depth = groups_by_depth(g.scheduler)
+            if arms or by_depth:  # a depth-grouping scheduler sees depths inline in the round
+                align_depths(g, arms or (), by_depth)
+            try:
+                deferred = self.deferred.get(g)
+                if deferred:
+                    g.evaluate_pending_except(deferred, self.targets[g])
+                else:
+                    g.evaluate_pending()
+            except BaseException as e:
+                parked = self.parked
+                e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"
+                           f" of dy.autobatch_map together")
+                raise
+            if arms:  # an arm whose outputs were deferred (dy.phase) is padded again next round
+                blk = g.blk
+                arms[:] = [a for a in arms if any(blk[n] < 0 for n in a.outputs)]
 
     def run(self) -> list:
         live = list(range(len(self.lets)))
         try:
             while live:
-                parked, graphs, targets = [], [], {}
-                for i in live:
-                    try:
-                        msg = self.lets[i].switch()
-                    except BaseException as e:
-                        _tag(e, i)
-                        raise
-                    if msg[0] is _PARK:
-                        parked.append(i)
-                        if msg[1] not in targets:
-                            graphs.append(msg[1])
-                        targets.setdefault(msg[1], []).append(msg[2])
-                    else:
-                        self.results[i] = msg[1]
-                for g in graphs:  # every live sample waits: one chunk per graph serves them all
-                    try:
-                        deferred = self.deferred.get(g)
-                        if deferred:
-                            g.evaluate_pending_except(deferred, targets[g])
-                        else:
-                            g.evaluate_pending()
-                    except BaseException as e:
-                        e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"
-                                   f" of dy.autobatch_map together")
-                        raise
-                live = parked
+                self._run_round(live)
+                self._evaluate()
+                live = self.parked
         finally:
             for let in self.lets:  # stopped (GreenletExit) after an error; their finally blocks run
                 if not let.dead:

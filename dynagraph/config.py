@@ -33,6 +33,9 @@ class Config:
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
     # Repeated subgraphs of op-level code run as compiled blocks (dynagraph/coarsen).
     coarsen: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_COARSEN", "0") in ("1", "true", "yes"))
+    # Replay the schedule of a small graph structured like one scheduled before (schedule_cache.py).
+    schedule_cache: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULE_CACHE", "1")
+                                 not in ("0", "false", "no"))
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property

@@ -11,6 +11,7 @@ from . import autodiff, executor, graph, schedulers
 from .backends import get_backend
 from .config import config
 from .recording import NATIVE
+from .schedule_cache import SCHEDULES
 from .stats import ACTIVE
 
 _coarsener = None  # set by dynagraph.coarsen: (cg, pending) -> a coarsened chunk or None
@@ -57,10 +58,16 @@ class Engine:
             coarse.execute(get_backend(), batches)
             self._done(cg, stats, upto, left)
             return
-        sched = schedulers.get(cg.scheduler)
-        batches = sched.schedule(cg, pending)
-        if config.debug or not getattr(sched, "trusted", False):
-            schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
+        # the small-graph path: a graph structured like one scheduled before replays its schedule
+        cache = SCHEDULES if config.schedule_cache and not left and not config.debug else None
+        batches = cache.get(cg, pending) if cache is not None else None
+        if batches is None:
+            sched = schedulers.get(cg.scheduler)
+            batches = sched.schedule(cg, pending)
+            if config.debug or not getattr(sched, "trusted", False):
+                schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
+            if cache is not None:
+                cache.put(cg, pending, batches)
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, get_backend(), batches)
         self._done(cg, stats, upto, left)
@@ -86,26 +93,24 @@ def _split_deferred(cg, pending: list[int], defer, targets) -> tuple[list[int], 
     """(nodes to evaluate, nodes left pending). Left pending: the deferred nodes and every pending
     node that reads one (a finished sample's esum of deferred losses), except what a node in
     `targets` (the values being waited for) needs."""
-    args, blk = cg.args, cg.blk
-    tainted = set()
-    for nid in pending:  # ascending: arguments come first
-        if nid in defer or any(a in tainted for a in args[nid]):
-            tainted.add(nid)
-    if not tainted:
+    args = cg.args
+    tainted = set(defer.intersection(pending))  # set operations in C: `pending` grows by a round
+    if not tainted:  # of deferred nodes after each read, so this runs once per round over them all
         return pending, []
-    needed = set(targets)
-    run, left = [], []
-    for nid in reversed(pending):
-        if nid in tainted and nid not in needed:
-            left.append(nid)
-            continue
-        run.append(nid)
-        for a in args[nid]:
-            if blk[a] < 0:
+    for nid in [n for n in pending if n not in tainted]:  # ascending: arguments come first
+        if not tainted.isdisjoint(args[nid]):
+            tainted.add(nid)
+    if tainted.isdisjoint(targets):  # nothing waited for is deferred, so nothing it needs is
+        return [n for n in pending if n not in tainted], sorted(tainted)
+    needed = {t for t in targets if t in tainted}  # and the deferred nodes they read, walked back
+    stack = list(needed)
+    while stack:
+        for a in args[stack.pop()]:
+            if a in tainted and a not in needed:
                 needed.add(a)
-    run.reverse()
-    left.reverse()
-    return run, left
+                stack.append(a)
+    tainted -= needed
+    return [n for n in pending if n not in tainted], sorted(tainted)
 
 
 class _Bound:

@@ -47,6 +47,14 @@ local (horizon ~10 decisions); measured on TreeLSTM-2Type, the encoder-decoder
 and LatticeLSTM it clearly beat gamma 1 with bootstrapping and did about as well
 as an explicit 10-step horizon without bootstrap (`bootstrap="none"`, offered).
 
+Deferring (`defer`, on by default). A policy with fewer batches can still lose end to
+end: computing G_a costs a few times agenda's scheduling, and on trees settling already
+leaves nothing to decide. When `graph` is a callable, train ends by timing whole steps
+(record, forward, backward) under the policy, agenda and depth, interleaved, best of
+5 rounds; if the policy's step is slower than the better of the other two, the policy
+stores that one's name in `defer_to` and the FSM scheduler runs it instead, and train
+says so. The rule is the measurement on this machine and model, not a fixed choice.
+
 Encoding default: "base", which carried over to held-out graphs best in those
 measurements (a "sort" state also depends on counts, so new graphs miss more).
 """
@@ -67,7 +75,8 @@ try:
 except ImportError:  # pragma: no cover - tqdm is a dependency
     tqdm = None
 
-__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step"]
+__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
+           "faster_baseline"]
 
 Scheduler = FSMScheduler
 
@@ -118,14 +127,16 @@ class Trainer:
 
     def __init__(self, cg: ComputationGraph, encoding: str = "base", seed: int = 0, step_size: float = 0.4,
                  gamma: float = 0.9, epsilon: float = 0.5, epsilon_decay: float = 0.9,
-                 epsilon_min: float = 0.05, n_step: int = 10, bootstrap: str = "max", settle: bool = True):
+                 epsilon_min: float = 0.05, n_step: int = 10, bootstrap: str = "max", settle: bool = True,
+                 hold_tail: bool = True):
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
         if bootstrap not in ("max", "none"):
             raise ValueError(f"bootstrap must be 'max' or 'none', got {bootstrap!r}")
         cg._sync_values()
         self.nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
-        self.sim = Simulation(cg, self.nodes, typewise=True)
+        self.sim = Simulation(cg, self.nodes, typewise=True, hold_tail=hold_tail)
+        self.hold_tail = hold_tail
         keys = stable_keys(cg, self.sim.type_sig)
         self.types = [keys[s] for s in self.sim.type_sig]  # vocabulary id == simulation type
         self.vmap = list(range(len(self.types)))
@@ -219,7 +230,8 @@ class Trainer:
                 "hyper": {"step_size": self.alpha, "gamma": self.gamma, "epsilon": self.epsilon,
                           "epsilon_decay": self.epsilon_decay, "epsilon_min": self.epsilon_min,
                           "n_step": self.n, "bootstrap": self.bootstrap}}
-        return Policy(self.encoding, self.types, best_table, best_q, meta, settle=self.settle)
+        return Policy(self.encoding, self.types, best_table, best_q, meta, settle=self.settle,
+                      hold_tail=self.hold_tail)
 
 
 def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encoding: str = "base",
@@ -227,7 +239,7 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
           epsilon: float = 0.5, epsilon_decay: float = 0.9, epsilon_min: float = 0.05, n_step: int = 10,
           eval_every: int = 50, tolerance: float = 0.01, patience: int | None = None,
           time_limit: float | None = None, bootstrap: str = "max", settle: bool = True,
-          progress: bool = True) -> Policy:
+          progress: bool = True, defer: bool = True, hold_tail: bool = True) -> Policy:
     """Learn an FSM batching policy on one recorded graph (see the module docstring).
 
     patience: stop after this many greedy evaluations without improvement (None: never).
@@ -235,18 +247,35 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     The returned policy's `meta` holds the episodes run, the best greedy batch count,
     the lower bound, the seconds taken and the (episode, greedy batches) history.
     With progress on, it ends by printing the step it expects under the policy against
-    agenda's (expected_step; kept in meta["expected_step"]): whole steps timed when `graph`
-    is a callable, scheduling time and batches only for an already recorded graph.
+    agenda's and depth's (expected_step; kept in meta["expected_step"]): whole steps timed when
+    `graph` is a callable, scheduling time and batches only for an already recorded graph.
+    hold_tail: hold tail types (a loss layer, the losses) back until nothing else is pending, so
+    each runs once (schedulers/typewise.py); stored in the policy.
+    defer: when whole steps were timed and the policy's is slower than the better of agenda and
+    depth, set `policy.defer_to` to that scheduler (module docstring, "Deferring").
     """
+    recorder = graph if callable(graph) and not isinstance(graph, ComputationGraph) else None
     cg = _graph_of(graph)
     trainer = Trainer(cg, encoding, seed, step_size, gamma, epsilon, epsilon_decay, epsilon_min, n_step,
-                      bootstrap, settle)
+                      bootstrap, settle, hold_tail)
     policy = trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
-    if progress:
-        est = expected_step(graph if callable(graph) and not isinstance(graph, ComputationGraph) else cg, policy)
+    if progress or (defer and recorder is not None):
+        est = expected_step(recorder if recorder is not None else cg, policy, rounds=5)  # 3 flipped under load
         policy.meta["expected_step"] = est
-        print(_expected_line(est))
+        if defer:
+            policy.defer_to = faster_baseline(est)
+        if progress:
+            print(_expected_line(est, policy.defer_to))
     return policy
+
+
+def faster_baseline(est: dict) -> str | None:
+    """The baseline (agenda or depth) whose timed step beat the policy's, the faster one; None
+    when the policy's step is the fastest or steps were not timed (expected_step's result)."""
+    if "step_ms" not in est.get("fsm", {}):
+        return None
+    best = min((k for k in est if k != "fsm"), key=lambda k: est[k]["step_ms"])
+    return best if est[best]["step_ms"] < est["fsm"]["step_ms"] else None
 
 
 def _time_step(record: Callable[[], ComputationGraph], sched) -> tuple[float, float, int]:
@@ -277,7 +306,9 @@ def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
     graph nothing may run: only scheduling is timed and batches counted.
     """
     from .schedulers import get
-    scheds = {"agenda": get("agenda"), "fsm": FSMScheduler(policy)}
+    own = Policy(policy.encoding, policy.types, policy.table, policy.q, policy.meta, policy.settle,
+                 hold_tail=policy.hold_tail)  # no defer_to
+    scheds = {"agenda": get("agenda"), "depth": get("depth"), "fsm": FSMScheduler(own)}
     if callable(graph) and not isinstance(graph, ComputationGraph):
         best: dict = {}
         for _ in range(rounds):
@@ -302,13 +333,15 @@ def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
     return out
 
 
-def _expected_line(est: dict) -> str:
-    a, f = est["agenda"], est["fsm"]
-    line = (f"fsm: {f['batches']} batches (agenda {a['batches']}), scheduling {f['sched_ms']:.1f} ms "
-            f"(agenda {a['sched_ms']:.1f} ms)")
+def _expected_line(est: dict, defer_to: str | None = None) -> str:
+    a, d, f = est["agenda"], est["depth"], est["fsm"]
+    line = (f"fsm: {f['batches']} batches (agenda {a['batches']}, depth {d['batches']}), scheduling "
+            f"{f['sched_ms']:.1f} ms (agenda {a['sched_ms']:.1f} ms)")
     if "step_ms" in f:
         line += (f"; expected step {f['step_ms']:.0f} ms against agenda's {a['step_ms']:.0f} ms "
-                 f"(x{f['step_ms'] / max(a['step_ms'], 1e-9):.2f})")
+                 f"(x{f['step_ms'] / max(a['step_ms'], 1e-9):.2f}) and depth's {d['step_ms']:.0f} ms")
+        if defer_to:
+            line += f"; the policy does not pay here: the fsm scheduler runs {defer_to} instead (policy.defer_to)"
     else:
         line += "; pass a callable that records a graph to time whole steps"
     return line

@@ -28,7 +28,7 @@ take, and it is what the C path (backends/cpu/chains.py) is tested against.
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from .ops.base import OPS, reduce_to, size_of
 
 from .backends.optable import ARITY, BINARY, FUSED_MAX_REGS as MAX_REGS, FUSED_TILE as TILE, NARY, OPCODE  # noqa: F401
 from .backends.optable import UNARY, WITH_CONST  # noqa: F401  (the op table lives with the backends)
+
+if TYPE_CHECKING:
+    from .graph import ComputationGraph
 
 
 def _const_ok(attrs) -> bool:
@@ -339,3 +342,70 @@ def _fresh(xp, y, full: tuple, avoid: list):
     if tuple(y.shape) == full and y.flags.c_contiguous and y.base is None and not any(y is a for a in avoid):
         return y
     return xp.array(xp.broadcast_to(y, full), order="C", copy=True)
+
+
+# ------------------------------------------------------- spelling-independent traces
+def slices_first(T: "ComputationGraph", keep: Sequence[int]) -> "tuple[ComputationGraph, dict] | None":
+    """Trace T re-recorded with every slice taken before the elementwise ops it follows:
+    pick_range(f(x), a, b) -> f(pick_range(x, a, b)) for a unary elementwise f, and
+    pick_range(pick_range(x, a, b), c, d) -> pick_range(x, a + c, a + d).
+
+    One nonlinearity over all gates followed by slices is then the same trace as one
+    nonlinearity per gate slice, and a gate chain reads its slices straight from the
+    GEMM output: the fusers (FusedChain regions, the TreeLSTM cell) see one spelling.
+    Values are the same numbers (an elementwise op commutes with slicing); f(x) itself
+    is kept where anything but a slice reads it, and is then not duplicated per slice.
+
+    keep: the node ids that must survive (a block's inputs and outputs). Returns
+    (new trace, old id -> new id), or None when nothing was rewritten."""
+    from .graph import ComputationGraph
+    pick = OPS["pick_range"]
+    n = len(T.op)
+    non_slice_use = [False] * n
+    for i in range(n):
+        for a in T.args[i]:
+            if T.op[i] is not pick:
+                non_slice_use[a] = True
+    for i in keep:
+        non_slice_use[i] = True
+
+    def commutes(i: int) -> bool:
+        op = T.op[i]
+        return (ARITY.get(op.name) == 1 and OPS.get(op.name) is op and not op.uses_data and not op.leaf
+                and len(T.args[i]) == 1 and T.shape[T.args[i][0]] == T.shape[i] and not non_slice_use[i])
+
+    if not any(T.op[i] is pick and (T.op[T.args[i][0]] is pick or commutes(T.args[i][0])) for i in range(n)):
+        return None
+    new = ComputationGraph(scheduler="none")
+    new.tracing = True
+    m: dict = {}
+    memo: dict = {}
+
+    def sliced(i: int, start: int, end: int, d: int) -> int:
+        """The new node for rows start:end (along d) of old node i."""
+        key = (i, start, end, d)
+        hit = memo.get(key)
+        if hit is None:
+            if T.op[i] is pick and T.attrs[i][2] == d:
+                s0 = T.attrs[i][0]
+                hit = sliced(T.args[i][0], s0 + start, s0 + end, d)
+            elif commutes(i):
+                hit = new.add(T.op[i], (sliced(T.args[i][0], start, end, d),), T.attrs[i], T.data[i])
+            else:
+                hit = new.add(pick, (m[i],), (start, end, d))
+            memo[key] = hit
+        return hit
+
+    for i in range(n):
+        op, part = T.op[i], T.sig_part[i]
+        if op.leaf and isinstance(part, tuple) and part[:1] == ("shared",):
+            m[i] = new.leaf(T.attrs[i][1], part[2])
+        elif op.leaf:
+            m[i] = new.placeholder(op, T.shape[i])
+        elif op is pick:
+            m[i] = sliced(T.args[i][0], *T.attrs[i])
+        elif commutes(i):
+            continue  # read only through slices: recorded per slice by `sliced`
+        else:
+            m[i] = new.add(op, tuple(m[a] for a in T.args[i]), T.attrs[i], T.data[i])
+    return new, m

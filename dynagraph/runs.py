@@ -21,6 +21,7 @@ are tested against); `dy.config.set(fuse=False)` or DYNAGRAPH_FUSE=0 turns them 
 from __future__ import annotations
 
 import time
+from array import array
 from typing import NamedTuple
 
 import numpy as np
@@ -43,6 +44,7 @@ class StepSpec(NamedTuple):
     width: int         # output elements per node
     offs: tuple        # per argument: first element read (a pick_range's start)
     reach: tuple       # per argument: elements a source row must hold (off + width)
+    name: str = ""     # the op's name (for stats.batch_log)
 
 
 def _spec(cg, n: int) -> StepSpec | None:
@@ -57,11 +59,11 @@ def _spec(cg, n: int) -> StepSpec | None:
         if d != 0 or not src:  # only a range of the first axis is contiguous in a row
             return None
         off = start * size_of(src[1:])
-        return StepSpec(COPY, 1, 0.0, width, (off,), (off + width,))
+        return StepSpec(COPY, 1, 0.0, width, (off,), (off + width,), op.name)
     if op.uses_data or op.name not in OPCODE or not fusable(op, attrs, arg_shapes, shape):
         return None
     k = len(arg_shapes)
-    return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k)
+    return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k, op.name)
 
 
 def spec_cache(cg) -> dict:
@@ -79,8 +81,29 @@ def step_spec(cg, n: int) -> StepSpec | None:
     specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
-        specs[sid] = _spec(cg, n) if sid >= 0 else None
+        if sid < 0:
+            specs[sid] = None
+            return None
+        # Across graphs by everything _spec reads (signature key: op, attrs and shared arguments;
+        # the output and argument shapes): a per-sentence program asks for the same dozen specs
+        # in every graph it records.
+        key = (cg.signatures[sid], cg.shape[n], tuple([cg.shape[a] for a in cg.args[n]]))
+        spec = _BY_KEY.get(key, _NONE)
+        if spec is _NONE:
+            spec = _spec(cg, n)
+            if spec is not None:  # one object per distinct spec: _program keys runs by identity
+                spec = _INTERNED.setdefault(spec, spec)
+            if len(_BY_KEY) >= 8192:  # a bound; live graphs and programs keep their spec objects,
+                _BY_KEY.clear()       # only the sharing across graphs starts again from empty
+                _INTERNED.clear()
+            _BY_KEY[key] = spec
+        specs[sid] = spec
     return specs[sid]
+
+
+_INTERNED: dict = {}  # spec -> the one object equal to it (bounded with _BY_KEY)
+_BY_KEY: dict = {}    # (signature key, shape, argument shapes) -> interned spec, or None: not a run step
+_NONE = object()
 
 
 def enabled(cg, be) -> bool:
@@ -147,33 +170,70 @@ def _addresses_py(arrays: list, fmt: str) -> bytes:
     return np.array(out, np.int64).tobytes()
 
 
+def _grad_addresses_py(grads: list, values: list, fmt: str, pair_slot=None, pair_off=None) -> bytes:
+    """Twin of _bookkeeping.grad_addresses: grads[i] (None or the gradient block of values[i],
+    checked to be a writable C-contiguous `fmt` array shaped like it) by data address (0 for
+    None); with pair_slot/pair_off (a run table's), the address of byte pair_off[p] of
+    grads[pair_slot[p]] per pair p, 0 where that gradient block is None."""
+    if len(grads) != len(values):
+        raise ValueError("grad_addresses: one value block per gradient block")
+    at, size = [], []
+    for i, (g, v) in enumerate(zip(grads, values)):
+        if g is None:
+            at.append(0)
+            size.append(0)
+            continue
+        if type(g) is not np.ndarray or g.dtype.char != fmt or not g.flags.c_contiguous or not g.flags.writeable \
+                or g.nbytes != v.nbytes or g.ndim < 1 or g.shape[0] != v.shape[0]:
+            raise ValueError(f"grad_addresses: gradient block {i} is not a '{fmt}' array shaped like its value block")
+        at.append(g.ctypes.data)
+        size.append(g.nbytes)
+    if pair_slot is None:
+        return np.array(at, np.int64).tobytes()
+    slot, off = _arr(pair_slot), _arr(pair_off)
+    if len(slot) != len(off):
+        raise ValueError("grad_addresses: pair_slot and pair_off must be int64 of equal length")
+    at_, size_ = np.array(at + [0], np.int64), np.array(size + [0], np.int64)
+    bad = (slot < 0) | (slot >= len(at)) | (off < 0)
+    s = np.where(bad, len(at), slot)
+    bad |= (at_[s] != 0) & (off >= size_[s])
+    if bad.any():
+        p = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"grad_addresses: pair {p} (slot {slot[p]}, byte {off[p]}) is out of range")
+    return np.where(at_[s] != 0, at_[s] + off, 0).astype(np.int64).tobytes()
+
+
 _addresses = NATIVE.addresses if NATIVE is not None and hasattr(NATIVE, "addresses") else _addresses_py
+_grad_addresses = NATIVE.grad_addresses if NATIVE is not None and hasattr(NATIVE, "grad_addresses") \
+    else _grad_addresses_py
 _table = NATIVE.run_table if NATIVE is not None and hasattr(NATIVE, "run_table") else _table_py
 _FORMAT = {F32: "f", F64: "d"}
+_MINUS_ONE = (-1,)
 
 
 class ExecutedRun:
     """What backward needs from one run (cg.executed holds it beside ExecutedBatch)."""
-    __slots__ = ("steps", "bids", "code", "consts", "rows", "width", "slots", "keep", "pair_slot", "pair_off",
-                 "src", "need", "slot_last")
+    __slots__ = ("steps", "bids", "code", "consts", "rows", "width", "max_width", "slots", "keep", "outs",
+                 "out_addresses", "pair_slot", "pair_off", "src", "need", "slot_last")
 
-    def __init__(self, steps, bids, code, consts, rows, width, slots, keep, table):
+    def __init__(self, steps, bids, code, consts, rows, width, max_width, slots, keep, outs, out_addresses, table):
         self.steps, self.bids, self.code, self.consts = steps, bids, code, consts
-        self.rows, self.width, self.slots, self.keep = rows, width, slots, keep
-        self.src, self.pair_slot, self.pair_off, _, self.need, slot_last = table
-        self.slot_last = np.frombuffer(slot_last, np.int64)
+        self.rows, self.width, self.max_width, self.slots, self.keep = rows, width, max_width, slots, keep
+        # the run's output blocks and their addresses, held so backward need not look them up again
+        self.outs, self.out_addresses = outs, out_addresses
+        self.src, self.pair_slot, self.pair_off, _, self.need, self.slot_last = table
 
     @property
     def nodes(self) -> list:
         return [n for nodes in self.steps for n in nodes]
 
-    def slot_last_all(self) -> np.ndarray:
+    def slot_last_all(self) -> list:
         """slot_last as if every argument needed its gradient (backward(full=True))."""
         nargs = self.code[1::2]
         step_of = np.repeat(np.repeat(np.arange(len(self.steps)), nargs), np.repeat(self.rows, nargs))
         last = np.full(len(self.slots), -1, np.int64)
         np.maximum.at(last, np.frombuffer(self.pair_slot, np.int64), step_of)
-        return last
+        return last.tolist()
 
 
 def _arr(buf) -> np.ndarray:
@@ -192,9 +252,12 @@ _PROGRAMS: dict = {}  # step specs -> their arrays: per-sentence graphs repeat t
 
 
 def _program(specs: list) -> tuple:
-    """(offs, reach, code, consts, widths) of a run of these step specs, shared by every run
-    of equal specs (in any graph); the arrays are read-only, as the kernels only read them."""
-    key = tuple(specs)
+    """(offs, reach, code, consts, widths, max width, specs, op names) of a run of these step specs,
+    shared by every run of equal specs (in any graph); the arrays are read-only, as the
+    kernels only read them. Keyed by the specs' identities (step_spec interns them): a tuple
+    of ints hashes in a fraction of the time of the specs themselves; the program holds its
+    specs, so no id in a key can be reused by another object while the key exists."""
+    key = tuple(map(id, specs))
     prog = _PROGRAMS.get(key)
     if prog is None:
         if len(_PROGRAMS) >= 4096:  # a bound, not an LRU: programs with many distinct runs rebuild
@@ -205,7 +268,8 @@ def _program(specs: list) -> tuple:
         for a in (code, consts, widths):
             a.flags.writeable = False
         prog = _PROGRAMS[key] = ([o for s in specs for o in s.offs], [r for s in specs for r in s.reach],
-                                 code, consts, widths)
+                                 code, consts, widths, max(s.width for s in specs), tuple(specs),
+                                 tuple(s.name for s in specs))
     return prog
 
 
@@ -223,14 +287,16 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
         bid = len(blocks)
         blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
         place(cg.blk, cg.row, nodes, bid)
-    offs, reach, code, consts, widths = _program(specs)
+    offs, reach, code, consts, widths, max_width, _, names = _program(specs)
     table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
     if table is None:
         _unplace(cg, steps, first)
         return False
     bids = range(first, len(blocks))
-    outs = _addresses([blocks[b] for b in bids], _FORMAT[dt])
-    rows = np.array([len(nodes) for nodes in steps], np.int64)
+    out_blocks = blocks[first:]
+    outs = _addresses(out_blocks, _FORMAT[dt])
+    counts = list(map(len, steps))
+    rows = np.array(counts, np.int64)
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
@@ -243,16 +309,17 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     slots = table[3]
     # the blocks the row addresses point into, held so that no rebinding frees one before backward
     keep = [blocks[b] for b in slots]
-    cg.executed.append(ExecutedRun(steps, bids, code, consts, rows, widths, slots, keep, table))
+    cg.executed.append(ExecutedRun(steps, bids, code, consts, rows, widths, max_width, slots, keep,
+                                   out_blocks, outs, table))
     stats = cg.stats
     stats.runs += 1
     stats.kernel_calls += 1
     stats.batches += len(steps)
-    stats.nodes += int(rows.sum())
+    stats.nodes += sum(counts)
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     stats.t_execute += t2 - t1
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
-        stats.batch_log.extend((cg.op[nodes[0]].name, len(nodes)) for nodes in steps)
+        stats.batch_log.extend(zip(names, counts))
     return True
 
 
@@ -264,36 +331,42 @@ def backward_run(cg, be, gb, run: ExecutedRun, full: bool, grad_block) -> None:
     if 1 not in need:
         return
     # full: every argument needs its gradient, so each slot's last reader is the last step reading it at all
-    last = run.slot_last if not full else run.slot_last_all()
-    blocks, dt = cg.blocks, cg.dtype
+    last = np.frombuffer(run.slot_last, np.int64).tolist() if not full else run.slot_last_all()
+    blocks = cg.blocks
     # The run's own blocks that receive gradient only from later steps: one uninitialised
     # buffer, each zeroed by the kernel when its last reader begins (-1: keep as is).
     first = run.bids[0]
-    zero_at = np.full(len(run.bids), -1, np.int64)
-    last = last.tolist()  # Python ints: read once per slot below, cheaper than numpy scalars
-    fresh = [(s, b) for s, b in enumerate(run.slots) if last[s] >= 0 and b >= first and gb[b] is None]
+    zero_at = array("q", _MINUS_ONE) * len(run.bids)
+    fresh, total = [], 0
+    for s, b in enumerate(run.slots):
+        if b >= first and last[s] >= 0 and gb[b] is None:
+            fresh.append((s, b))
+            total += blocks[b].size
     if fresh:
-        buf = np.empty(sum(blocks[b].size for _, b in fresh), dt)
+        buf = np.empty(total, cg.dtype)
         at = 0
         for s, b in fresh:
-            size = blocks[b].size
-            gb[b] = buf[at:at + size].reshape(blocks[b].shape)
+            v = blocks[b]
+            gb[b] = np.ndarray(v.shape, buf.dtype, buf, at)  # a view of the shared buffer at byte `at`
             zero_at[b - first] = last[s]
-            at += size
-    written = [grad_block(b) if last[s] >= 0 else None for s, b in enumerate(run.slots)]
-    gouts = [gb[b] for b in run.bids]
-    for b, g in zip(run.slots + list(run.bids), written + gouts):
-        if g is not None and g.shape != blocks[b].shape:
-            raise RuntimeError("run: a gradient block is shaped unlike its value block")
-    fmt = _FORMAT[dt]
-    at = np.frombuffer(_addresses(written, fmt), np.int64)[_arr(run.pair_slot)]
-    gsrc = np.where(at != 0, at + _arr(run.pair_off), 0)  # rows of unneeded arguments: never read
-    gout = _addresses(gouts, fmt)
-    outs = _addresses([blocks[b] for b in run.bids], fmt)
-    work = np.empty(int(run.width.max()), dt)
+            at += v.nbytes
+    fmt = _FORMAT[cg.dtype]
+    # checked against the value blocks in C: a gradient block shaped unlike its value block is a ValueError
+    written, borrowed = [], gb.borrowed
+    for t, b in zip(last, run.slots):
+        if t < 0:
+            written.append(None)  # no step of this run adds into block b
+            continue
+        g = gb[b]
+        if g is None or b in borrowed:  # grad_block's two cases: allocate, or copy before writing
+            g = grad_block(b)
+        written.append(g)
+    gsrc = _grad_addresses(written, [blocks[b] for b in run.slots], fmt, run.pair_slot, run.pair_off)
+    gout = _grad_addresses([gb[b] for b in run.bids], run.outs, fmt)
+    work = np.empty(run.max_width, cg.dtype)
     t1 = time.perf_counter()
-    be.elementwise_runs.backward(dt, run.code, run.consts, run.rows, run.width, outs, gout, run.src, gsrc, need,
-                                 zero_at, work)
+    be.elementwise_runs.backward(cg.dtype, run.code, run.consts, run.rows, run.width, run.out_addresses, gout,
+                                 run.src, gsrc, need, zero_at, work)
     t2 = time.perf_counter()
     stats = cg.stats
     stats.kernel_calls += 1

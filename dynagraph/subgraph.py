@@ -30,6 +30,7 @@ from .backends import get_backend
 from .config import config
 from .errors import DynagraphError, DynagraphIndexError, user_line
 from .expression import Expression, record
+from .fusion import slices_first
 from .graph import ComputationGraph, IndexSlot, current
 from .memory.layout import plan_layout
 from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
@@ -240,7 +241,12 @@ class Block:
         outs = [result] if single else list(result) if isinstance(result, (tuple, list)) else [result]
         if not outs or any(type(o) is not Expression or o.cg is not trace for o in outs):
             raise DynagraphError(f"block {self.name} must return expressions computed from its arguments")
-        plan = Plan(self.name, trace, inputs, [o.i for o in outs], self.mode, self.fuse)
+        out_ids = [o.i for o in outs]
+        canon = slices_first(trace, inputs + out_ids) if self.fuse else None  # one spelling for the fusers
+        if canon is not None:
+            trace, m = canon
+            inputs, out_ids = [m[i] for i in inputs], [m[o] for o in out_ids]
+        plan = Plan(self.name, trace, inputs, out_ids, self.mode, self.fuse)
         plan.single = single
         return plan
 

@@ -57,7 +57,8 @@ class StackParser:
             scores = self.A * dy.concatenate([top, head]) + self.a
             if gold is not None:
                 act = gold[len(taken)]
-                losses.append(dy.pickneglogsoftmax(scores, act))
+                with dy.phase(1):  # no read needs the loss: one batch after every parse's last read
+                    losses.append(dy.pickneglogsoftmax(scores, act))
             elif len(stack) < 2:
                 act = SHIFT
             elif not buf:
@@ -65,11 +66,12 @@ class StackParser:
             else:  # the model decides: a value read, which parks this sample in dy.autobatch_map
                 act = int(np.argmax(scores.npvalue()))
             taken.append(act)
-            if act == SHIFT:
-                stack.append(dy.tanh(self.Wx * self.E[buf.pop()] + self.Wh * top + self.b))
-            else:
-                r, l_ = stack.pop(), stack.pop()
-                stack.append(dy.tanh(self.Wl * l_ + self.Wr * r + self.b))
+            with dy.ghost():  # both arms padded to one length: the next step stays aligned (depth scheduler)
+                if act == SHIFT:
+                    stack.append(dy.tanh(self.Wx * self.E[buf.pop()] + self.Wh * top + self.b))
+                else:
+                    r, l_ = stack.pop(), stack.pop()
+                    stack.append(dy.tanh(self.Wl * l_ + self.Wr * r + self.b))
         label_scores = self.O * stack[0] + self.o
         return (dy.esum(losses) if losses else None), taken, label_scores
 

@@ -110,3 +110,12 @@ def test_kernel_table_trainer_and_cell_gemm_rows(capsys):
     kernels.bench_cell_gemm(t, np.random.default_rng(0), np.float32, (8,))
     out = capsys.readouterr().out
     assert "sgd sparse rows" in out and out.count("cell GEMM") == 1
+
+
+def test_scheduling_cost_table(capsys):
+    from bench import scheduling_cost
+    rows = scheduling_cost.main(["--workload", "latticegru", "--instances", "2", "--hidden", "2", "--reps", "2"])
+    assert [r["scheduler"] for r in rows] == scheduling_cost.SCHEDULERS
+    assert all(r["batches"] > 0 and r["ms"] >= 0 for r in rows)
+    out = capsys.readouterr().out
+    assert "| agenda |" in out and "x agenda" in out

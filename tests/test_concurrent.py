@@ -241,12 +241,16 @@ def test_thousand_samples_do_not_grow_memory():
     assert last - first < 200_000, (first, last)
 
 
-@pytest.mark.parametrize("kind", ["nestedrnn", "drnn", "earlyexit", "stackrnn", "treelstm", "birnn"])
-def test_acrobat_bench_models_equal_one_by_one(float64, kind):
+@pytest.mark.parametrize("kind,scheduler", [(k, "agenda") for k in ["nestedrnn", "drnn", "earlyexit", "stackrnn",
+                                                                     "treelstm", "birnn"]]
+                         + [("stackrnn", "depth"), ("drnn", "depth")])  # ghosts and per-round depths
+def test_acrobat_bench_models_equal_one_by_one(float64, kind, scheduler, monkeypatch):
     import os
     import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from bench.acrobat_models import Model
+    from dynagraph.config import config
+    monkeypatch.setattr(config, "scheduler", scheduler)
     seeds = [3, 8, 13, 21]
     for train in (False, True):
         dy.reset_random_seed(2)

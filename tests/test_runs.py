@@ -331,6 +331,32 @@ def test_addresses_checks_what_it_hands_out(twin):
         addresses([ro], "d")
 
 
+@needs_native
+@pytest.mark.parametrize("twin", ["native", "python"])
+def test_grad_addresses_checks_gradient_blocks_against_their_values(twin):
+    grad_addresses = NATIVE.grad_addresses if twin == "native" else runs._grad_addresses_py
+    v, g = np.zeros((2, 3)), np.zeros((2, 3))
+    got = np.frombuffer(grad_addresses([g, None], [v, v], "d"), np.int64)
+    assert got[0] == g.ctypes.data and got[1] == 0
+    # per pair: slot 0 rows 1 and 0, slot 1 (None: an argument whose gradient is not needed) -> 0
+    slot, off = np.array([0, 0, 1], np.int64).tobytes(), np.array([24, 0, 8], np.int64).tobytes()
+    got = np.frombuffer(grad_addresses([g, None], [v, v], "d", slot, off), np.int64)
+    assert list(got) == [g.ctypes.data + 24, g.ctypes.data, 0]
+    for bad in (np.zeros((3, 2)), np.zeros((2, 4)), np.zeros((2, 3), np.float32), np.zeros((2, 6))[:, ::2]):
+        with pytest.raises((ValueError, BufferError)):  # unlike its value block: never written through
+            grad_addresses([bad], [v], "d")
+    ro = np.zeros((2, 3))
+    ro.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        grad_addresses([ro], [v], "d")
+    with pytest.raises(ValueError):
+        grad_addresses([g], [v, v], "d")
+    for slot, off in (([2], [0]), ([-1], [0]), ([0], [-8]), ([0], [48]), ([0, 0], [0])):
+        with pytest.raises(ValueError):
+            grad_addresses([g, None], [v, v], "d", np.array(slot, np.int64).tobytes(),
+                           np.array(off, np.int64).tobytes())
+
+
 def test_full_backward_gives_every_run_node_its_gradient():
     """backward(full=True): gradients reach nodes that need none (inputs), through runs too."""
     def grads(backend):
@@ -376,7 +402,7 @@ def test_graphs_with_equal_runs_share_one_read_only_program():
     assert runs._PROGRAMS == programs  # the second graph found its programs
     for prog in programs.values():
         assert len(prog[0]) == len(prog[1]) == int(prog[2][1::2].sum())  # one offset per step argument
-        for a in prog[2:]:
+        for a in prog[2:5]:  # code, consts, widths (then the max width and the specs)
             assert not a.flags.writeable
             with pytest.raises(ValueError):
                 a[0] = 0
@@ -384,3 +410,22 @@ def test_graphs_with_equal_runs_share_one_read_only_program():
     fresh = _run("cpu", "agenda", build)
     _same(again, fresh, 0.0, 0.0)
     _same(again, first, 0.0, 0.0)
+
+
+def test_step_specs_shared_across_graphs_follow_shapes_and_parameters():
+    """Step specs are kept across graphs by signature key and shapes: graphs that differ only
+    in a vector size or a pick_range get their own specs, graphs over new parameters (run_graph
+    makes a new collection each time) reuse equal ones, and every graph matches the numpy backend."""
+    def build(n, lo):
+        def f(pc):
+            W = pc.add_parameters((n, n), name="W")
+            s = pc.add_parameters((n,), name="s")
+            x = dy.inputTensor(np.linspace(-1, 1, n))
+            h = dy.tanh(W * x)
+            g = dy.cmult(dy.logistic(h + dy.parameter(s)), h)
+            return [dy.pick_range(g, lo, n) * 2.0 + dy.pick_range(h, lo, n), g + 0.5]
+        return f
+    for n, lo in ((5, 1), (7, 1), (5, 2), (7, 3), (5, 1)):
+        c, ref = _run("cpu", "agenda", build(n, lo)), _run("numpy", "agenda", build(n, lo))
+        _same(c, ref, 1e-12, 1e-14)
+        assert c.cg.stats.runs > 0

@@ -9,9 +9,12 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import DynagraphError
+from ..fusion import slices_first
 from ..graph import ComputationGraph
 from ..ops import OPS
 from ..ops.base import ELEMWISE, OpDef, size_of
+from ..program import Program
+from ..program.units import FUSED
 from ..subgraph import PLACEHOLDER, Plan, _Grads
 from .api import Vertex, VertexFunction
 
@@ -24,8 +27,25 @@ class _Part(Plan):
     """A Plan run by the Cavs runtime: explicit batch size, per-row random keys, outputs
     written straight into destination buffers, and the backend's kernel overrides."""
 
+    chained = None  # a Program whose elementwise chains are fused kernels (use_fused_chains)
+
+    def use_fused_chains(self) -> None:
+        """Run every chain of elementwise steps (gate nonlinearities, products, sums over
+        gate slices, in whatever spelling) as one fusion.FusedChain kernel, forward and
+        backward; the other steps stay one kernel each. Kept only where a chain forms."""
+        prog = Program(self, None, None, fuse=True)
+        self.chained = prog if any(u.kind == FUSED for u in prog.units) else None
+
+    def chains(self) -> int:
+        """How many fused elementwise chains the part runs."""
+        return 0 if self.chained is None else sum(u.kind == FUSED for u in self.chained.units)
+
     def forward_rows(self, be, B: int, keys, xs: list, dests: list) -> list:
-        vals, saved = self.run_steps(be, xs, lambda spec: self._rows_data(spec, B, keys))
+        data_of = lambda spec: self._rows_data(spec, B, keys)  # noqa: E731
+        if self.chained is not None:
+            vals, saved = self.chained.run(be, xs, data_of, B)
+        else:
+            vals, saved = self.run_steps(be, xs, data_of)
         for o, dst in zip(self.outputs, dests):
             v = vals[o]
             dst[...] = v.reshape(v.shape[0], -1)  # a shared (lead 1) value broadcasts over the rows
@@ -46,7 +66,10 @@ class _Part(Plan):
                 if want[pos] and self._leaf_at[args[pos]] in defer_leaves:
                     want[pos] = False
                     deferred.append((self._leaf_at[args[pos]], gi, ins[pos + 1]))
-        return self.grad_steps(be, acc, saved, need, divert if deferred is not None else None)
+        divert = divert if deferred is not None else None
+        if self.chained is not None:
+            return self.chained.grad(be, acc, saved, need, divert)
+        return self.grad_steps(be, acc, saved, need, divert)
 
     def find_deferrable(self, trace: ComputationGraph) -> None:
         """Products W x with W a shared matrix and x a batch of vectors: their weight gradient
@@ -73,7 +96,7 @@ class _Part(Plan):
 
     @property
     def n_kernels(self) -> int:
-        return len(self.steps)
+        return len(self.steps) if self.chained is None else len(self.chained.units)
 
 
 def _walk(T: ComputationGraph, roots: Sequence[int], stop: set) -> tuple[set, set]:
@@ -156,7 +179,16 @@ class _Compiled:
         roots = sc + ([pu] if pu is not None else [])
         self.fused = 0
         if fuse:
+            # one spelling first (slices before elementwise ops), then the cell matched in it
+            keep = roots + [i for ids in vx.gathers.values() for i in ids]
+            canon = slices_first(trace, keep + ([vx.pull_id] if vx.pull_id is not None else []))
+            m0 = None
+            if canon is not None:
+                trace, m0 = canon
+                roots = [m0[i] for i in roots]
             trace, m, self.fused = _fuse(trace, roots)
+            if m0 is not None:
+                m = {i: m[j] for i, j in m0.items() if j in m}
             sc = [m[i] for i in sc]
             pu = m[pu] if pu is not None else None
             gathers = {k: [m[i] for i in ids] for k, ids in vx.gathers.items()}
@@ -181,6 +213,12 @@ class _Compiled:
                             self.lazy_in[0][2] - self.lazy_in[0][1] == self.lz_width)
         # state symbols the recursive part gathers (one take per symbol and task)
         self.gsyms = sorted({spec[4] for spec in self.rec_in if spec[0] == "g"})
+        # the general case of the fused cell: whatever runs as op steps (a part the TreeLSTM
+        # kernel does not cover, or all of them where the run turns cell tasks off) runs its
+        # elementwise chains as fused kernels
+        if fuse and get_backend().fused_chains is not None:
+            for part in self.parts():
+                part.use_fused_chains()
 
     def _split(self, T, name, p, gathers: dict, sc: list, pu, state) -> None:
         gid = {i: (k, j) for k, ids in gathers.items() for j, i in enumerate(ids)}
@@ -290,16 +328,37 @@ class _Match:
 
 
 def _gate(T, i: int, op: OpDef, H: int):
-    """(source, start) when node i is op(pick_range(source, start, start + H))."""
-    if T.op[i] is not op:
+    """(source, start) when node i is op applied to rows start:start+H of source, in any of
+    the spellings that compute it: op(pick_range(source, ...)) (one nonlinearity per gate),
+    pick_range(op(source), ...) (one nonlinearity over all gates, then slices), and
+    either with the source itself a slice of a larger vector (offsets add up). An
+    elementwise op commutes with slicing, so all of them are the same gate."""
+    if T.op[i] is op:
+        src, start = _rows_of(T, T.args[i][0])
+        return None if T.shape[i] != (H,) or src is None else (src, start)
+    if T.op[i] is not _PICK_RANGE:
         return None
-    j = T.args[i][0]
-    if T.op[j] is not _PICK_RANGE:
-        return None
-    s, e, d = T.attrs[j]
+    s, e, d = T.attrs[i]
     if d != 0 or e - s != H:
         return None
-    return T.args[j][0], s
+    j = T.args[i][0]
+    if T.op[j] is not op or len(T.shape[j]) != 1:
+        return None
+    src, start = _rows_of(T, T.args[j][0])
+    return None if src is None else (src, start + s)
+
+
+def _rows_of(T, i: int) -> tuple:
+    """(source, offset) of vector i through any chain of row slices (i itself: offset 0);
+    (None, 0) when a slice is not along rows."""
+    start = 0
+    while T.op[i] is _PICK_RANGE:
+        s, _, d = T.attrs[i]
+        if d != 0 or len(T.shape[i]) != 1:
+            return None, 0
+        start += s
+        i = T.args[i][0]
+    return i, start
 
 
 def _sum_terms(T, c: int, users: list) -> list | None:

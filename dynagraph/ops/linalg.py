@@ -29,15 +29,37 @@ def mm(xp, A, X):
             return X @ A[0].T
         return xp.matmul(A, X[:, :, None])[:, :, 0]
     if A.shape[0] == 1 and X.shape[0] > 1:
-        L, c, k = X.shape
-        r = A.shape[1]
-        flat = A[0] @ X.transpose(1, 0, 2).reshape(c, L * k)
-        return flat.reshape(r, L, k).transpose(1, 0, 2)
+        # one shared matrix against a stack: matmul broadcasts it without a copy and
+        # writes a contiguous (L, r, k) result; a flattened (c, L*k) GEMM needs two
+        # transposing copies and was 2.3-2.7x slower (MV-RNN's (64, 128) x 375 (128, 64))
+        return xp.matmul(A[0], X)
     return xp.matmul(A, X)
 
 
+_CHUNK = 16  # stacked products per GEMM in _sum_of_products: the operands stay in cache
+
+
+def _sum_of_products(xp, G, X):
+    """sum_b G_b X_b^T for stacks G (L, r, k) and X (L, c, k), as (1, r, c): a shared
+    matrix's gradient over a batch of matrix products. Chunks of the stack are laid side
+    by side, (r, n*k) @ (n*k, c), so each GEMM is large and its copies small and cached."""
+    L, r, k = G.shape
+    c = X.shape[1]
+    out = None
+    for i in range(0, L, _CHUNK):
+        g, x = G[i:i + _CHUNK], X[i:i + _CHUNK]
+        n = g.shape[0]
+        p = g.transpose(1, 0, 2).reshape(r, n * k) @ x.transpose(1, 0, 2).reshape(c, n * k).T
+        if out is None:
+            out = p
+        else:
+            out += p
+    return out[None]
+
+
 def mm_grads(xp, A, X, G, need):
-    """Gradients of mm; shared A gets dA = sum_b G_b X_b^T as one GEMM."""
+    """Gradients of mm; a shared A gets dA = sum_b G_b X_b^T already summed (one GEMM
+    against a batch of vectors, chunked GEMMs against a stack of matrices)."""
     A3 = A[:, :, None] if A.ndim == 2 else A
     if A.shape[0] == 1 and X.shape[0] == 1 and G.shape[0] > 1:
         G = G.sum(axis=0, keepdims=True)  # every node computed the same product
@@ -50,9 +72,7 @@ def mm_grads(xp, A, X, G, need):
     else:
         if need[0]:
             if A3.shape[0] == 1:
-                L, r, k = G.shape
-                c = X.shape[1]
-                gA = (G.transpose(1, 0, 2).reshape(r, L * k) @ X.transpose(1, 0, 2).reshape(c, L * k).T)[None]
+                gA = _sum_of_products(xp, G, X)
             else:
                 gA = xp.matmul(G, X.transpose(0, 2, 1))
         if need[1]:
@@ -112,7 +132,9 @@ class Affine:
             return b.copy()
         nd = max(y.ndim, b.ndim) - 1
         y, b = pad_to(y, nd), pad_to(b, nd)
-        if y.shape == xp.broadcast_shapes(y.shape, b.shape):
+        # y += b where b broadcasts into y; the common cases decided without broadcast_shapes (~3 us)
+        if (b.shape[1:] == y.shape[1:] and b.shape[0] in (1, y.shape[0])) \
+                or y.shape == xp.broadcast_shapes(y.shape, b.shape):
             y += b
             return y
         return y + b

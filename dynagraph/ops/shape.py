@@ -52,6 +52,9 @@ def _concat_shape(a, *shapes):
 class Concatenate:
     def forward(xp, a, data, *xs):
         d = a[0]
+        x0 = xs[0]
+        if x0.ndim == d + 2 and all(x.ndim == x0.ndim and x.shape[0] == x0.shape[0] for x in xs):
+            return xp.concatenate(xs, axis=d + 1)  # nothing to pad or broadcast (the common case)
         nd = max(max(x.ndim - 1 for x in xs), d + 1)
         lead = max(x.shape[0] for x in xs)
         return xp.concatenate([_bcast_lead(xp, pad_to(x, nd), lead) for x in xs], axis=d + 1)

@@ -3,6 +3,8 @@
 undoes the forward gather."""
 from __future__ import annotations
 
+from typing import Callable
+
 from ..ops.base import Sliced, SparseRows, reduce_to
 from .grads import UnitGrads
 from .products import linear_backward
@@ -16,7 +18,8 @@ class Backward:
     units: list
     counts: Counts
 
-    def grad(self, be, acc: UnitGrads, saved: list, need: tuple) -> list:
+    def grad(self, be, acc: UnitGrads, saved: list, need: tuple, divert: Callable | None = None) -> list:
+        """Gradients of the plan's inputs then leaves; `divert` as in Plan.grad_steps (single steps)."""
         plan = self.plan
         needs = plan._needs(need)
         kernels = be.backward_kernels
@@ -25,7 +28,7 @@ class Backward:
         for k in range(len(self.units) - 1, -1, -1):
             u = self.units[k]
             if u.kind == STEP:
-                step_backward(be, kernels, plan.steps[u.steps[0]], saved[k], acc, needs)
+                step_backward(be, kernels, plan.steps[u.steps[0]], saved[k], acc, needs, divert, u.steps[0])
             elif u.kind == GROUP:
                 self._grad_group(u, k, be, acc, saved[k], needs, kernels)
             elif u.kind == FUSED:

@@ -22,11 +22,20 @@ Policy file (JSON, written by Policy.save):
     {"format": "dynagraph.fsm.policy", "version": 1,
      "encoding": "base" | "max" | "sort",
      "settle": true,                               # run ratio-1 types outside the policy
+     "hold_tail": true,                            # optional: hold tail types back (typewise.py)
      "types":  [stable type key, ...],             # vocabulary; a type is its index
      "states": [{"s": [type, ...],                 # the encoded state
                  "a": type,                        # the action: the type to run
                  "q": {"type": value, ...}}, ...], # Q-values of the actions tried
+     "defer_to": "agenda",                         # optional: see below
      "meta":   {...}}                              # training summary (informative)
+
+Deferring. dy.fsm.train times whole training steps under the policy, agenda and
+depth; when the policy's step is slower than the better of the two it stores that
+scheduler's name in `defer_to`, and FSMScheduler schedules with it instead (the
+policy is kept; `Policy.defer_to = None` runs it anyway). Fewer batches do not
+always pay: on trees, settling already leaves no decision and agenda or depth find
+as few batches without computing G_a.
 """
 from __future__ import annotations
 
@@ -35,7 +44,7 @@ import os
 from typing import Sequence
 
 from ..recording import NATIVE
-from .base import register
+from .base import get, register
 from .typewise import Simulation, base_key, batchable_by_sig, param_names, stable_keys
 
 ENCODINGS = ("base", "max", "sort")
@@ -82,9 +91,14 @@ class Policy:
     """A trained FSM: encoding, type vocabulary, state -> action table (+ Q-values)."""
 
     def __init__(self, encoding: str, types: list, table: dict, q: dict | None = None,
-                 meta: dict | None = None, settle: bool = True):
+                 meta: dict | None = None, settle: bool = True, defer_to: str | None = None,
+                 hold_tail: bool = False):
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
+        if defer_to is not None and (not isinstance(defer_to, str) or defer_to.partition(":")[0] == "fsm"):
+            raise ValueError(f"an FSM policy defers to a scheduler name other than fsm, got {defer_to!r}")
+        self.defer_to = defer_to
+        self.hold_tail = bool(hold_tail)  # typewise.Simulation(hold_tail=...): the loss layer runs last, once
         self.encoding = encoding
         self.settle = bool(settle)
         self.types = list(types)
@@ -100,7 +114,8 @@ class Policy:
         return len(self.table)
 
     def __repr__(self) -> str:
-        return f"<fsm.Policy {self.encoding}: {len(self.types)} types, {len(self.table)} states>"
+        defer = f", defers to {self.defer_to}" if self.defer_to else ""
+        return f"<fsm.Policy {self.encoding}: {len(self.types)} types, {len(self.table)} states{defer}>"
 
     def to_json(self) -> dict:
         states = []
@@ -110,9 +125,13 @@ class Policy:
             if q:
                 e["q"] = {str(k): round(v, 6) for k, v in q.items()}
             states.append(e)
-        return {"format": FORMAT, "version": 1, "encoding": self.encoding, "settle": self.settle,
-                "types": self.types,
-                "states": states, "meta": self.meta}
+        out = {"format": FORMAT, "version": 1, "encoding": self.encoding, "settle": self.settle,
+               "types": self.types, "states": states, "meta": self.meta}
+        if self.defer_to:
+            out["defer_to"] = self.defer_to
+        if self.hold_tail:
+            out["hold_tail"] = True
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Policy":
@@ -126,7 +145,8 @@ class Policy:
             table[s] = int(e["a"])
             if "q" in e:
                 q[s] = {int(k): float(v) for k, v in e["q"].items()}
-        return cls(d["encoding"], d["types"], table, q, d.get("meta", {}), d.get("settle", False))
+        return cls(d["encoding"], d["types"], table, q, d.get("meta", {}), d.get("settle", False),
+                   d.get("defer_to"), bool(d.get("hold_tail", False)))
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -154,6 +174,8 @@ class FSMScheduler:
         self.policy = policy
         self.hits = 0
         self.misses = 0
+        self.deferred = 0          # schedules made by the scheduler the policy defers to
+        self._defer: tuple = (None, None)  # (name, scheduler) of policy.defer_to
         self._keys: dict = {}      # signature tuple -> base_key, valid for the parameter names in _names
         self._names: dict = {}
 
@@ -183,14 +205,25 @@ class FSMScheduler:
         return self.hits / n if n else 0.0
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
-        """In C when dynagraph._bookkeeping is built (same decisions); schedule_py is its twin."""
+        """The policy's schedule, or that of the scheduler it defers to (policy.defer_to).
+        In C when dynagraph._bookkeeping is built (same decisions); schedule_py is its twin."""
+        name = self.policy.defer_to
+        if name:
+            if self._defer[0] != name:
+                self._defer = (name, get(name))
+            self.deferred += 1
+            return self._defer[1].schedule(cg, nodes)
+        return self.schedule_policy(cg, nodes)
+
+    def schedule_policy(self, cg, nodes: Sequence[int]) -> list[list[int]]:
+        """The policy's own schedule, whatever defer_to says."""
         if NATIVE is not None and nodes:
             vocab = self._vocab_by_sig(cg)
             if vocab is not None:
                 pol = self.policy
                 out = NATIVE.typewise_batches(cg.args, cg.sig, batchable_by_sig(cg), nodes,
                                               (pol.table, vocab, len(pol.types), ENCODINGS.index(pol.encoding),
-                                               pol.settle))
+                                               pol.settle, pol.hold_tail))
                 if out is not None:
                     batches, hits, misses = out
                     self._count(cg, hits, misses)
@@ -226,7 +259,7 @@ class FSMScheduler:
         if not nodes:
             return []
         pol = self.policy
-        sim = Simulation(cg, nodes, typewise=pol.settle)
+        sim = Simulation(cg, nodes, typewise=pol.settle, hold_tail=pol.hold_tail)
         sim.reset()
         keys = stable_keys(cg, sim.type_sig)
         vmap = [pol.index.get(keys[s], -1) for s in sim.type_sig]

@@ -31,6 +31,7 @@ class DepthBatching:
     (in C when dynagraph._bookkeeping is built; schedule_py is its twin)."""
     name = "depth"
     trusted = True  # validated by the test suite, not on every evaluation
+    groups_by_depth = True  # dy.autobatch_map restarts pending depths at each round for it
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         if NATIVE is not None:

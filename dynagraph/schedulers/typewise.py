@@ -17,6 +17,15 @@ runs the type with the highest ratio; `Simulation.step` returns the reward
 F_a counts are maintained incrementally: executing a type-a node decrements the
 pending-parent count of its G_a children, which join F_a at zero.
 
+Holding the tail (`hold_tail`, FSM policies trained with it). A *tail* type is one from
+which no cycle of the type graph through two or more types can be reached (a -> b when a
+type-a node has a type-b user; a type-a node with an unbatchable user is never tail): a
+loss layer, the losses, their sums. No other node depends on a tail node, so holding ready
+tail nodes back until every other batchable node has run costs the rest nothing; then the
+first tail type in type-graph order always has its whole F_a ready, so settle runs the
+tail type by type, each in as many batches as its longest chain, which no schedule beats.
+Run as soon as ready instead, they cost a batch each time a sample finishes.
+
 `Simulation.settle` runs every type with ratio 1 at once. That is always safe:
 any schedule's next batch of such a type can only hold nodes of F_a, all ready
 now, so running them now never adds a batch. The typewise heuristic does it
@@ -87,7 +96,7 @@ class Simulation:
     holds local indices and `batches` (the schedule) node ids.
     """
 
-    def __init__(self, cg, nodes: Sequence[int], typewise: bool = True):
+    def __init__(self, cg, nodes: Sequence[int], typewise: bool = True, hold_tail: bool = False):
         self.nodes = list(nodes)
         indeg, users, base = users_of(cg, self.nodes)
         self.indeg0, self.base = indeg, base
@@ -101,6 +110,8 @@ class Simulation:
         self.typ = typ
         self.type_sig = list(dense)
         self.typewise = typewise
+        self.tail = tail_types(typ, self.users, len(dense)) if hold_tail else [False] * len(dense)
+        self.nontail0 = sum(1 for t in typ if t >= 0 and not self.tail[t]) if hold_tail else 0
         if typewise:
             self.gpar0, self.gch = _type_graph(cg, self.nodes, users, base, typ)
             self.fcount0 = [0] * len(dense)
@@ -117,6 +128,8 @@ class Simulation:
         """Start an episode: everything pending; run the unbatchable nodes that are ready."""
         self.indeg = list(self.indeg0)
         self.ready: dict = {}
+        self.held: dict = {}            # ready nodes of tail types, until no other batchable node is pending
+        self.nontail = self.nontail0    # pending batchable nodes of other types (0: nothing is held)
         self.batches: list | None = [] if record else None
         self.steps = 0          # batches of batchable types (decisions and settled ones)
         self.unbatchable = 0    # batches of one unbatchable node
@@ -160,7 +173,14 @@ class Simulation:
             base = self.base
             batch.sort()  # recording order keeps consecutive rows contiguous for later users
             self.batches.append([n + base for n in batch])
+        held = self.nontail > 0
+        if held and not self.tail[t]:
+            self.nontail -= len(batch)
         self._free(batch)
+        if held and self.nontail == 0:  # the last non-tail batch: the tail shows up
+            for h, b in self.held.items():
+                self.ready.setdefault(h, []).extend(b)
+            self.held.clear()
         return reward
 
     def settle(self) -> int:
@@ -178,9 +198,13 @@ class Simulation:
                 self.step(t)
                 k += 1
 
+    def _bucket(self, t: int) -> dict:
+        """Where a ready node of type t goes: `held` while it is a tail type and others are pending."""
+        return self.held if self.nontail > 0 and self.tail[t] else self.ready
+
     def _free(self, batch: list) -> None:
         """Count down the users of executed nodes; those left with no pending argument become ready."""
-        users, indeg, typ, ready = self.users, self.indeg, self.typ, self.ready
+        users, indeg, typ = self.users, self.indeg, self.typ
         lone = None
         for n in batch:
             us = users[n]
@@ -195,6 +219,7 @@ class Simulation:
                                 lone = []
                             lone.append(u)
                             continue
+                        ready = self._bucket(t)
                         b = ready.get(t)
                         if b is None:
                             ready[t] = [u]
@@ -205,10 +230,11 @@ class Simulation:
 
     def _add(self, fresh: list) -> None:
         """Make nodes ready; unbatchable ones run at once, alone (and may free more)."""
-        typ, ready = self.typ, self.ready
+        typ = self.typ
         for n in fresh:
             t = typ[n]
             if t >= 0:
+                ready = self._bucket(t)
                 b = ready.get(t)
                 if b is None:
                     ready[t] = [n]
@@ -219,6 +245,31 @@ class Simulation:
             if self.batches is not None:
                 self.batches.append([n + self.base])
             self._free([n])
+
+
+def tail_types(typ: list, users: list, n_types: int) -> list:
+    """Per type, whether it is a tail type (module docstring): the least fixed point of
+    "no unbatchable user, and every user's type is a tail type or its own" (a type's chain, like
+    sums of sums of losses, stays in the tail: settle runs it level by level, its chain length)."""
+    succ = [0] * n_types
+    blocked = [False] * n_types
+    for i, t in enumerate(typ):
+        if t < 0 or not users[i]:
+            continue
+        for u in users[i]:
+            tu = typ[u]
+            if tu < 0:
+                blocked[t] = True
+            else:
+                succ[t] |= 1 << tu
+    tail, mask = [False] * n_types, 0
+    changed = True
+    while changed:
+        changed = False
+        for t in range(n_types):
+            if not tail[t] and not blocked[t] and succ[t] & ~(mask | 1 << t) == 0:
+                tail[t], mask, changed = True, mask | (1 << t), True
+    return tail
 
 
 def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:

@@ -21,6 +21,8 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) */
+PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_node_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -8,6 +8,37 @@ the fallback when this module is not built. Every index is checked (IndexError).
 */
 #include "bookkeeping.h"
 
+/* dg_int(i): a new reference to the int i. Node ids and row numbers above 256 are not
+   CPython's cached small ints, so every pending list and every placed row used to
+   allocate one int object per node (and free it with the graph): 28,000 allocations for a
+   mini-batch of TreeLSTMs. These ints are immutable, so one object per value is shared by
+   every graph, created on first use and kept (at most DG_INT_CACHE of them). */
+#define DG_INT_CACHE (1 << 22)
+static PyObject **int_cache = NULL;
+static Py_ssize_t int_cap = 0;
+
+PyObject *dg_int(Py_ssize_t i) {
+    if (i < 0 || i >= DG_INT_CACHE)
+        return PyLong_FromSsize_t(i);
+    if (i >= int_cap) {
+        Py_ssize_t cap = int_cap ? int_cap : 4096;
+        while (cap <= i)
+            cap *= 2;
+        PyObject **grown = PyMem_Realloc(int_cache, (size_t)cap * sizeof(PyObject *));
+        if (!grown)
+            return PyLong_FromSsize_t(i);  /* no room to cache: an int of its own */
+        for (Py_ssize_t k = int_cap; k < cap; k++)
+            grown[k] = NULL;
+        int_cache = grown;
+        int_cap = cap;
+    }
+    PyObject *v = int_cache[i];
+    if (!v && !(v = int_cache[i] = PyLong_FromSsize_t(i)))
+        return NULL;
+    Py_INCREF(v);
+    return v;
+}
+
 /* Node id `v` as an index into a list of length n, or -1 with IndexError set. */
 static Py_ssize_t index_in(PyObject *v, Py_ssize_t n) {
     Py_ssize_t i = PyLong_Check(v) ? PyLong_AsSsize_t(v) : -1;
@@ -115,7 +146,7 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
             return NULL;
         }
         Py_ssize_t i = index_in(PyTuple_GET_ITEM(nodes, r), n);
-        PyObject *rv = i < 0 ? NULL : PyLong_FromSsize_t(r);
+        PyObject *rv = i < 0 ? NULL : dg_int(r);
         if (!rv) {
             Py_DECREF(nodes);
             return NULL;
@@ -318,7 +349,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
                                           "must have one entry per node");
         return NULL;
     }
-    Py_ssize_t total = 0, nj = 0;
+    Py_ssize_t total = 0, nj = 0, maxB = 1;
     for (Py_ssize_t m = 0; m < nsteps; m++) {  /* sizes first: one allocation each */
         PyObject *s = PyList_GET_ITEM(steps, m);
         if (!PyList_CheckExact(s) && !PyTuple_CheckExact(s)) {
@@ -339,6 +370,8 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         }
         total += PyTuple_GET_SIZE(a) * B;
         nj += PyTuple_GET_SIZE(a);
+        if (B > maxB)
+            maxB = B;
     }
     if (PyList_GET_SIZE(offs) != nj || PyList_GET_SIZE(reach) != nj) {
         PyErr_SetString(PyExc_ValueError, "run_table: offs and reach need one entry per step and argument");
@@ -350,9 +383,13 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     PyObject *poff = PyByteArray_FromStringAndSize(NULL, bytes);
     int *slot_of = PyMem_Malloc((size_t)(nblocks ? nblocks : 1) * sizeof(int));
     RunSlot *sl = PyMem_Calloc((size_t)(nblocks ? nblocks : 1), sizeof(RunSlot));  /* at most one per block */
+    PyObject **arow = PyMem_Malloc((size_t)maxB * sizeof(PyObject *));
     Py_ssize_t nslots = 0;
-    if (!slots || !need || !src || !pslot || !poff || !slot_of || !sl)
+    if (!slots || !need || !src || !pslot || !poff || !slot_of || !sl || !arow) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
+    }
     for (Py_ssize_t b = 0; b < nblocks; b++)
         slot_of[b] = -1;
     int64_t *o_src = (int64_t *)PyByteArray_AS_STRING(src), *o_slot = (int64_t *)PyByteArray_AS_STRING(pslot);
@@ -364,6 +401,19 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
         PyObject **ids = PySequence_Fast_ITEMS(s);
         Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(ids[0])));  /* checked above */
+        /* each node's argument tuple, checked once and read for every column (borrowed: nothing
+           below runs Python code that could change the lists) */
+        for (Py_ssize_t r = 0; r < B; r++) {
+            Py_ssize_t i = index_in(ids[r], n);
+            if (i < 0)
+                goto done;
+            PyObject *a = PyList_GET_ITEM(args, i);
+            if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
+                PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
+                goto done;
+            }
+            arow[r] = a;
+        }
         for (Py_ssize_t c = 0; c < k; c++) {
             Py_ssize_t off = PyLong_AsSsize_t(PyList_GET_ITEM(offs, j + c));
             Py_ssize_t rch = PyLong_AsSsize_t(PyList_GET_ITEM(reach, j + c));
@@ -375,15 +425,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
             }
             nd[j + c] = 0;
             for (Py_ssize_t r = 0; r < B; r++) {
-                Py_ssize_t i = index_in(ids[r], n);
-                if (i < 0)
-                    goto done;
-                PyObject *a = PyList_GET_ITEM(args, i);
-                if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
-                    PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
-                    goto done;
-                }
-                Py_ssize_t x = index_in(PyTuple_GET_ITEM(a, c), n);
+                Py_ssize_t x = index_in(PyTuple_GET_ITEM(arow[r], c), n);
                 if (x < 0)
                     goto done;
                 Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(blk, x)), rw = PyLong_AsSsize_t(PyList_GET_ITEM(row, x));
@@ -461,6 +503,7 @@ done:
         if (sl[q].held)
             PyBuffer_Release(&sl[q].view);
     PyMem_Free(sl);
+    PyMem_Free(arow);
     PyMem_Free(slot_of);
     Py_XDECREF(slots);
     Py_XDECREF(need);
@@ -506,5 +549,119 @@ PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
             return NULL;
         }
     }
+    return out;
+}
+
+/* The data address of `a`, a writable C-contiguous buffer of `format` elements holding exactly
+   as many bytes and rows as `value` (the value block it is the gradient of), or -1 with an
+   exception set. Equal length and rows mean equal row width, so the byte offsets a run
+   table computed from the value block are in range in its gradient block too. */
+static int64_t grad_address(PyObject *a, PyObject *value, const char *format, Py_ssize_t i, Py_ssize_t *len) {
+    Py_buffer g, v;
+    if (PyObject_GetBuffer(a, &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(value, &v, PyBUF_ND) < 0) {
+        PyBuffer_Release(&g);
+        return -1;
+    }
+    int ok = g.format && !strcmp(g.format, format) && g.len == v.len && g.ndim >= 1 && v.ndim >= 1
+             && g.shape[0] == v.shape[0];
+    int64_t at = (int64_t)(intptr_t)g.buf;
+    *len = g.len;
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&v);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "grad_addresses: gradient block %zd is not a '%s' array shaped like "
+                                       "its value block", i, format);
+        return -1;
+    }
+    return at;
+}
+
+/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
+   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
+   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
+   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
+   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
+   (the row of an argument whose gradient is not needed: the kernel never writes it). */
+PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if ((nargs != 3 && nargs != 5) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
+        || !PyUnicode_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "grad_addresses(grads: list, values: list, format: str"
+                                         "[, pair_slot, pair_off])");
+        return NULL;
+    }
+    const char *format = PyUnicode_AsUTF8(argv[2]);
+    if (!format)
+        return NULL;
+    if (strcmp(format, "f") && strcmp(format, "d")) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: format must be 'f' or 'd'");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
+    if (PyList_GET_SIZE(argv[1]) != n) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: one value block per gradient block");
+        return NULL;
+    }
+    int64_t *at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    Py_ssize_t *len = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    PyObject *out = NULL;
+    if (!at || !len) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* every item is read before anything is returned: a buffer export runs no Python code
+           for numpy arrays, and the list is not used again after this loop */
+        PyObject *a = PyList_GET_ITEM(argv[0], i), *v = PyList_GET_ITEM(argv[1], i);
+        at[i] = 0;
+        len[i] = 0;
+        if (a == Py_None)
+            continue;
+        Py_INCREF(a);
+        Py_INCREF(v);
+        at[i] = grad_address(a, v, format, i, &len[i]);
+        Py_DECREF(a);
+        Py_DECREF(v);
+        if (at[i] == -1)
+            goto done;
+    }
+    if (nargs == 3) {
+        out = PyByteArray_FromStringAndSize((const char *)at, n * (Py_ssize_t)sizeof(int64_t));
+        goto done;
+    }
+    Py_buffer ps, po;
+    if (PyObject_GetBuffer(argv[3], &ps, PyBUF_SIMPLE) < 0)
+        goto done;
+    if (PyObject_GetBuffer(argv[4], &po, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ps);
+        goto done;
+    }
+    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
+    } else {
+        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
+        out = PyByteArray_FromStringAndSize(NULL, ps.len);
+        if (out) {
+            const int64_t *slot = ps.buf, *off = po.buf;
+            int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+            for (Py_ssize_t p = 0; p < np_; p++) {
+                int64_t s = slot[p];
+                if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
+                    PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
+                                 p, (long long)s, (long long)off[p]);
+                    Py_CLEAR(out);
+                    break;
+                }
+                o[p] = at[s] ? at[s] + off[p] : 0;
+            }
+        }
+    }
+    PyBuffer_Release(&ps);
+    PyBuffer_Release(&po);
+done:
+    PyMem_Free(at);
+    PyMem_Free(len);
     return out;
 }

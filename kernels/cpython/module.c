@@ -13,6 +13,8 @@ static PyMethodDef functions[] = {
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "
                     "reads its arguments; see dynagraph/runs.py."),
     FAST(addresses, "addresses(arrays, format): int64 data address of each C-contiguous array (0 for None)."),
+    FAST(grad_addresses, "grad_addresses(grads, values, format[, pair_slot, pair_off]): checked gradient block "
+                         "addresses, or per-pair row addresses; see dynagraph/runs.py."),
     FAST(pending, "pending(blk, lo, hi): [i for i in range(lo, hi) if blk[i] < 0]."),
     FAST(depth_batches, "depth_batches(depth, sig, batchable, nodes): the depth scheduler's batches, or None."),
     FAST(node_arrays, "node_arrays(args, sig, depth, lo, n): (counts, flat args - lo, sig, depth) as raw buffers."),

@@ -34,7 +34,7 @@ PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
             break;
         }
         if (b < 0) {
-            PyObject *v = PyLong_FromSsize_t(i);
+            PyObject *v = dg_int(i);
             if (!v || PyList_Append(out, v) < 0)
                 Py_CLEAR(out);
             Py_XDECREF(v);
@@ -267,6 +267,29 @@ static int cmp_ssize(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Sort node ids ascending. A bucket mostly fills in recording order already (nodes become
+   ready as their arguments' batches run, in order), so one pass checks that first: qsort's
+   comparison calls were most of the agenda's time on a 28k-node mini-batch. */
+static void sort_ids(Py_ssize_t *v, Py_ssize_t m) {
+    Py_ssize_t k = 1;
+    while (k < m && v[k - 1] <= v[k])
+        k++;
+    if (k >= m)
+        return;
+    if (m <= 32) {  /* insertion sort from the first descent */
+        for (; k < m; k++) {
+            Py_ssize_t x = v[k], j = k;
+            while (j > 0 && v[j - 1] > x) {
+                v[j] = v[j - 1];
+                j--;
+            }
+            v[j] = x;
+        }
+        return;
+    }
+    qsort(v, (size_t)m, sizeof(Py_ssize_t), cmp_ssize);
+}
+
 typedef struct {  /* every array the agenda needs, freed together */
     Py_ssize_t *local_sig, *indeg, *start, *users, *fill, *bucket_len, *bucket_start, *bucket, *ready, *first;
     double *depth_sum;
@@ -439,20 +462,21 @@ PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t na
         Py_ssize_t *batch = a.bucket + a.bucket_start[s], m = a.bucket_len[s];
         a.bucket_start[s] += m;  /* the range is used up: later arrivals go after it */
         a.bucket_len[s] = 0;
-        qsort(batch, (size_t)m, sizeof(Py_ssize_t), cmp_ssize);  /* recording order */
-        PyObject *cur = NULL;
-        for (Py_ssize_t k = 0; k < m; k++) {
-            if (!cur || !a.batchable[s]) {
-                if (!(cur = PyList_New(0)) || PyList_Append(result, cur) < 0) {
-                    Py_XDECREF(cur);
-                    Py_CLEAR(result);
-                    goto done;
-                }
-                Py_DECREF(cur);  /* result holds it */
-            }
-            if (PyList_Append(cur, a.node[batch[k]]) < 0) {
+        sort_ids(batch, m);  /* recording order */
+        /* one list of m nodes, or m lists of one (not batchable), each filled at its final size */
+        Py_ssize_t per = a.batchable[s] ? m : 1;
+        for (Py_ssize_t k = 0; k < m; k += per) {
+            PyObject *cur = PyList_New(per);
+            if (!cur || PyList_Append(result, cur) < 0) {
+                Py_XDECREF(cur);
                 Py_CLEAR(result);
                 goto done;
+            }
+            Py_DECREF(cur);  /* result holds it */
+            for (Py_ssize_t q = 0; q < per; q++) {
+                PyObject *v = a.node[batch[k + q]];
+                Py_INCREF(v);
+                PyList_SET_ITEM(cur, q, v);
             }
         }
         nready = 0;

@@ -19,6 +19,12 @@ static int cmp_ssize_tw(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Whether type t has ready nodes the decision may see: a tail type's are held while other
+   batchable nodes are pending (Simulation.held). */
+static inline int shown(const TW *s, Py_ssize_t t) {
+    return s->blen[t] > 0 && !(s->nontail > 0 && s->tail && s->tail[t]);
+}
+
 /* Append [node ids of local nodes ns[0..m)] to the schedule. */
 static int emit(TW *s, const Py_ssize_t *ns, Py_ssize_t m) {
     PyObject *b = PyList_New(m);
@@ -78,6 +84,8 @@ static int tw_step(TW *s, Py_ssize_t t, int typewise) {
                     s->fcount[t]++;
     }
     s->steps++;
+    if (s->tail && !s->tail[t])
+        s->nontail -= m;
     if (emit(s, batch, m) < 0)
         return -1;
     return tw_release(s, batch, m);
@@ -88,7 +96,7 @@ static int tw_settle(TW *s, Py_ssize_t *full) {
     for (;;) {
         Py_ssize_t k = 0;
         for (Py_ssize_t t = 0; t < s->T; t++)
-            if (s->blen[t] > 0 && s->blen[t] == s->fcount[t])
+            if (shown(s, t) && s->blen[t] == s->fcount[t])
                 full[k++] = t;
         if (k == 0)
             return 0;
@@ -121,7 +129,7 @@ static Py_ssize_t choose_typewise(TW *s) {
 static Py_ssize_t most_common_c(TW *s) {
     Py_ssize_t best = -1;
     for (Py_ssize_t t = 0; t < s->T; t++)
-        if (s->blen[t] > 0 && (best < 0 || s->blen[t] > s->blen[best]))
+        if (shown(s, t) && (best < 0 || s->blen[t] > s->blen[best]))
             best = t;
     return best;
 }
@@ -141,7 +149,7 @@ static int item_cmp(const void *a, const void *b) {  /* (-len, v) ascending */
 static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item *items) {
     Py_ssize_t k = 0;
     for (Py_ssize_t t = 0; t < s->T; t++) {
-        if (s->blen[t] == 0)
+        if (!shown(s, t))
             continue;
         if (vmap[t] < 0)
             Py_RETURN_NONE;
@@ -207,26 +215,27 @@ static Py_ssize_t fsm_lookup(TW *s, PyObject *table, const Py_ssize_t *vmap, con
         }
     }
     Py_DECREF(state);
-    return (t >= 0 && s->blen[t] > 0) ? t : -1;
+    return (t >= 0 && shown(s, t)) ? t : -1;
 }
 
 /* The FSM's side of a call: its table and the per-type vocabulary ids (vmap) and back (inv). */
 typedef struct {
     PyObject *table, *vocab;  /* borrowed; vocab: vocabulary id per signature id */
     Py_ssize_t V, *vmap, *inv, *full;
-    int on, encoding, settle;
+    int on, encoding, settle, hold_tail;
     Item *items;
 } Fsm;
 
-/* Unpack the policy argument: None (typewise) or (table, vocab_by_sig, n_vocab, encoding, settle). */
+/* Unpack the policy argument: None (typewise) or (table, vocab_by_sig, n_vocab, encoding, settle[, hold_tail]). */
 static int parse_policy(PyObject *policy, Fsm *f) {
     f->on = policy != Py_None;
     f->settle = 1;
+    f->hold_tail = 0;
     if (!f->on)
         return 0;
     long e = 0;
-    if (!PyArg_ParseTuple(policy, "O!O!nlp", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
-                          &f->settle))
+    if (!PyArg_ParseTuple(policy, "O!O!nlp|p", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
+                          &f->settle, &f->hold_tail))
         return -1;
     if (e < 0 || e > 2 || f->V < 0) {
         PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1 or 2");
@@ -240,14 +249,14 @@ static int parse_policy(PyObject *policy, Fsm *f) {
 static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                     Py_ssize_t lo, Py_ssize_t *sig_type) {
     Py_ssize_t n = s->n;
-    s->typ = tw_alloc(n);
-    s->indeg = tw_alloc(n);
-    s->ustart = tw_alloc(n + 1);
-    s->argstart = tw_alloc(n + 1);
-    s->pending = PyMem_Calloc((size_t)n + 1, 1);
-    s->node = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
-    s->lone = tw_alloc(n);
-    s->bucket = tw_alloc(n);
+    s->typ = tw_alloc(s, n);
+    s->indeg = tw_alloc(s, n);
+    s->ustart = tw_alloc(s, n + 1);
+    s->argstart = tw_alloc(s, n + 1);
+    s->pending = tw_zalloc(s, (size_t)n + 1);
+    s->node = tw_zalloc(s, ((size_t)n + 1) * sizeof(PyObject *));
+    s->lone = tw_alloc_raw(s, n);
+    s->bucket = tw_alloc_raw(s, n);
     if (!s->typ || !s->indeg || !s->ustart || !s->argstart || !s->pending || !s->node || !s->lone || !s->bucket) {
         PyErr_NoMemory();
         return -1;
@@ -259,17 +268,64 @@ static int tw_setup(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, P
     return tw_columns(s, args, sig, batchable, ids, B, lo, sig_type);
 }
 
+/* typewise.tail_types: tail[t] is the least fixed point of "no unbatchable user and every user's
+   type a tail type or t" over the type graph (bit rows of W words); then the non-tail count. */
+static int tail_types(TW *s) {
+    Py_ssize_t T = s->T, W = (T + 63) / 64;
+    uint64_t *succ = tw_zalloc(s, ((size_t)(T * W) + 1) * sizeof(uint64_t));
+    uint64_t *mask = tw_zalloc(s, ((size_t)W + 1) * sizeof(uint64_t));
+    char *blocked = tw_zalloc(s, (size_t)T + 1);
+    s->tail = tw_zalloc(s, (size_t)T + 1);
+    if (!succ || !mask || !blocked || !s->tail) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < s->n; v++) {
+        Py_ssize_t t = s->typ[v];
+        if (t < 0)
+            continue;
+        for (Py_ssize_t e = s->ustart[v]; e < s->ustart[v + 1]; e++) {
+            Py_ssize_t tu = s->typ[s->users[e]];
+            if (tu < 0)
+                blocked[t] = 1;
+            else
+                succ[t * W + (tu >> 6)] |= (uint64_t)1 << (tu & 63);
+        }
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (Py_ssize_t t = 0; t < T; t++) {
+            if (s->tail[t] || blocked[t])
+                continue;
+            int sub = 1;
+            for (Py_ssize_t w = 0; w < W && sub; w++) {
+                uint64_t own = w == (t >> 6) ? (uint64_t)1 << (t & 63) : 0;  /* a type's own chain */
+                sub = (succ[t * W + w] & ~(mask[w] | own)) == 0;
+            }
+            if (sub) {
+                s->tail[t] = 1;
+                mask[t >> 6] |= (uint64_t)1 << (t & 63);
+                changed = 1;
+            }
+        }
+    }
+    for (Py_ssize_t v = 0; v < s->n; v++)
+        if (s->typ[v] >= 0 && !s->tail[s->typ[v]])
+            s->nontail++;
+    return 0;
+}
+
 /* Per-type arrays: bucket ranges, F_a counts, the FSM's vocabulary maps; G_a when needed. */
 static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     Py_ssize_t n = s->n, T = s->T;
     s->W = (T + 63) / 64;
-    f->vmap = tw_alloc(T);
-    f->inv = tw_alloc(f->V);
-    f->full = tw_alloc(T);
-    f->items = PyMem_Calloc((size_t)T + 1, sizeof(Item));
-    s->bstart = tw_alloc(T);
-    s->blen = tw_alloc(T);
-    s->fcount = tw_alloc(T);
+    f->vmap = tw_alloc(s, T);
+    f->inv = tw_alloc(s, f->V);
+    f->full = tw_alloc(s, T);
+    f->items = tw_zalloc(s, ((size_t)T + 1) * sizeof(Item));
+    s->bstart = tw_alloc(s, T);
+    s->blen = tw_alloc(s, T);
+    s->fcount = tw_alloc(s, T);
     if (!f->vmap || !f->inv || !f->full || !f->items || !s->bstart || !s->blen || !s->fcount) {
         PyErr_NoMemory();
         return -1;
@@ -291,6 +347,8 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
             }
         }
     }
+    if (f->hold_tail && tail_types(s) < 0)
+        return -1;
     /* each node joins its type's bucket once: give every type its own range */
     for (Py_ssize_t v = 0; v < n; v++)
         if (s->typ[v] >= 0)
@@ -299,14 +357,14 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
         s->bstart[t + 1] += s->bstart[t];
     if (!typewise)
         return 0;
-    s->below = PyMem_Calloc((size_t)(n * s->W) + 1, sizeof(uint64_t));
-    s->near_off = tw_alloc(n);
-    s->near_len = tw_alloc(n);
-    s->pset_off = tw_alloc(n);
-    s->pset_len = tw_alloc(n);
-    s->stamp = tw_alloc(n);
-    s->gpar = tw_alloc(n);
-    s->gstart = tw_alloc(n + 1);
+    s->below = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
+    s->near_off = tw_alloc_raw(s, n);  /* read only where near_tag says written */
+    s->near_len = tw_alloc_raw(s, n);
+    s->pset_off = tw_alloc(s, n);
+    s->pset_len = tw_alloc(s, n);
+    s->stamp = tw_alloc(s, n);
+    s->gpar = tw_alloc(s, n);
+    s->gstart = tw_alloc(s, n + 1);
     if (!s->below || !s->near_off || !s->near_len || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
         !s->gstart) {
         PyErr_NoMemory();
@@ -386,6 +444,7 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
         return NULL;
     }
     TW s = {0};
+    tw_begin(&s);
     s.n = hi + 1 - lo;
     s.S = PyList_GET_SIZE(batchable);
     Py_ssize_t hits = 0, misses = 0;
@@ -396,7 +455,16 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
         PyErr_NoMemory();
     else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&
              (rc = tw_types(&s, &f, sig_type, typewise)) == 0) {
+        /* the schedule is thousands of small lists of ints (no cycles): collecting while they are
+           built only costs time */
+#if PY_VERSION_HEX >= 0x030A0000
+        int gc_was_on = PyGC_Disable();
+#endif
         rc = (s.result = PyList_New(0)) ? tw_run(&s, &f, typewise, &hits, &misses) : -1;
+#if PY_VERSION_HEX >= 0x030A0000
+        if (gc_was_on)
+            PyGC_Enable();
+#endif
     }
     if (rc > 0) {
         out = Py_None;
@@ -406,10 +474,6 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     }
     Py_XDECREF(s.result);
     PyMem_Free(sig_type);
-    PyMem_Free(f.vmap);
-    PyMem_Free(f.inv);
-    PyMem_Free(f.full);
-    PyMem_Free(f.items);
     tw_free_all(&s);
     return out;
 }

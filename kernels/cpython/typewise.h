@@ -7,7 +7,8 @@ See typewise.c for what these schedulers do and how the compiled path equals its
 
 #include <stdint.h>
 
-/* One scheduling call's arrays (local node ids v = id - lo), freed together by tw_free_all. */
+/* One scheduling call's arrays (local node ids v = id - lo), from tw_begin's arena or the heap, freed
+   together by tw_free_all. */
 typedef struct {
     Py_ssize_t n, T, S;
     /* graph */
@@ -22,10 +23,21 @@ typedef struct {
     Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp;
     uint64_t *below;
     Py_ssize_t W, depth, steps, unbatchable;
+    /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */
+    char *tail;
+    Py_ssize_t nontail;
     PyObject *result;
+    /* memory: the shared arena (arena = 1, bytes used) and heap blocks owned by this call */
+    int arena;
+    size_t used;
+    void **owned;
+    Py_ssize_t n_owned, cap_owned;
 } TW;
 
-Py_ssize_t *tw_alloc(Py_ssize_t n);
+void tw_begin(TW *s);
+void *tw_zalloc(TW *s, size_t bytes);
+Py_ssize_t *tw_alloc(TW *s, Py_ssize_t n);
+Py_ssize_t *tw_alloc_raw(TW *s, Py_ssize_t n);
 void tw_free_all(TW *s);
 int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                Py_ssize_t lo, Py_ssize_t *sig_type);

@@ -158,6 +158,11 @@ def fuzz_bookkeeping(draw):
         lambda: bk.addresses(list(blocks) + [None], draw(st.sampled_from(["f", "d", "x"]))),
         lambda: bk.run_table(blk, row, args, flags, [step], blocks, [0] * 4, [draw(st.integers(-1, 3))] * 4,
                              draw(st.sampled_from(["f", "d", "q"]))),
+        lambda: bk.grad_addresses([draw(st.sampled_from(list(blocks) + [None])) for _ in blocks], list(blocks),
+                                  draw(st.sampled_from(["f", "d", "x"])),
+                                  *([np.array([draw(st.integers(-2, 4)) for _ in range(3)], np.int64).tobytes(),
+                                     np.array([draw(st.integers(-8, 64)) for _ in range(3)], np.int64).tobytes()]
+                                    if draw(st.booleans()) else [])),
     ]
     try:
         draw(st.sampled_from(calls))()

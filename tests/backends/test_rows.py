@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dynagraph.backends.numpy_backend import NumpyBackend
 
@@ -216,3 +218,28 @@ def test_strided_index_arrays_are_made_contiguous():
     blocks = [np.arange(12.0).reshape(6, 2), np.arange(12.0, 24.0).reshape(6, 2)]
     b, r = np.array([0, 9, 1, 9, 0, 9]), np.array([5, 99, 0, 99, 2, 99])
     np.testing.assert_array_equal(cpu.gather_rows(blocks, b[::2], r[::2]), [blocks[0][5], blocks[1][0], blocks[0][2]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(-1, 4), st.integers(-1, 7)), min_size=1, max_size=70),
+       odd_tail=st.booleans())
+def test_small_row_index_equals_the_vectorised_one(pairs, odd_tail):
+    """row_index's Python path for a few rows (tuples of ints, as the executor passes them)
+    builds the same checked index, and rejects the same inputs, as the vectorised path."""
+    from dynagraph.backends.cpu import rows as cpu_rows
+    shapes = [(6, 5), (3, 5), (7, 5), (1, 4) if odd_tail else (2, 5)]
+    blks, rws = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+    def build(b, r):
+        try:
+            return cpu_rows.row_index(lambda i: shapes[i], len(shapes), b, r, "gather_rows", ints=True)
+        except (IndexError, ValueError) as e:
+            return type(e)
+    small, vectorised = build(blks, rws), build(list(blks), list(rws))
+    if len(pairs) > cpu_rows._SMALL or isinstance(vectorised, type):
+        assert small == vectorised
+        return
+    assert small.ids == vectorised.ids and small.shapes == vectorised.shapes
+    np.testing.assert_array_equal(small.local, vectorised.local)
+    np.testing.assert_array_equal(small.rows, vectorised.rows)
+    assert not small.rows.flags.writeable and not small.local.flags.writeable

@@ -50,14 +50,16 @@ def same_decisions(cg, sched) -> list:
 
 
 def policies(cg, seed: int) -> list:
-    """Policies with decisions to make: trained per encoding, unsettled, and one missing a type."""
-    out = [FSMScheduler(Policy("base", [], {}))]
+    """Policies with decisions to make: trained per encoding (holding the tail), unsettled and not
+    holding it, and one missing a type."""
+    out = [FSMScheduler(Policy("base", [], {})), FSMScheduler(Policy("base", [], {}, hold_tail=True))]
     for enc in ("base", "max", "sort"):
         out.append(FSMScheduler(fsm.train(cg, encoding=enc, episodes=8, eval_every=4, seed=seed,
                                           progress=False)))
-    unsettled = fsm.train(cg, encoding="sort", episodes=8, eval_every=4, seed=seed, settle=False, progress=False)
+    unsettled = fsm.train(cg, encoding="sort", episodes=8, eval_every=4, seed=seed, settle=False, progress=False,
+                          hold_tail=False)
     out.append(FSMScheduler(unsettled))
-    pol = out[1].policy
+    pol = out[2].policy
     if pol.types:  # the first type unknown: states holding it cannot be seen
         out.append(FSMScheduler(Policy(pol.encoding, ["?"] + pol.types[1:], pol.table, settle=True)))
     return out
@@ -81,8 +83,8 @@ def test_random_graphs_compiled_equals_python(spec, seed):
 def test_workloads_compiled_equals_python(name):
     w = WORKLOADS[name](hidden=2, seed=0)
     train_cg = w.graph(w.instances(4, seed=1))
-    pols = [fsm.train(train_cg, encoding=enc, episodes=20, eval_every=10, seed=0, progress=False)
-            for enc in ("base", "max", "sort")]
+    pols = [fsm.train(train_cg, encoding=enc, episodes=20, eval_every=10, seed=0, progress=False,
+                      hold_tail=enc != "max") for enc in ("base", "max", "sort")]
     cg = w.graph(w.instances(6, seed=2))  # another graph of the model: unseen states use the fallback
     same_decisions(cg, TypewiseBatching())
     for pol in pols:

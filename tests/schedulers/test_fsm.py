@@ -227,8 +227,101 @@ def test_train_prints_the_expected_step_against_agenda(capsys):
     est = pol.meta["expected_step"]
     cg = w.graph(xs)
     nodes = pending(cg)
-    assert est["fsm"]["batches"] == len(FSMScheduler(pol).schedule(cg, nodes))
+    assert est["fsm"]["batches"] == len(FSMScheduler(pol).schedule_policy(cg, nodes))
+    assert pol.defer_to == fsm.faster_baseline(est)  # measured, and said in the printed line
+    assert ("does not pay here" in out) == (pol.defer_to is not None)
     assert est["agenda"]["batches"] == len(sbase.get("agenda").schedule(cg, nodes))
     assert est["fsm"]["step_ms"] > 0 and est["agenda"]["step_ms"] > 0
     recorded = fsm.expected_step(w.graph(xs), pol)  # a recorded graph: nothing runs, scheduling only
     assert "step_ms" not in recorded["fsm"] and recorded["fsm"]["batches"] == est["fsm"]["batches"]
+
+
+# ------------------------------------------------------------------ deferring
+def test_faster_baseline_is_the_measured_rule():
+    def est(fsm_ms, agenda_ms, depth_ms):
+        return {"fsm": {"step_ms": fsm_ms}, "agenda": {"step_ms": agenda_ms}, "depth": {"step_ms": depth_ms}}
+    assert fsm.faster_baseline(est(10.0, 12.0, 15.0)) is None
+    assert fsm.faster_baseline(est(10.0, 9.0, 15.0)) == "agenda"
+    assert fsm.faster_baseline(est(10.0, 9.0, 8.0)) == "depth"
+    assert fsm.faster_baseline({"fsm": {"sched_ms": 1.0}, "agenda": {"sched_ms": 0.5},
+                                "depth": {"sched_ms": 0.4}}) is None  # steps not timed: no decision
+
+
+def test_a_deferring_policy_schedules_like_its_baseline(trained, tmp_path):
+    _, cg = two_type_graph(4, seed=2)
+    nodes = pending(cg)
+    pol = fsm.Policy(trained.encoding, trained.types, trained.table, trained.q, trained.meta, trained.settle,
+                     hold_tail=trained.hold_tail, defer_to="depth")
+    sched = fsm.Scheduler(pol)
+    assert sched.schedule(cg, nodes) == sbase.get("depth").schedule(cg, nodes)
+    assert sched.deferred == 1 and sched.hits + sched.misses == 0
+    assert sched.schedule_policy(cg, nodes) == fsm.Scheduler(trained).schedule(cg, nodes)
+    path = str(tmp_path / "p.json")
+    pol.save(path)
+    assert fsm.load(path).defer_to == "depth" and "defers to depth" in repr(fsm.load(path))
+    pol.defer_to = None  # the policy runs again
+    assert sched.schedule(cg, nodes) == fsm.Scheduler(trained).schedule(cg, nodes)
+    with pytest.raises(ValueError, match="defers to"):
+        fsm.Policy("base", [], {}, defer_to="fsm:other.json")
+    bad = fsm.Scheduler(fsm.Policy("base", [], {}, defer_to="nonesuch"))
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        bad.schedule(cg, nodes)
+
+
+def test_a_deferring_policy_keeps_values_and_gradients(trained):
+    def build(pc):
+        w = WORKLOADS["treelstm2type"](hidden=2, seed=None, pc=pc)
+        return [w.loss(x) for x in w.instances(3, seed=7)]
+    pol = fsm.Policy(trained.encoding, trained.types, trained.table, trained.q, trained.meta, trained.settle,
+                     hold_tail=trained.hold_tail, defer_to="agenda")
+    compare_with_none(fsm.Scheduler(pol), build)
+
+
+def test_train_without_a_recorder_or_with_defer_off_never_defers():
+    w = WORKLOADS["latticegru"](hidden=2, seed=0)
+    xs = w.instances(3, seed=1)
+    assert fsm.train(w.graph(xs), episodes=4, eval_every=2, progress=False).defer_to is None
+    pol = fsm.train(lambda: w.graph(xs), episodes=4, eval_every=2, progress=False, defer=False)
+    assert pol.defer_to is None and "expected_step" not in pol.meta
+
+
+# ------------------------------------------------------------------ holding the tail
+@pytest.mark.parametrize("name", ["latticegru", "treelstm2type", "encdec"])
+def test_holding_the_tail_runs_each_tail_type_once(name):
+    w = WORKLOADS[name](hidden=2, seed=0)
+    cg = w.graph(w.instances(5, seed=2))
+    nodes = pending(cg)
+    sim = Simulation(cg, nodes, typewise=True, hold_tail=True)
+    tail = {sim.type_sig[t] for t in range(sim.n_types) if sim.tail[t]}
+    assert tail, "a model with a loss layer has tail types"
+    assert not all(sim.tail), "the recurrent cell's types are not tail types"
+    names = {cg.op[n].name for n in nodes if cg.op[n].batchable and cg.sig[n] in tail}
+    assert "pickneglogsoftmax" in names or "squared_distance" in names or "esum" in names
+    for pol in (Policy("base", [], {}, hold_tail=True), fsm.train(cg, episodes=6, eval_every=3, progress=False)):
+        batches = FSMScheduler(pol).schedule(cg, nodes)
+        sbase.validate(cg, nodes, batches, "fsm")
+        per_sig = {}
+        for b in batches:
+            per_sig[cg.sig[b[0]]] = per_sig.get(cg.sig[b[0]], 0) + 1
+        # a tail type takes as many batches as its longest chain: its share of the lower bound
+        assert all(per_sig[s] == _longest_chain(cg, nodes, s) for s in tail)
+        first_tail = min(k for k, b in enumerate(batches) if cg.sig[b[0]] in tail)
+        assert all(cg.sig[b[0]] in tail or not cg.op[b[0]].batchable for b in batches[first_tail:])
+
+
+def test_tail_types_rule():
+    from dynagraph.schedulers.typewise import tail_types
+    # 0 -> 1 -> 2 (a chain of types), 3 -> 3 (a type's own chain), 4 -> unbatchable
+    typ = [0, 1, 2, 3, 3, 4, -1]
+    users = [[1], [2], None, [4], None, [6], None]
+    assert tail_types(typ, users, 5) == [True, True, True, True, False]
+    assert tail_types([0, 1, 0], [[1], [2], None], 2) == [False, False]  # a cycle of types
+
+
+def _longest_chain(cg, nodes, sig) -> int:
+    """The most signature-`sig` nodes on one path (that signature's share of lower_bound)."""
+    depth: dict = {}
+    for n in nodes:
+        d = max((depth.get(a, 0) for a in cg.args[n]), default=0)
+        depth[n] = d + (cg.sig[n] == sig and cg.op[n].batchable)
+    return max(depth.values())

@@ -1,0 +1,74 @@
+"""Schedules kept by graph structure and replayed for an equal one (the small-graph path).
+
+A per-sentence program records a graph of the same structure for every sentence of one
+length (a served model, one for every repeated input shape). Scheduling such a graph
+costs the agenda scheduler a fixed amount per node every time: 0.13-0.4 ms CPU for a
+1,700-node BiRNN tagger graph, 5-8% of its forward. A schedule is a function of what
+the scheduler reads: the pending nodes, their argument lists, depths and signature ids,
+and the graph's signature keys (each signature's op, attributes and argument shapes or
+shared parameters). When all of those equal the ones a schedule was computed for, the
+same schedule is valid and is replayed.
+
+Only the built-in deterministic schedulers are cached ("agenda", "depth"): the FSM's
+policy can change while it trains, and a scheduler object can read anything. Graphs
+larger than `max_nodes` are not cached: a mini-batch's structure rarely repeats, and
+keying 40,000 nodes would cost more than the rare hit saves. The first-level key is
+the signature ids (a tuple of ints, cheap to hash); the full comparison runs on a key
+match, so a graph that differs in any op, attribute, shape or wiring is a miss.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+CACHED = frozenset({"agenda", "depth"})
+
+
+class ScheduleCache:
+    def __init__(self, capacity: int = 128, max_nodes: int = 4096):
+        self.capacity, self.max_nodes = capacity, max_nodes
+        self.entries: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def _key(self, cg, pending: list):
+        if not pending or type(cg.scheduler) is not str or cg.scheduler not in CACHED:
+            return None
+        lo, hi = pending[0], pending[-1] + 1
+        if hi - lo > self.max_nodes:
+            return None
+        return cg.scheduler, lo, hi, len(pending), tuple(cg.sig[lo:hi])
+
+    def get(self, cg, pending: list) -> list | None:
+        """The schedule computed for a graph whose pending nodes are structurally equal, or None."""
+        key = self._key(cg, pending)
+        if key is None:
+            return None
+        hit = self.entries.get(key)
+        if hit is not None:
+            lo, hi = key[1], key[2]
+            was_pending, args, depth, signatures, batches = hit
+            if pending == was_pending and cg.args[lo:hi] == args and cg.depth[lo:hi] == depth \
+                    and cg.signatures == signatures:
+                self.entries.move_to_end(key)
+                self.hits += 1
+                return batches
+        self.misses += 1
+        return None
+
+    def put(self, cg, pending: list, batches: list) -> None:
+        key = self._key(cg, pending)
+        if key is None:
+            return
+        lo, hi = key[1], key[2]
+        # Every graph that replays the schedule shares its node lists: the executor, autodiff
+        # and the stats only read them (nothing in the package mutates a scheduled batch).
+        self.entries[key] = (list(pending), cg.args[lo:hi], cg.depth[lo:hi], list(cg.signatures), batches)
+        self.entries.move_to_end(key)
+        if len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.hits = self.misses = 0
+
+
+SCHEDULES = ScheduleCache()
