@@ -43,6 +43,14 @@ def bookkeeping_extension() -> Extension:
                      include_dirs=["kernels/cpython"], extra_compile_args=flags)
 
 
+def coarsen_extension() -> Extension:
+    """dynagraph._coarsen: automatic coarsening's per-node pass in C (optional: its twin is
+    dynagraph/coarsen/detect.py's instances_py)."""
+    strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
+    flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
+    return Extension("dynagraph._coarsen", ["kernels/cpython/coarsen.c"], extra_compile_args=flags)
+
+
 setup(
     name="dynagraph",
     version="0.1.0",
@@ -58,7 +66,7 @@ setup(
         "mpi": ["mpi4py>=3.1"],
         "dev": ["pytest>=7", "hypothesis>=6", "ruff"],
     },
-    ext_modules=[bookkeeping_extension()],
+    ext_modules=[bookkeeping_extension(), coarsen_extension()],
     cffi_modules=["dynagraph/backends/_cffi_build.py:ffibuilder"],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -186,12 +186,16 @@ class SwapWorker(bench_run.Worker):
             env["DYNAGRAPH_DATA"] = os.path.abspath(self.data)
         if self.baseline:
             env["IMPORT_SWAP_DYNAGRAPH"] = os.path.abspath(self.baseline)
+            env.update(BASELINE_ENV)
         self._log = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", "bench.import_swap", "--worker", "--system",
                "dynet" if self.system == "dynet" else "dynagraph",
                "--variant", self.variant, "--worker-threads", str(self.threads)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1)
+
+
+BASELINE_ENV: dict = {}  # --baseline-env: set in the baseline worker only
 
 
 def configs(args) -> list[dict]:
@@ -324,6 +328,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "../shared/data); synthetic data where absent")
     ap.add_argument("--baseline", default=None, help="folder holding another dynagraph package (e.g. an older "
                     "commit's, via git archive): run it too, as 'dynagraph@baseline'")
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="environment of the baseline worker only, e.g. --baseline . --baseline-env "
+                    "DYNAGRAPH_COARSEN=0 with DYNAGRAPH_COARSEN=1 set: one setting against another")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -347,6 +354,9 @@ def main(argv=None) -> list[dict]:
     if args.worker:
         worker_main(args)
         return []
+    for kv in args.baseline_env:
+        var, _, value = kv.partition("=")
+        BASELINE_ENV[var] = value
     rows = []
     for threads in args.threads:
         rows += measure(args, threads)

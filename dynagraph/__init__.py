@@ -16,6 +16,7 @@ from . import engine  # noqa: F401  (installs evaluation into the graph layer)
 from .backends import get_backend  # noqa: F401
 from . import schedulers  # noqa: F401
 from .subgraph import Block, block  # noqa: F401
+from . import coarsen as _coarsen  # noqa: F401  (installs automatic coarsening into the engine)
 from . import cavs  # noqa: F401  (dy.cavs: Cavs vertex functions)
 from . import fsm  # noqa: F401  (dy.fsm: ED-Batch's learned batching policy)
 from . import viz  # noqa: F401  (dy.viz: pictures of the recorded graph and its schedule)

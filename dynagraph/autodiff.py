@@ -166,6 +166,9 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     leaf_sums: dict = {}  # parameter block -> [its dense gradient per batch], summed at the end
     for record in reversed(cg.executed):
         if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
+            if hasattr(record, "grad"):  # a coarsened group (dynagraph/coarsen) replays itself
+                record.grad(cg, be, gb, full, grad_block)
+                continue
             backward_run(cg, be, gb, record, full, grad_block)
             continue
         nodes, xs, bid, plans, cols, ctx = record

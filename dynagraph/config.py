@@ -31,6 +31,8 @@ class Config:
     threads: int | None = None  # BLAS threads; None leaves numpy's default alone
     # Consecutive elementwise batches run as one C call on the cpu backend (dynagraph/runs.py).
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
+    # Repeated subgraphs of op-level code run as compiled blocks (dynagraph/coarsen).
+    coarsen: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_COARSEN", "0") in ("1", "true", "yes"))
     # Replay the schedule of a small graph structured like one scheduled before (schedule_cache.py).
     schedule_cache: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULE_CACHE", "1")
                                  not in ("0", "false", "no"))
@@ -47,7 +49,7 @@ config = Config()
 def set(random_seed: int | None = None, dtype: str | None = None, backend: str | None = None,
         scheduler: str | None = None, autobatch: int | None = None, debug: int | None = None,
         threads: int | None = None, block_plan: str | None = "", fuse: bool | None = None,
-        **dynet_keys) -> None:
+        coarsen: bool | None = None, **dynet_keys) -> None:
     """Change global settings. Affects graphs and parameters created afterwards."""
     unknown = [k for k in dynet_keys if k not in _DYNET_IGNORED]
     if unknown:
@@ -72,6 +74,8 @@ def set(random_seed: int | None = None, dtype: str | None = None, backend: str |
         set_threads(threads)
     if fuse is not None:
         config.fuse = bool(fuse)
+    if coarsen is not None:
+        config.coarsen = bool(coarsen)
     if block_plan != "":
         if _plan_env(block_plan) not in (None, "naive", "planned"):
             raise ValueError(f"block_plan must be 'planned', 'naive' or None, got {block_plan!r}")
@@ -100,7 +104,7 @@ def get() -> dict:
     from .recording import COMPILED  # no import cycle: recording imports nothing of ours
     return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
             "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads,
-            "block_plan": config.block_plan, "fuse": config.fuse,
+            "block_plan": config.block_plan, "fuse": config.fuse, "coarsen": config.coarsen,
             # recording and per-node bookkeeping: "compiled" (dynagraph._bookkeeping) or "python"
             "bookkeeping": "compiled" if COMPILED else "python"}
 

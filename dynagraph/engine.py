@@ -12,6 +12,15 @@ from .backends import get_backend
 from .config import config
 from .recording import NATIVE
 from .schedule_cache import SCHEDULES
+from .stats import ACTIVE
+
+_coarsener = None  # set by dynagraph.coarsen: (cg, pending) -> a coarsened chunk or None
+
+
+def set_coarsener(fn) -> None:
+    global _coarsener
+    _coarsener = fn
+
 
 _ZERO = 0  # _ZERO.__gt__(b) is `0 > b`: the node has no value block yet
 
@@ -26,6 +35,13 @@ _pending = NATIVE.pending if NATIVE is not None else _pending_py
 
 class Engine:
     def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
+        token = ACTIVE.set(cg.stats)  # dy.block plans report their inner copies here
+        try:
+            self._forward(cg, upto, defer, targets)
+        finally:
+            ACTIVE.reset(token)
+
+    def _forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
         """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
         their pending users out unless `targets` need them (`done` stops at the first left)."""
         t0 = time.perf_counter()
@@ -35,6 +51,13 @@ class Engine:
         left = []
         if defer:
             pending, left = _split_deferred(cg, pending, defer, targets)
+        coarse = _coarsener(cg, pending) if _coarsener is not None and config.coarsen else None
+        if coarse is not None:
+            batches = coarse.schedule()
+            stats.t_schedule += time.perf_counter() - t0
+            coarse.execute(get_backend(), batches)
+            self._done(cg, stats, upto, left)
+            return
         # the small-graph path: a graph structured like one scheduled before replays its schedule
         cache = SCHEDULES if config.schedule_cache and not left and not config.debug else None
         batches = cache.get(cg, pending) if cache is not None else None
@@ -47,6 +70,10 @@ class Engine:
                 cache.put(cg, pending, batches)
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, get_backend(), batches)
+        self._done(cg, stats, upto, left)
+
+    @staticmethod
+    def _done(cg, stats, upto: int, left: list) -> None:
         cg.done = left[0] if left else upto + 1
         if stats.lower_bound_fn is None:
             stats.lower_bound_fn = _Bound(cg)
@@ -54,7 +81,11 @@ class Engine:
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:
-        autodiff.backward(cg, get_backend(), nid, full)
+        token = ACTIVE.set(cg.stats)
+        try:
+            autodiff.backward(cg, get_backend(), nid, full)
+        finally:
+            ACTIVE.reset(token)
         cg._t_last = time.perf_counter()
 
 

@@ -1,6 +1,7 @@
 """Batching statistics, collected on every evaluation (cheap counters only)."""
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
@@ -24,6 +25,11 @@ class Stats:
     t_backward: float = 0.0      # backward kernels
     policy_hits: int = 0         # FSM scheduler: decisions found in the policy table
     policy_misses: int = 0       # FSM scheduler: decisions made by the fallback rule
+    coarse_groups: int = 0       # coarsened groups run (dynagraph/coarsen): one plan call each
+    coarse_nodes: int = 0        # recorded nodes those groups computed
+    block_copies: int = 0        # copies inside dy.block plans and coarsened groups (forward + backward)
+    block_copy_bytes: int = 0
+    t_coarsen: float = 0.0       # finding repeated patterns (part of scheduling)
     batch_log: list = field(default_factory=list, repr=False)  # (op name, size) per batch
     # Set by the engine: computing the bound is O(nodes x signatures), so only on demand.
     lower_bound_fn: Callable[[], int] | None = field(default=None, repr=False, compare=False)
@@ -39,8 +45,14 @@ class Stats:
         return d
 
     def describe_batches(self, limit: int = 200) -> str:
-        """DyNet-style debug listing: one line per executed batch, op and size."""
+        """DyNet-style debug listing: one line per executed batch, op and size. A coarsened
+        group shows as coarse[its ops]/members x instances."""
         lines = [f"{len(self.batch_log)} batches for {self.nodes} nodes:"]
+        if self.coarse_groups:
+            lines.append(f"  coarsened: {self.coarse_nodes} nodes in {self.coarse_groups} groups")
+        if self.coarse_groups or self.block_copies:
+            lines.append(f"  copies inside blocks and coarsened groups: {self.block_copies} "
+                         f"({self.block_copy_bytes} B), forward and backward")
         for k, (name, size) in enumerate(self.batch_log[:limit]):
             lines.append(f"  batch {k:4d}: {name:<18} x {size}")
         if len(self.batch_log) > limit:
@@ -65,6 +77,19 @@ class Stats:
         pct = (lambda x: f"{100 * x / t:.0f}%") if t > 0 else (lambda x: "-")
         return (f"nodes={self.nodes} batches={self.batches} lower_bound={self.lower_bound} "
                 f"kernels={self.kernel_calls} gathers={self.gathers} ({self.gather_bytes} B) "
-                f"scatters={self.scatters} ({self.scatter_bytes} B) | time: record {pct(self.t_record)} "
+                f"scatters={self.scatters} ({self.scatter_bytes} B) block_copies={self.block_copies} "
+                f"({self.block_copy_bytes} B) coarse_groups={self.coarse_groups} | time: record {pct(self.t_record)} "
                 f"schedule {pct(self.t_schedule)} execute {pct(self.t_execute)} memory {pct(self.t_memory)} "
                 f"backward {pct(self.t_backward)}")
+
+
+# The statistics of the graph being evaluated (set by the engine around forward and backward):
+# where code that runs inside one batch (a dy.block plan) reports what it did.
+ACTIVE: ContextVar["Stats | None"] = ContextVar("dynagraph_active_stats", default=None)
+
+
+def count_block_copies(copies: int, nbytes: int) -> None:
+    stats = ACTIVE.get()
+    if stats is not None and copies:
+        stats.block_copies += copies
+        stats.block_copy_bytes += nbytes

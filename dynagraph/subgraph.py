@@ -35,6 +35,7 @@ from .graph import ComputationGraph, IndexSlot, current
 from .memory.layout import plan_layout
 from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
 from .program import MODES, Grads as _Grads, Program, UnitGrads, step_backward, step_forward
+from .stats import count_block_copies
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
 
@@ -138,6 +139,7 @@ class Plan:
         data_of = lambda spec: self._data(spec, data)  # noqa: E731
         if self.program is not None:
             vals, saved = self.program.run(get_backend(), xs, data_of, B)
+            count_block_copies(self.program.counts.forward_copies, self.program.counts.forward_bytes)
         else:
             vals, saved = self.run_steps(get_backend(), xs, data_of)
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
@@ -153,7 +155,9 @@ class Plan:
             acc.add(o, g[:, start:start + n].reshape((B,) + shape), (lead,) + shape)
             start += n
         if self.program is not None:
-            return tuple(self.program.grad(get_backend(), acc, ctx, need))
+            grads = tuple(self.program.grad(get_backend(), acc, ctx, need))
+            count_block_copies(self.program.counts.backward_copies, self.program.counts.backward_bytes)
+            return grads
         return tuple(self.grad_steps(get_backend(), acc, ctx, need))
 
     def _needs(self, need: tuple) -> dict:

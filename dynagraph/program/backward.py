@@ -95,11 +95,15 @@ class Backward:
         batched GEMMs per slice, so no transposing copy back to (B, n)."""
         i, op, args, a, spec, shape = self.plan.steps[u.steps[0]]
         g3 = acc.take(k)
-        if g3 is None or not needs.get(i, False):
+        whole = acc.pop(i)  # a reader of the whole product (a coarsened group's outside user)
+        if (g3 is None and whole is None) or not needs.get(i, False):
             return
         xp = be.xp
         ins, y3, d = saved
         P, B, h = y3.shape
+        if whole is not None:
+            w3 = xp.broadcast_to(whole, (B, P * h)).reshape(B, P, h).transpose(1, 0, 2)
+            g3 = xp.ascontiguousarray(w3) if g3 is None else g3.reshape(P, B, h) + w3
         g3 = g3.reshape(P, B, h)
         if op.name == "affine" and needs.get(args[0], False):
             acc.add(args[0], g3.sum(axis=1).reshape(1, P * h), ins[0].shape)

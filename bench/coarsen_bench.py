@@ -1,0 +1,87 @@
+"""What automatic coarsening finds in the import-swap programs, and what finding it costs.
+
+For each mini-batched workload of bench/import_swap.py (one graph of --batch-size samples,
+recorded by the DyNet program text with dynagraph swapped in), prints the pending nodes,
+the patterns found, the share of nodes they cover, the instances of the three largest
+patterns, and the detection cost per node of the compiled pass (dynagraph._coarsen) and of
+its pure-Python twin (best of --repeat). Timing the coarsened run against op-level runs is
+bench/import_swap.py's job:
+
+    DYNAGRAPH_COARSEN=1 python bench/import_swap.py --suite minibatch --baseline . \\
+        --baseline-env DYNAGRAPH_COARSEN=0 --threads 1
+
+    python -m bench.coarsen_bench --workloads treelstm,treefc,bilstm --H 64
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import sys
+import time
+
+import numpy as np
+
+
+def _graph(dy, isw, workload: str, H: int, batch: int, seed: int):
+    program, data = isw.MINIBATCH[workload]
+    mod = importlib.import_module(f"bench.swap.{program}")
+    samples, vocab, n_out = isw.load_data(data, batch, seed)
+    model = mod.Model(dy.ParameterCollection(), H, vocab, n_out, np.random.default_rng(seed))
+    cg = dy.renew_cg()
+    model.begin()
+    dy.esum([model.loss(s) for s in samples[:batch]])
+    return cg
+
+
+def _best(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        gc.disable()
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        gc.enable()
+    return best
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default="treelstm,treefc,bilstm,mvrnn")
+    ap.add_argument("--H", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    import dynagraph as dy
+    from dynagraph.coarsen import detect
+    sys.modules["dynet"] = dy  # the programs import dynet
+    from bench import import_swap as isw
+    rows = []
+    print(f"{'workload':10} {'nodes':>7} {'patterns':>8} {'coarse':>7} {'largest patterns (instances x nodes)':<38} "
+          f"{'C us/node':>9} {'py us/node':>10}")
+    for name in args.workloads.split(","):
+        cg = _graph(dy, isw, name, args.H, args.batch_size, args.seed)
+        pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
+        patterns, _ = detect.find_patterns(cg, pending)
+        covered = sum(len(ms) for p in patterns for ms in p.members)
+        top = sorted(patterns, key=lambda p: -len(p.roots) * len(p.members[0]))[:3]
+        native = _best(lambda cg=cg, pending=pending: detect.find_patterns(cg, pending), args.repeat) if detect._NATIVE else float("nan")
+        saved, detect._NATIVE = detect._NATIVE, None
+        try:
+            python = _best(lambda cg=cg, pending=pending: detect.find_patterns(cg, pending), args.repeat)
+        finally:
+            detect._NATIVE = saved
+        row = {"workload": name, "nodes": len(pending), "patterns": len(patterns), "coarse": covered / len(pending),
+               "native_us": 1e6 * native / len(pending), "python_us": 1e6 * python / len(pending),
+               "top": [(len(p.roots), len(p.members[0])) for p in top]}
+        rows.append(row)
+        tops = ", ".join(f"{b}x{n}" for b, n in row["top"])
+        print(f"{name:10} {row['nodes']:7d} {row['patterns']:8d} {100 * row['coarse']:6.1f}% {tops:<38} "
+              f"{row['native_us']:9.2f} {row['python_us']:10.2f}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

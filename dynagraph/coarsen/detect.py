@@ -1,0 +1,199 @@
+"""Finding repeated subgraphs in the pending nodes of a recorded graph.
+
+Per-sample code repeats one op pattern at every tree node and time step. Here the
+pending nodes are cut into *instances*, and instances with the same canonical key
+(same signatures, same internal wiring, same sharing of outside inputs) form a
+*pattern*: each pattern runs through the compiled-block machinery of `dy.block`.
+
+How nodes become instances (one pass, consumers before producers, so in
+decreasing node id):
+
+* a node whose consumers all belong to one instance joins it (a fan-in cone:
+  the gate slices of an LSTM join the products that read them), unless it is
+  shaped like a member (same signature, arguments of the same signatures) or
+  has the root's signature and a consumer of the same signature as the root's:
+  then it is the previous repetition's output (a child's `h` read by its
+  parent's `concatenate`) and starts an instance of its own;
+* a node read by several instances joins the one with the smallest root id,
+  unless that instance already holds a node of its signature (that is the next
+  repetition: the previous step's `h` stays the root of its own step);
+* otherwise, or when the instance is full (`MAX_NODES`), it is a root: the
+  last node of a new instance.
+
+Every cross-instance edge goes from an instance with a smaller root id to one
+with a larger root id, so the instances form a DAG ordered by root id.
+
+Nodes that cannot be coarsened (leaves, inputs without arguments, unbatchable
+ops, nodes that keep a saved context such as `dy.block` calls) stay op-level and
+act as instances of their own, which no other node joins.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+try:  # the per-node pass compiled (kernels/cpython/coarsen.c); instances_py is its twin
+    from .. import _coarsen as _NATIVE
+except ImportError:  # pragma: no cover - built without a compiler
+    _NATIVE = None
+
+MAX_NODES = 48          # instance size cap: keeps patterns small and repeating
+MIN_CALLS = 2           # a pattern is coarsened only if it occurs at least this often
+MAX_ARGS = 8            # a wider node (the esum of a mini-batch's losses) is a reduction: op-level
+
+
+class Pattern(NamedTuple):
+    key: tuple                # per member in node-id order: signature id, argument count, argument refs
+    roots: list               # one root node per instance
+    members: list             # per instance, its node ids in id order (position m = step m)
+    externals: list           # per instance, its outside arguments in first-use order
+    slots: list               # per instance, the per-node data (indices, labels, random keys)
+
+
+def coarsenable(op, arg_ops: list) -> bool:
+    """Ops a plan can run per instance. A node computed from parameters alone stays
+    op-level: inside a plan its value would be one shared row, and its gradient the sum
+    over the instances rather than each node's own."""
+    if not 0 < len(arg_ops) <= MAX_ARGS or op.leaf or not op.batchable or op.saves_ctx:
+        return False
+    return op.uses_data or not all(o.leaf for o in arg_ops)
+
+
+def find_patterns(cg, pending: list) -> tuple[list, list]:
+    """(patterns, instance root of each pending node by id - pending[0])
+    among `pending` (ascending node ids). Nodes of instances that were not coarsened keep
+    their root as sort key: every edge between instances goes to a larger root."""
+    if len(pending) < 2 * MIN_CALLS:
+        return [], []
+    if _NATIVE is not None:
+        owner, instances = _NATIVE.find(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
+                                        len(cg.signatures))
+    else:
+        owner, instances = instances_py(cg, pending)
+    by_key: dict = {}
+    for r, ms, key, ext, slots in instances:
+        p = by_key.get(key)
+        if p is None:
+            by_key[key] = Pattern(key, [r], [ms], [ext], [slots])
+        else:
+            p.roots.append(r)
+            p.members.append(ms)
+            p.externals.append(ext)
+            p.slots.append(slots)
+    return [p for p in by_key.values() if len(p.roots) >= MIN_CALLS], owner
+
+
+def instances_py(cg, pending: list) -> tuple[list, list]:
+    """The pure-Python twin of dynagraph._coarsen.find: (owner, [(root, members, key,
+    externals, slots)]) for every instance of two or more nodes."""
+    lo = pending[0]
+    span = pending[-1] - lo + 1
+    args, ops, sig = cg.args, cg.op, cg.sig
+    is_pending = [False] * span
+    for n in pending:
+        is_pending[n - lo] = True
+    owner = [-1] * span       # the instance root of each pending node
+    cmin = [-1] * span        # smallest instance root among a node's consumers
+    cmulti = [False] * span   # consumers in more than one instance
+    csig = [-1] * span        # the signature of a node's last-recorded consumer
+    excluded: set = set()
+    size: dict = {}
+    sigs_of: dict = {}
+    shapes_of: dict = {}
+    can: dict = {}
+    for n in reversed(pending):
+        k = n - lo
+        a_n = args[n]
+        ok = can.get(sig[n])  # a function of the signature (op, and which arguments are parameters)
+        if ok is None:
+            ok = can[sig[n]] = coarsenable(ops[n], [ops[a] for a in a_n])
+        if not ok:
+            excluded.add(n)
+            owner[k] = r = n
+        else:
+            m = cmin[k]
+            if m < 0 or m in excluded or size[m] >= MAX_NODES:
+                r = n
+            elif not cmulti[k]:
+                # shaped like a member (its signature, arguments of the same signatures) or
+                # read like the root: the previous repetition's output (a child's h read by its
+                # parent's concatenate), cut there
+                r = n if _shape(n, args, sig) in shapes_of[m] or (
+                    sig[n] == sig[m] and 0 <= csig[m - lo] == csig[k]) else m
+            elif sig[n] not in sigs_of[m]:
+                r = m
+            else:
+                r = n
+            owner[k] = r
+            if r == n:
+                size[n] = 1
+                sigs_of[n] = {sig[n]}
+                shapes_of[n] = {_shape(n, args, sig)}
+            else:
+                size[r] += 1
+                sigs_of[r].add(sig[n])
+                shapes_of[r].add(_shape(n, args, sig))
+        for a in a_n:
+            j = a - lo
+            if j >= 0 and is_pending[j]:
+                if csig[j] < 0:
+                    csig[j] = sig[n]
+                c = cmin[j]
+                if c < 0:
+                    cmin[j] = r
+                elif c != r:
+                    cmulti[j] = True
+                    if r < c:
+                        cmin[j] = r
+    members: dict = {}
+    for n in pending:
+        r = owner[n - lo]
+        if r not in excluded and size[r] > 1:
+            ms = members.get(r)
+            if ms is None:
+                members[r] = [n]
+            else:
+                ms.append(n)
+    data = cg.data
+    out = []
+    for r in sorted(members):
+        ms = members[r]
+        out.append((r, ms) + _instance_key(ms, args, sig, ops, data))
+    return owner, out
+
+
+_MASK = (1 << 62) - 1
+
+
+def _shape(n: int, args: list, sig: list) -> int:
+    """One level of structure: a hash of a node's signature and its arguments' signatures
+    (the compiled pass computes the same number; a collision only cuts an instance early)."""
+    h = sig[n] + 2
+    for a in args[n]:
+        h = (h * 1000003 + sig[a] + 2) & _MASK
+    return h
+
+
+def _instance_key(ms: list, args: list, sig: list, ops: list, data: list) -> tuple:
+    """The canonical key of one instance, a flat tuple: per member its signature id, its
+    number of arguments and where each comes from (a member position, or the k-th distinct
+    outside input as -1-k); with its outside inputs and per-node data."""
+    pos: dict = {}
+    ext: dict = {}
+    key = []
+    slots = []
+    for idx, n in enumerate(ms):
+        pos[n] = idx
+        a_n = args[n]
+        key.append(sig[n])
+        key.append(len(a_n))
+        for a in a_n:
+            p = pos.get(a)
+            if p is None:
+                e = ext.get(a)
+                if e is None:
+                    e = ext[a] = len(ext)
+                p = -1 - e
+            key.append(p)
+        if ops[n].uses_data:
+            slots.append(data[n])
+    return tuple(key), list(ext), tuple(slots)

@@ -1,0 +1,345 @@
+"""Running coarsened groups: one compiled plan (dy.block's `Plan`/`Program`) per pattern,
+a schedule over units (instances and the nodes left op-level), and the backward record.
+
+Every member node keeps its own value block (a view of the plan's value, no copy),
+so later batches, `.value()`, `gradient()` of a root and autodiff see what op-by-op
+execution leaves. The record's `grad` replays the plan in reverse from the gradients
+that arrived in the members' blocks and scatters the results to the outside inputs.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from .. import executor
+from ..autodiff import scatter
+from ..config import config
+from ..errors import NonFiniteError
+from ..executor import LEAF, any_true
+from ..graph import ComputationGraph, IndexSlot
+from ..ops.base import Sliced, SparseRows
+from ..program import Grads, UnitGrads
+from ..program.units import PIECES
+from ..subgraph import PLACEHOLDER, Plan
+from .detect import Pattern
+
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()   # canonical key -> compiled plan
+_MAX_PLANS = 256
+
+
+def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
+    """The compiled plan of pattern p (cached across graphs by a graph-independent key) and
+    the graph's node ids of its parameters, in the plan's leaf order."""
+    canon = (_canonical(cg.signatures, p.key), config.block_plan, cg.dtype.str)
+    plan = _PLANS.get(canon)
+    if plan is None:
+        plan = _PLANS[canon] = _trace(cg, p)
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    else:
+        _PLANS.move_to_end(canon)
+    if plan.program is not None and plan.program.rehomed:
+        cg.rebind(plan.program.rehomed)   # the planned layout stacked some weights
+    return plan, [cg.leaf(prm, upd) for prm, upd in zip(plan.leaf_params, plan.leaf_update)]
+
+
+def _canonical(sigs: list, key: tuple) -> tuple:
+    """The key with each signature id replaced by the signature itself (ids are per graph)."""
+    out, k = [], 0
+    while k < len(key):
+        n = key[k + 1]
+        out.append((sigs[key[k]], key[k + 2:k + 2 + n]))
+        k += 2 + n
+    return tuple(out)
+
+
+def _trace(cg, p: Pattern) -> Plan:
+    """Re-record the first instance into a private trace graph: outside inputs become
+    placeholders (or the same parameters), per-node data becomes index slots."""
+    ms, ext = p.members[0], p.externals[0]
+    trace = ComputationGraph(scheduler="none")
+    trace.tracing = True
+    trace.dtype = cg.dtype
+    ids: dict = {}
+    inputs = []
+    for a in ext:
+        if cg.op[a].leaf:
+            ids[a] = trace.leaf(cg.attrs[a][1], cg.sig_part[a][2])
+        else:
+            ids[a] = trace.placeholder(PLACEHOLDER, cg.shape[a])
+            inputs.append(ids[a])
+    slot = 0
+    for n in ms:
+        op = cg.op[n]
+        d = None
+        if op.uses_data:
+            d = IndexSlot(slot)
+            slot += 1
+        ids[n] = trace.add(op, tuple(ids[a] for a in cg.args[n]), cg.attrs[n], d)
+    ops = "+".join(sorted({cg.op[n].name for n in ms}))
+    # no fused chains: their C backward keeps the chain's inner gradients to itself, and
+    # gradient() of every node of the group must equal op-level autodiff's
+    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False)
+    plan.positions = [ids[n] for n in ms]           # trace id of member position m
+    plan.ext_is_input = [not cg.op[a].leaf for a in ext]
+    return plan
+
+
+class CoarseRecord:
+    """One coarsened group's forward, kept for backward (an entry of cg.executed)."""
+
+    __slots__ = ("B", "bids", "cols", "leads", "plan", "plans", "saved", "steps", "xs")
+
+    def __init__(self, plan, steps, bids, xs, plans, cols, saved, B, leads):
+        self.plan, self.steps, self.bids, self.xs, self.plans = plan, steps, bids, xs, plans
+        self.cols, self.saved, self.B, self.leads = cols, saved, B, leads
+
+    @property
+    def nodes(self) -> list:
+        """Every member node (what revert() and set_data() look at)."""
+        return [n for s in self.steps for n in s]
+
+    def grad(self, cg, be, gb, full: bool, grad_block) -> None:
+        """Replay the plan in reverse from the gradients in the members' blocks."""
+        t0 = time.perf_counter()
+        plan, B, xp = self.plan, self.B, be.xp
+        gs = [gb[b] for b in self.bids]
+        if all(g is None for g in gs):
+            return
+        if full:
+            need = (True,) * len(self.cols)
+        else:
+            need = tuple(any_true(cg.needs_grad, ids) for ids in self.cols)
+            if True not in need:
+                return
+        prog = plan.program
+        dtype = cg.dtype
+        acc = _Captured(xp) if prog is None else _CapturedUnits(xp, prog, B, dtype)
+        shapes = {i: shape for i, _, _, _, _, shape in plan.steps}
+        for t, g, lead in zip(plan.positions, gs, self.leads):
+            if g is not None:
+                acc.add(t, g, (lead,) + shapes[t] if lead == 1 else g.shape)
+        if prog is not None:
+            gxs = prog.grad(be, acc, self.saved, need)
+        else:
+            gxs = plan.grad_steps(be, acc, self.saved, need)
+        self._node_grads(gb, acc, B, xp)
+        t1 = time.perf_counter()
+        stats = cg.stats
+        stats.t_backward += t1 - t0
+        stats.kernel_calls += plan.op.inner_kernels
+        if prog is not None:
+            stats.block_copies += prog.counts.backward_copies
+            stats.block_copy_bytes += prog.counts.backward_bytes
+        for k, pl in enumerate(self.plans):
+            gx = gxs[k]
+            if not need[k] or gx is None:
+                continue
+            if pl[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != B:
+                gx = xp.broadcast_to(gx, (B,) + gx.shape[1:])
+            scatter(cg, be, gb, pl, gx, stats)
+        stats.t_memory += time.perf_counter() - t1
+
+    def _node_grads(self, gb, acc, B: int, xp) -> None:
+        """Each member's total gradient into its block's gradient, as op-level autodiff
+        leaves it (gradient() of any node of the group)."""
+        prog = self.plan.program
+        for t, bid in zip(self.plan.positions, self.bids):
+            g = _unit_grad(prog, acc.seen_units, t, B, xp) if prog is not None else None
+            whole = acc.seen.get(t)
+            if g is None:
+                g = whole
+            elif whole is not None and t not in prog.home:  # a piece-major product read whole too
+                g = g + whole
+            if g is not None and not isinstance(g, (Sliced, SparseRows)):
+                gb[bid] = xp.ascontiguousarray(xp.broadcast_to(g, (B,) + g.shape[1:]))
+
+
+def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
+    """A member's gradient from the unit buffer it lived in (a group, or a piece-major product)."""
+    home = prog.home.get(t)
+    if home is not None:
+        buf = seen_units.get(home[0])
+        return None if buf is None else buf[home[1] * B:(home[1] + 1) * B]
+    for k, u in enumerate(prog.units):
+        if u.kind == PIECES and prog.plan.steps[u.steps[0]][0] == t:
+            buf = seen_units.get(k)
+            if buf is None:
+                return None
+            P = u.pieces
+            h = buf.shape[-1]
+            return xp.ascontiguousarray(buf.reshape(P, B, h).transpose(1, 0, 2)).reshape(B, P * h)
+    return None
+
+
+class _Seen:
+    """Keeps every variable's gradient as the replay takes it (its total by then)."""
+
+    def pop(self, i: int):
+        g = super().pop(i)
+        if g is not None:
+            self.seen[i] = g
+        return g
+
+    def take(self, k: int):
+        g = super().take(k)
+        if g is not None:
+            self.seen_units[k] = g
+        return g
+
+
+class _Captured(_Seen, Grads):
+    def __init__(self, xp):
+        super().__init__(xp)
+        self.seen, self.seen_units = {}, {}
+
+
+class _CapturedUnits(_Seen, UnitGrads):
+    def __init__(self, xp, program, B: int, dtype):
+        super().__init__(xp, program, B, dtype)
+        self.seen, self.seen_units = {}, {}
+
+
+def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> None:
+    """Run instances `which` (indices into p) of pattern p as one call of its plan."""
+    stats = cg.stats
+    xp = be.xp
+    t0 = time.perf_counter()
+    B = len(which)
+    by_position = list(zip(*[p.externals[w] for w in which]))
+    cols = [ids for ids, inp in zip(by_position, plan.ext_is_input) if inp]
+    xs, plans = [], []
+    for ids in cols:
+        x, pl = executor.gather(cg, be, ids, stats)
+        xs.append(x)
+        plans.append(pl)
+    for leaf in leaf_ids:
+        b = cg.blk[leaf]
+        xs.append(cg.blocks[b])
+        plans.append((LEAF, b, None))
+        cols.append((leaf,))
+    data = [p.slots[w] for w in which]
+    t1 = time.perf_counter()
+    data_of = lambda spec: plan._data(spec, data)
+    if plan.program is not None:
+        vals, saved = plan.program.run(be, xs, data_of, B)
+    else:
+        vals, saved = plan.run_steps(be, xs, data_of)
+    t2 = time.perf_counter()
+    steps, bids, leads = [], [], []
+    by_member = list(zip(*[p.members[w] for w in which]))
+    dtype = cg.dtype
+    for m, t in enumerate(plan.positions):
+        v = vals.get(t)
+        if v is None:
+            v = _piece_value(plan, saved, t, xp)
+        leads.append(v.shape[0])
+        if v.shape[0] != B:  # computed from parameters alone: one shared row
+            v = xp.broadcast_to(v, (B,) + v.shape[1:])
+        v = xp.ascontiguousarray(v, dtype=dtype)
+        nodes = by_member[m]
+        if cg.check_validity and not bool(xp.isfinite(v).all()):
+            op = cg.op[nodes[0]]
+            raise NonFiniteError(f"{op.name} produced a non-finite value (nodes {list(nodes)[:5]}..., "
+                                 f"in coarsened group {plan.name})")
+        bid = len(cg.blocks)
+        cg.blocks.append(v)
+        executor.place(cg.blk, cg.row, nodes, bid)
+        steps.append(nodes)
+        bids.append(bid)
+    cg.executed.append(CoarseRecord(plan, steps, bids, xs, plans, cols, saved, B, leads))
+    stats.kernel_calls += plan.op.inner_kernels
+    stats.batches += 1
+    stats.nodes += B * len(plan.positions)
+    stats.coarse_groups += 1
+    stats.coarse_nodes += B * len(plan.positions)
+    if plan.program is not None:
+        stats.block_copies += plan.program.counts.forward_copies
+        stats.block_copy_bytes += plan.program.counts.forward_bytes
+    stats.t_execute += t2 - t1
+    stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
+    if stats.batch_log is not None and len(stats.batch_log) < 100_000:
+        stats.batch_log.append((f"{plan.name}/{len(plan.positions)}", B))
+
+
+def _piece_value(plan: Plan, saved: list, t: int, xp):
+    """A piece-major product's own value, (B, P*h), from its (P, B, h) output (only when a
+    node of the graph is that product; the plan's steps read the slices)."""
+    prog = plan.program
+    for k, u in enumerate(prog.units):
+        if u.kind == PIECES and plan.steps[u.steps[0]][0] == t:
+            y3 = saved[k][1]
+            P, B, h = y3.shape
+            return xp.ascontiguousarray(y3.transpose(1, 0, 2)).reshape(B, P * h)
+    raise KeyError(f"coarsened plan {plan.name}: no value for trace node {t}")
+
+
+class Coarsened:
+    """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
+
+    def __init__(self, cg, pending: list, patterns: list, owner: list):
+        self.cg, self.pending, self.patterns, self.owner = cg, pending, patterns, owner
+        self.roots = {r for p in patterns for r in p.roots}   # the coarsened instances
+
+    def schedule(self) -> list:
+        """Batches over units by unit depth: (-1, [node ids]) or (pattern index, [instance
+        indices]). An instance's depth is one more than the deepest unit that feeds it;
+        instances of one pattern at one depth run as one group. Units are visited in the
+        order of their instance roots (a topological order, see detect.py)."""
+        cg = self.cg
+        args, sig, ops = cg.args, cg.sig, cg.op
+        owner, lo = self.owner, self.pending[0]
+        span = len(owner)
+        roots = self.roots
+        units = []   # (instance root, node id, pattern or -1, payload)
+        for pi, p in enumerate(self.patterns):
+            units.extend([(r, r, pi, w) for w, r in enumerate(p.roots)])
+        units.extend([(owner[n - lo], n, -1, n) for n in self.pending if owner[n - lo] not in roots])
+        units.sort()
+        level: dict = {}
+        groups: dict = {}
+        out = []
+        get = level.get
+        for _, r, pi, payload in units:
+            deps = args[payload] if pi < 0 else self.patterns[pi].externals[payload]
+            lv = 0
+            for a in deps:
+                j = a - lo
+                if 0 <= j < span:
+                    u = owner[j]
+                    la = get(u if u in roots else a)
+                    if la is not None and la >= lv:
+                        lv = la + 1
+            level[r] = lv
+            if pi < 0:
+                key = (lv, -1, sig[payload]) if ops[payload].batchable else None
+            else:
+                key = (lv, pi, 0)
+            g = groups.get(key) if key is not None else None
+            if g is None:
+                g = [payload]
+                if key is not None:
+                    groups[key] = g
+                out.append((lv, r, pi, g))
+            else:
+                g.append(payload)
+        out.sort(key=lambda t: (t[0], t[1]))
+        return [(pi, g) for _, _, pi, g in out]
+
+    def execute(self, be, batches: list) -> None:
+        cg = self.cg
+        stretch: list = []
+        compiled = [None] * len(self.patterns)
+        for pi, g in batches:
+            if pi < 0:
+                stretch.append(g)
+                continue
+            if stretch:
+                executor.execute(cg, be, stretch)
+                stretch = []
+            if compiled[pi] is None:
+                compiled[pi] = plan_for(cg, self.patterns[pi])
+            plan, leaf_ids = compiled[pi]
+            run_group(cg, be, plan, leaf_ids, self.patterns[pi], g)
+        if stretch:
+            executor.execute(cg, be, stretch)
