@@ -31,6 +31,8 @@ class Config:
     threads: int | None = None  # BLAS threads; None leaves numpy's default alone
     # Consecutive elementwise batches run as one C call on the cpu backend (dynagraph/runs.py).
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
+    # backward() and update() on a worker thread while the next graph records (dynagraph/overlap.py)
+    overlap: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_OVERLAP", "1") not in ("0", "false", "no"))
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property
@@ -44,7 +46,7 @@ config = Config()
 def set(random_seed: int | None = None, dtype: str | None = None, backend: str | None = None,
         scheduler: str | None = None, autobatch: int | None = None, debug: int | None = None,
         threads: int | None = None, block_plan: str | None = "", fuse: bool | None = None,
-        **dynet_keys) -> None:
+        overlap: bool | None = None, **dynet_keys) -> None:
     """Change global settings. Affects graphs and parameters created afterwards."""
     unknown = [k for k in dynet_keys if k not in _DYNET_IGNORED]
     if unknown:
@@ -69,6 +71,8 @@ def set(random_seed: int | None = None, dtype: str | None = None, backend: str |
         set_threads(threads)
     if fuse is not None:
         config.fuse = bool(fuse)
+    if overlap is not None:
+        config.overlap = bool(overlap)
     if block_plan != "":
         if _plan_env(block_plan) not in (None, "naive", "planned"):
             raise ValueError(f"block_plan must be 'planned', 'naive' or None, got {block_plan!r}")
@@ -97,7 +101,7 @@ def get() -> dict:
     from .recording import COMPILED  # no import cycle: recording imports nothing of ours
     return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
             "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads,
-            "block_plan": config.block_plan, "fuse": config.fuse,
+            "block_plan": config.block_plan, "fuse": config.fuse, "overlap": config.overlap,
             # recording and per-node bookkeeping: "compiled" (dynagraph._bookkeeping) or "python"
             "bookkeeping": "compiled" if COMPILED else "python"}
 

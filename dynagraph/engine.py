@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from itertools import compress
 
-from . import autodiff, executor, graph, schedulers
+from . import autodiff, executor, graph, overlap, schedulers
 from .backends import get_backend
 from .config import config
 from .recording import NATIVE
@@ -27,6 +27,7 @@ class Engine:
     def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
         """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
         their pending users out unless `targets` need them (`done` stops at the first left)."""
+        overlap.wait()  # the previous step's backward()/update() may still be writing parameters
         t0 = time.perf_counter()
         stats = cg.stats
         stats.t_record += t0 - cg._t_last
@@ -47,7 +48,13 @@ class Engine:
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:
-        autodiff.backward(cg, get_backend(), nid, full)
+        be = get_backend()
+
+        def run() -> None:
+            autodiff.backward(cg, be, nid, full)
+        # On two cores the replay runs on the overlap thread while the caller records on.
+        if not overlap.defer(run, "loss.backward()", owner=cg):
+            run()
         cg._t_last = time.perf_counter()
 
 
