@@ -76,7 +76,7 @@ class ComputationGraph(GraphBase):
         self._leaves: dict = {}
         self._block_param: dict = {}    # leaf value block -> parameter object
         self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
-        self.stats = Stats()
+        self._stats = Stats()
         self._t_last = time.perf_counter()
         self.tracing = False            # a static subgraph's trace: recorded, never evaluated
         self._checkpoints: list[int] = []
@@ -157,6 +157,12 @@ class ComputationGraph(GraphBase):
     def _op_error(self, op: OpDef, ids: tuple, e: Exception) -> DynagraphError:
         kind = DynagraphIndexError if isinstance(e, IndexError) else DynagraphError
         return op_error(kind, op.name, [self.shape[i] for i in ids], str(e))
+
+    @property
+    def stats(self) -> Stats:
+        """Counters and time split; waits for a backward() of this graph on the overlap thread."""
+        overlap.wait_for(self)
+        return self._stats
 
     def _sync_values(self) -> None:
         """Value slots are allocated lazily, at evaluation, not per recorded node. Every read or

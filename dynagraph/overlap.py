@@ -90,6 +90,7 @@ class _Worker:
                 except BaseException as e:  # noqa: BLE001 -- handed to the user's thread by wait()
                     with self.cv:
                         self.error = (e, what)
+            ctx = fn = None  # the finished step's graph goes now, not when the next job comes
             with self.cv:
                 self.busy -= 1
                 left = self.owners.pop(key) - 1
@@ -108,6 +109,16 @@ class _Worker:
 
 
 _worker = _Worker()
+
+
+def _forget_in_child() -> None:
+    """A forked child has no worker thread: a step pending at the fork is the parent's to finish."""
+    global _worker
+    _worker = _Worker()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _on_worker() -> bool:
@@ -194,7 +205,8 @@ def _slot(name: str) -> str:
 def storage(obj, name: str):
     """The array behind a Synced attribute, without waiting: for binding a view while a step is
     pending (its values are read later, at evaluation, which waits)."""
-    return obj.__dict__[_slot(name)]
+    stored = getattr(obj, "__dict__", {}).get(_slot(name))
+    return stored if stored is not None else getattr(obj, name)  # a stand-in with a plain attribute
 
 
 @atexit.register
