@@ -32,7 +32,8 @@ class Config:
     # Consecutive elementwise batches run as one C call on the cpu backend (dynagraph/runs.py).
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
     # backward() and update() on a worker thread while the next graph records (dynagraph/overlap.py)
-    overlap: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_OVERLAP", "1") not in ("0", "false", "no"))
+    # Opt-in: measured slower than in place on a busy 2-core machine (README, "The second core").
+    overlap: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_OVERLAP", "0") not in ("0", "false", "no"))
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property

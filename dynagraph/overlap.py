@@ -13,9 +13,12 @@ single worker, so values and gradients are bit-identical to running each call wh
 An exception on the worker (a NonFiniteError from update()) cancels the jobs queued after it
 and is raised by the next synchronising call, naming the deferred call that failed.
 
-Enabled when more than one core is available and BLAS threads were not capped at one
-(`dy.config.set(threads=1)` keeps one core); `dy.config.set(overlap=False)` or
-DYNAGRAPH_OVERLAP=0 turns it off. This module imports nothing of ours but the settings.
+Opt-in (`dy.config.set(overlap=True)` or DYNAGRAPH_OVERLAP=1): on this project's shared 2-core
+machine, where no core is ever idle, the worker and the recording thread fight over the GIL and
+a step took 1.1-1.2x as long as in place (README, "The second core"). It takes effect only with
+more than one core and BLAS threads not capped at one (`dy.config.set(threads=1)` keeps one
+core). The first evaluation also caps BLAS at one thread when no count was set
+(`before_execution`). This module imports nothing of ours but the settings.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Callable
 
 from .config import config
 
-__all__ = ["enabled", "defer", "wait", "wait_for", "pending", "Synced", "storage", "OverlapError"]
+__all__ = ["enabled", "before_execution", "defer", "wait", "wait_for", "pending", "Synced", "storage", "OverlapError"]
 
 
 class OverlapError(RuntimeError):
@@ -64,6 +67,7 @@ class _Worker:
 
     def start(self) -> None:
         if self.thread is None or not self.thread.is_alive():
+            _one_malloc_arena()
             self.thread = threading.Thread(target=self._loop, name="dynagraph-overlap", daemon=True)
             self.thread.start()
 
@@ -108,6 +112,22 @@ class _Worker:
             raise _surface(*err)
 
 
+def _one_malloc_arena() -> None:
+    """glibc gives a new thread its own malloc arena: every buffer backward() allocated there
+    came from cold pages and made backward()+update() 1.3x slower on the worker than in place;
+    with one arena, 1.07x (bench/import_swap.py's TreeLSTM, H=256). Same as MALLOC_ARENA_MAX=1."""
+    import ctypes
+    import ctypes.util
+    import platform
+    if platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-8, 1)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass  # a libc without mallopt: only slower
+
+
 _worker = _Worker()
 
 
@@ -123,6 +143,25 @@ if hasattr(os, "register_at_fork"):
 
 def _on_worker() -> bool:
     return threading.current_thread() is _worker.thread
+
+
+_blas_capped = False
+
+
+def before_execution() -> None:
+    """Called before every evaluation: wait for the pending step; the first time, with the
+    libraries' default threads (config.threads None), cap BLAS at one thread. Batched GEMMs here
+    are small, and OpenBLAS's second thread spinning beside the Python thread(s) on a 2-core
+    machine made TreeLSTM training at H=256 5-8x slower than one thread (bench/import_swap.py
+    --threads 0: 45 samples/s against 591 with --threads 1, DyNet 387). dy.config.set(threads=N)
+    sets another count; it is never overridden."""
+    global _blas_capped
+    if not _blas_capped:
+        _blas_capped = True
+        if config.threads is None:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(limits=1, user_api="blas")
+    wait()
 
 
 def pending() -> bool:

@@ -217,3 +217,31 @@ def test_overlap_setting_and_one_core(two_cores, monkeypatch):
     assert overlap.enabled()
     monkeypatch.setattr(overlap, "_CORES", 1)
     assert not overlap.enabled()
+
+
+def _count_blas_caps(monkeypatch, threads):
+    import threadpoolctl
+    calls = []
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", lambda **k: calls.append(k))
+    monkeypatch.setattr(overlap, "_blas_capped", False)
+    monkeypatch.setattr(config, "threads", threads)
+    dy.renew_cg()
+    pc, W, b, E = _model()
+    dy.tanh(W * E[1]).value()
+    dy.tanh(W * E[2]).value()  # once per process, not per evaluation
+    return calls
+
+
+def test_default_threads_cap_blas_at_one_once(monkeypatch):
+    assert _count_blas_caps(monkeypatch, None) == [{"limits": 1, "user_api": "blas"}]
+
+
+def test_a_thread_count_the_user_set_is_kept(monkeypatch):
+    assert _count_blas_caps(monkeypatch, 2) == []
+
+
+def test_overlap_is_opt_in(monkeypatch):
+    monkeypatch.delenv("DYNAGRAPH_OVERLAP", raising=False)
+    assert type(config)().overlap is False
+    monkeypatch.setenv("DYNAGRAPH_OVERLAP", "1")
+    assert type(config)().overlap is True
