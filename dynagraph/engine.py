@@ -27,7 +27,7 @@ class Engine:
     def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
         """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
         their pending users out unless `targets` need them (`done` stops at the first left)."""
-        overlap.before_execution()  # the previous step's backward()/update() may still be writing parameters
+        overlap.before_execution()  # a deferred backward()/update() may still be writing parameters
         t0 = time.perf_counter()
         stats = cg.stats
         stats.t_record += t0 - cg._t_last
@@ -52,7 +52,7 @@ class Engine:
 
         def run() -> None:
             autodiff.backward(cg, be, nid, full)
-        # On two cores the replay runs on the overlap thread while the caller records on.
+        # With dy.config.set(overlap=True) the replay runs on the overlap thread while the caller records on.
         if not overlap.defer(run, "loss.backward()", owner=cg):
             run()
         cg._t_last = time.perf_counter()

@@ -165,9 +165,9 @@ class ComputationGraph(GraphBase):
         return self._stats
 
     def _sync_values(self) -> None:
-        """Value slots are allocated lazily, at evaluation, not per recorded node. Every read or
-        change of values and gradients passes here: first wait for a backward() of this graph
-        still running on the overlap thread."""
+        """Value slots are allocated lazily, at evaluation, not per recorded node. Evaluation,
+        gradient(), revert(), invalidate() and set_data() pass here: first wait for a backward()
+        of this graph still running on the overlap thread."""
         overlap.wait_for(self)
         k = len(self.op) - len(self.blk)
         if k:

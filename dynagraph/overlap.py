@@ -31,7 +31,8 @@ from typing import Callable
 
 from .config import config
 
-__all__ = ["enabled", "before_execution", "defer", "wait", "wait_for", "pending", "Synced", "storage", "OverlapError"]
+__all__ = ["enabled", "before_execution", "defer", "wait", "wait_for", "pending", "Synced", "storage",
+           "OverlapError"]
 
 
 class OverlapError(RuntimeError):

@@ -165,7 +165,8 @@ def test_worker_error_surfaces_at_the_next_read(two_cores, monkeypatch):
     monkeypatch.setattr(trainer, "_update", broken)
     _one_step(W, E)
     trainer.update()  # returns: the failure is on the worker
-    with pytest.raises(NonFiniteError, match=r"(?s)gradient of W is nan.*SimpleSGDTrainer\.update\(\).*overlap"):
+    named = r"(?s)gradient of W is nan.*SimpleSGDTrainer\.update\(\).*overlap"
+    with pytest.raises(NonFiniteError, match=named):
         W.as_array()
     W.as_array()  # reported once; the worker goes on
 
