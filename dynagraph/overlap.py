@@ -65,6 +65,7 @@ class _Worker:
         self.error: tuple | None = None  # (exception, what) of the first failed job
         self.thread: threading.Thread | None = None
         self.chained = False         # a job was deferred since the user's thread last waited
+        self.submitted = 0           # jobs deferred so far (tests check the path was taken)
 
     def start(self) -> None:
         if self.thread is None or not self.thread.is_alive():
@@ -78,6 +79,7 @@ class _Worker:
         with self.cv:
             self.start()
             self.busy += 1
+            self.submitted += 1
             self.owners[key] = self.owners.get(key, 0) + 1
             self.jobs.append((ctx, fn, what, key))
             self.cv.notify_all()
