@@ -118,7 +118,7 @@ class _Worker:
 def _one_malloc_arena() -> None:
     """glibc gives a new thread its own malloc arena: every buffer backward() allocated there
     came from cold pages and made backward()+update() 1.3x slower on the worker than in place;
-    with one arena, 1.07x (bench/import_swap.py's TreeLSTM, H=256). Same as MALLOC_ARENA_MAX=1."""
+    with one arena, 1.07x (the TreeLSTM of bench/overlap_bench.py, H=256). As MALLOC_ARENA_MAX=1."""
     import ctypes
     import ctypes.util
     import platform
