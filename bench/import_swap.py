@@ -113,6 +113,14 @@ def setup(system: str, variant: str, threads: int) -> dict:
 _DATA: dict = {}
 
 
+def _settle(dy) -> None:
+    """The clock stops after the last step has landed: dynagraph may still be running its
+    backward() and update() on the overlap thread (dynagraph/overlap.py); DyNet has nothing pending."""
+    wait = getattr(getattr(dy, "overlap", None), "wait", None)
+    if wait is not None:
+        wait()
+
+
 def run_config(cfg: dict) -> dict:
     import numpy as np
     program, data = (MINIBATCH.get(cfg["workload"]) or SENTENCE[cfg["workload"]])
@@ -135,6 +143,7 @@ def run_config(cfg: dict) -> dict:
         gc.collect()
         t0 = time.perf_counter()
         total = loop.sentence_epoch(model, trainer, samples[cfg["warmup"]:], split)
+        _settle(dy)
         seconds = time.perf_counter() - t0
         return {"seconds": seconds, "first_loss": first, "loss": total, "split": split,
                 "samples": len(samples) - cfg["warmup"]}
@@ -146,6 +155,7 @@ def run_config(cfg: dict) -> dict:
     gc.collect()
     t0 = time.perf_counter()
     losses = [loop.minibatch_step(model, trainer, b, train, split) for b in batches[cfg["warmup"]:]]
+    _settle(dy)
     seconds = time.perf_counter() - t0
     n = (len(batches) - cfg["warmup"]) * bs
     return {"seconds": seconds, "first_loss": first[0] if first else None, "loss": losses[-1],

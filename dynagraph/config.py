@@ -28,7 +28,7 @@ class Config:
     debug: int = 0
     # How dy.block runs its steps over a batch of calls: "planned", "naive" or None.
     block_plan: str | None = field(default_factory=lambda: _plan_env(os.environ.get("DYNAGRAPH_BLOCK_PLAN", "planned")))
-    threads: int | None = None  # BLAS threads; None leaves numpy's default alone
+    threads: int | None = None  # BLAS threads; None: one, set at the first evaluation (overlap.before_execution)
     # Consecutive elementwise batches run as one C call on the cpu backend (dynagraph/runs.py).
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
     # Repeated subgraphs of op-level code run as compiled blocks (dynagraph/coarsen).
@@ -36,6 +36,9 @@ class Config:
     # Replay the schedule of a small graph structured like one scheduled before (schedule_cache.py).
     schedule_cache: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULE_CACHE", "1")
                                  not in ("0", "false", "no"))
+    # backward() and update() on a worker thread while the next graph records (dynagraph/overlap.py)
+    # Opt-in: measured slower than in place on a busy 2-core machine (README, "The second core").
+    overlap: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_OVERLAP", "0") not in ("0", "false", "no"))
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property
@@ -49,7 +52,7 @@ config = Config()
 def set(random_seed: int | None = None, dtype: str | None = None, backend: str | None = None,
         scheduler: str | None = None, autobatch: int | None = None, debug: int | None = None,
         threads: int | None = None, block_plan: str | None = "", fuse: bool | None = None,
-        coarsen: bool | None = None, **dynet_keys) -> None:
+        coarsen: bool | None = None, overlap: bool | None = None, **dynet_keys) -> None:
     """Change global settings. Affects graphs and parameters created afterwards."""
     unknown = [k for k in dynet_keys if k not in _DYNET_IGNORED]
     if unknown:
@@ -76,6 +79,8 @@ def set(random_seed: int | None = None, dtype: str | None = None, backend: str |
         config.fuse = bool(fuse)
     if coarsen is not None:
         config.coarsen = bool(coarsen)
+    if overlap is not None:
+        config.overlap = bool(overlap)
     if block_plan != "":
         if _plan_env(block_plan) not in (None, "naive", "planned"):
             raise ValueError(f"block_plan must be 'planned', 'naive' or None, got {block_plan!r}")
@@ -105,6 +110,7 @@ def get() -> dict:
     return {"seed": config.seed, "dtype": config.dtype, "backend": config.backend,
             "scheduler": config.scheduler, "debug": config.debug, "threads": config.threads,
             "block_plan": config.block_plan, "fuse": config.fuse, "coarsen": config.coarsen,
+            "overlap": config.overlap,
             # recording and per-node bookkeeping: "compiled" (dynagraph._bookkeeping) or "python"
             "bookkeeping": "compiled" if COMPILED else "python"}
 

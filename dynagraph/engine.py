@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from itertools import compress
 
-from . import autodiff, executor, graph, schedulers
+from . import autodiff, executor, graph, overlap, schedulers
 from .backends import get_backend
 from .config import config
 from .recording import NATIVE
@@ -44,6 +44,7 @@ class Engine:
     def _forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
         """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
         their pending users out unless `targets` need them (`done` stops at the first left)."""
+        overlap.before_execution()  # a deferred backward()/update() may still be writing parameters
         t0 = time.perf_counter()
         stats = cg.stats
         stats.t_record += t0 - cg._t_last
@@ -81,11 +82,17 @@ class Engine:
         cg._t_last = time.perf_counter()
 
     def backward(self, cg, nid: int, full: bool) -> None:
-        token = ACTIVE.set(cg.stats)
-        try:
-            autodiff.backward(cg, get_backend(), nid, full)
-        finally:
-            ACTIVE.reset(token)
+        be = get_backend()
+
+        def run() -> None:
+            token = ACTIVE.set(cg._stats)  # dy.block plans report their inner copies here
+            try:
+                autodiff.backward(cg, be, nid, full)
+            finally:
+                ACTIVE.reset(token)
+        # With dy.config.set(overlap=True) the replay runs on the overlap thread while the caller records on.
+        if not overlap.defer(run, "loss.backward()", owner=cg):
+            run()
         cg._t_last = time.perf_counter()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import overlap
 from .backends import to_numpy
 from .config import config
 from .errors import (
@@ -76,7 +77,7 @@ class ComputationGraph(GraphBase):
         self._leaves: dict = {}
         self._block_param: dict = {}    # leaf value block -> parameter object
         self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
-        self.stats = Stats()
+        self._stats = Stats()
         self._t_last = time.perf_counter()
         self.tracing = False            # a static subgraph's trace: recorded, never evaluated
         self._checkpoints: list[int] = []
@@ -158,8 +159,17 @@ class ComputationGraph(GraphBase):
         kind = DynagraphIndexError if isinstance(e, IndexError) else DynagraphError
         return op_error(kind, op.name, [self.shape[i] for i in ids], str(e))
 
+    @property
+    def stats(self) -> Stats:
+        """Counters and time split; waits for a backward() of this graph on the overlap thread."""
+        overlap.wait_for(self)
+        return self._stats
+
     def _sync_values(self) -> None:
-        """Value slots are allocated lazily, at evaluation, not per recorded node."""
+        """Value slots are allocated lazily, at evaluation, not per recorded node. Evaluation,
+        gradient(), revert(), invalidate() and set_data() pass here: first wait for a backward()
+        of this graph still running on the overlap thread."""
+        overlap.wait_for(self)
         k = len(self.op) - len(self.blk)
         if k:
             self.blk.extend([-1] * k)
@@ -188,11 +198,12 @@ class ComputationGraph(GraphBase):
         self._sync_values()
         nid = len(self.op)
         op = LOOKUP_TABLE if p.is_lookup else PARAMETER
+        values = overlap.storage(p, "values")  # a view; no wait for a step still updating it
         self.op.append(op)
         self.args.append(())
-        self.attrs.append((p.values.shape, p))
+        self.attrs.append((values.shape, p))
         self.data.append(None)
-        self.shape.append(tuple(p.values.shape))
+        self.shape.append(tuple(values.shape))
         self.depth.append(0)
         self.sig.append(-1)  # leaves are bound, never scheduled
         self.sig_part.append(("shared", id(p), update))  # shared arguments batch by identity and mode
@@ -200,7 +211,7 @@ class ComputationGraph(GraphBase):
         self._block_param[len(self.blocks)] = p
         self.blk.append(len(self.blocks))
         self.row.append(0)
-        self.blocks.append(p.values[None])
+        self.blocks.append(values[None])
         self._leaves[key] = nid
         return nid
 
@@ -342,6 +353,7 @@ class ComputationGraph(GraphBase):
         self.grad_blocks = None
 
     def backward(self, expr: "ExprBase", full: bool = False) -> None:
+        overlap.wait_for(self)  # a second backward() of this graph: the first must finish
         sample = SAMPLE.get()
         if sample is not None and sample.park is not None:  # other samples are still recording
             raise DynagraphError(f"backward() inside a concurrent dy.autobatch_map sample: return the loss "

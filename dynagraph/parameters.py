@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import checkpoint, dynet_format
+from . import checkpoint, dynet_format, overlap
 from .backends import get_backend
 from .config import config
 from .errors import CheckpointError
@@ -138,6 +138,9 @@ def make_initializer(init, scale: float = 1.0) -> Initializer:
 class _Stored:
     """Shared parts of Parameters and LookupParameters."""
     is_lookup = False
+    # Reads wait for a backward()/update() still running on the overlap thread (overlap.py).
+    values = overlap.Synced()
+    grad = overlap.Synced()
 
     def __init__(self, pc: "ParameterCollection", name: str, values: np.ndarray):
         self._pc, self._name = pc, name
@@ -236,6 +239,7 @@ class Parameters(_Stored):
 class LookupParameters(_Stored):
     """Embedding table of shape (rows, *dim). Gradients are tracked per touched row."""
     is_lookup = True
+    touched = overlap.Synced()
 
     def __init__(self, pc, name, values):
         super().__init__(pc, name, values)

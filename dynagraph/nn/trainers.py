@@ -23,6 +23,7 @@ import sys
 
 import numpy as np
 
+from .. import overlap
 from ..backends import get_backend
 from ..errors import NonFiniteError
 
@@ -57,6 +58,7 @@ class Trainer:
     @learning_rate.setter
     def learning_rate(self, lr: float) -> None:
         lr = float(lr)
+        overlap.wait()  # a pending update() reads the rate it was called with
         if not math.isfinite(lr):
             raise ValueError(f"learning_rate must be finite, got {lr}")
         self._lr = lr
@@ -67,6 +69,7 @@ class Trainer:
     def set_clip_threshold(self, thr: float) -> None:
         """DyNet: a threshold <= 0 turns clipping off (and reads back as 0)."""
         thr = float(thr)
+        overlap.wait()
         self.clipping_enabled = thr > 0
         self.clip_threshold = thr if thr > 0 else 0.0
 
@@ -74,6 +77,7 @@ class Trainer:
         return self.clip_threshold
 
     def set_sparse_updates(self, su: bool) -> None:
+        overlap.wait()
         self.sparse_updates_enabled = bool(su)
 
     def get_sparse_updates(self) -> bool:
@@ -84,12 +88,14 @@ class Trainer:
 
     def status(self) -> None:
         """Print DyNet's status line to stderr and reset the since-status counters."""
+        overlap.wait()
         sys.stderr.write(f"[lr={self.learning_rate:g} clips={self.clips_since_status} "
                          f"updates={self.updates_since_status}] ")
         self.updates_since_status = self.clips_since_status = 0
 
     def restart(self, learning_rate: float | None = None) -> None:
         """Zero the optimizer state (momenta, moment estimates); optionally set the rate."""
+        overlap.wait()
         if learning_rate is not None:
             self.learning_rate = learning_rate
         for states in self._state.values():
@@ -103,6 +109,11 @@ class Trainer:
 
     # -------------------------------------------------------------- update
     def update(self) -> None:
+        # On two cores the update runs on the overlap thread, after the deferred backward().
+        if not overlap.defer(self._update, f"{type(self).__name__}.update()", chained=True):
+            self._update()
+
+    def _update(self) -> None:
         params = self.model._all()
         gscale = self._clip_scale(_grad_norm_sq(params))
         rules = self._rules()  # once per update, not per parameter: per-sentence programs update often
