@@ -122,7 +122,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     if y.shape[0] != B:  # every node computed the same thing from shared arguments
         y = xp.broadcast_to(y, (B,) + y.shape[1:])
     y = xp.ascontiguousarray(y.reshape((B,) + cg.shape[n0]), dtype=cg.dtype)
-    if cg.check_validity and not bool(xp.isfinite(y).all()):
+    if cg.check_validity and not bool(be.to_host(xp.isfinite(y).all())):  # one explicit scalar copy
         raise NonFiniteError(f"{op.name} produced a non-finite value (nodes {list(nodes)[:5]}...)")
     t2 = time.perf_counter()
     bid = len(cg.blocks)

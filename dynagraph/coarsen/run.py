@@ -238,7 +238,7 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
             v = xp.broadcast_to(v, (B,) + v.shape[1:])
         v = xp.ascontiguousarray(v, dtype=dtype)
         nodes = by_member[m]
-        if cg.check_validity and not bool(xp.isfinite(v).all()):
+        if cg.check_validity and not bool(be.to_host(xp.isfinite(v).all())):  # one explicit scalar copy
             op = cg.op[nodes[0]]
             raise NonFiniteError(f"{op.name} produced a non-finite value (nodes {list(nodes)[:5]}..., "
                                  f"in coarsened group {plan.name})")

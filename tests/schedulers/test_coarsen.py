@@ -14,6 +14,7 @@ from refcheck import run_graph
 
 import dynagraph as dy
 from dynagraph.coarsen import CoarseRecord, find_patterns
+from dynagraph.backends import to_numpy
 from dynagraph.config import config
 
 from . import _random_graph as rg
@@ -38,8 +39,8 @@ def _run(scheduler, build_fn, coarsen: bool):
     finally:
         config.coarsen = False
     cg = run.cg
-    values = [np.array(cg.value(i)).reshape(cg.shape[i]) for i in range(len(cg))]
-    grads = {i: cg.gradient(i) for i in range(len(cg)) if cg.needs_grad[i]}
+    values = [to_numpy(cg.value(i)).reshape(cg.shape[i]) for i in range(len(cg))]
+    grads = {i: to_numpy(cg.gradient(i)) for i in range(len(cg)) if cg.needs_grad[i]}
     return run, values, grads
 
 
