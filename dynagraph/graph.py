@@ -29,7 +29,7 @@ from .errors import (
 )
 from .ops import OpDef
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
-from .recording import COMPILED, ExprBase, GraphBase
+from .recording import COMPILED, SHAPES, SHAPES_LIMIT, ExprBase, GraphBase
 from .stats import Stats
 
 _engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
@@ -143,11 +143,21 @@ class ComputationGraph(GraphBase):
 
     def _new_signature(self, op: OpDef, ids: tuple, attrs: tuple, key: tuple) -> tuple:
         """(signature id, output shape, attrs) for a key not seen yet: runs the op's shape
-        rule. Interned, one tuple per distinct signature, which keeps GC pressure low."""
-        try:
-            shape = op.shape(attrs, *[self.shape[i] for i in ids])
-        except (IndexError, ValueError) as e:
-            raise self._op_error(op, ids, e) from None
+        rule unless an earlier graph did (recording.SHAPES). Interned, one tuple per distinct
+        signature, which keeps GC pressure low."""
+        shapes = tuple([self.shape[i] for i in ids])
+        skey = (op, attrs, shapes)
+        cached = SHAPES.get(skey)
+        if cached is not None:
+            shape = cached[0]
+        else:
+            try:
+                shape = op.shape(attrs, *shapes)
+            except (IndexError, ValueError) as e:
+                raise self._op_error(op, ids, e) from None
+            if len(SHAPES) >= SHAPES_LIMIT:
+                SHAPES.clear()
+            SHAPES[skey] = (shape, op.check, op.blocks_grad)
         # check and blocks_grad ride along for the compiled recorder (one lookup per node)
         known = self._sig_id[key] = (len(self.signatures), shape, attrs, op.check, op.blocks_grad)
         self.signatures.append(key)
@@ -449,6 +459,7 @@ class IndexSlot:
 # One value, (current graph, `with` stack, default graph), so current() is a single lookup.
 # The default graph is made on first use (None until then).
 _state: ContextVar[tuple | None] = ContextVar("dynagraph_graph_state", default=None)
+GRAPH_STATE = _state  # read by the compiled leaf recorder (recording.leaf_recorder)
 _EMPTY = (None, (), None)
 # The dy.autobatch_map sample this code runs as (None outside a map): an object with
 # park(cg, nid) (None when samples run one by one) and next_key() (its random stream).

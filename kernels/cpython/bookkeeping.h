@@ -15,6 +15,7 @@ Each function here has a pure-Python twin that is the reference and the fallback
 
 int dg_recorder_add_types(PyObject *module);
 PyObject *dg_configure(PyObject *self, PyObject *args);
+PyObject *dg_configure_leaves(PyObject *self, PyObject *args);
 PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -32,10 +32,14 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *op, *args, *attrs, *data, *shape, *depth, *sig, *sig_part, *needs_grad;
+    PyObject *signatures; /* list: signature id -> key */
+    PyObject *leaves;     /* dict: parameter (or (parameter, False)) -> its leaf node id */
     PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
     PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
     SigEntry *cache;      /* SIG_CACHE entries, filled from sig_id (cache_of), or NULL */
     PyObject *cache_of;
+    int nused;            /* the filled entries of cache are used[0..nused): clearing and */
+    unsigned short used[SIG_CACHE];  /* traversal visit only those, not all SIG_CACHE */
     char retired, immediate;
 } GraphObject;
 
@@ -50,20 +54,31 @@ static void sig_entry_clear(SigEntry *e) {
 
 static void sig_cache_clear(GraphObject *g) {
     if (g->cache)
-        for (int i = 0; i < SIG_CACHE; i++)
-            sig_entry_clear(&g->cache[i]);
+        for (int k = 0; k < g->nused; k++)
+            sig_entry_clear(&g->cache[g->used[k]]);
+    g->nused = 0;
     Py_CLEAR(g->cache_of);
 }
+
+/* One cleared cache kept from the last graph freed: renew_cg() then costs no allocation and
+   no zeroing of SIG_CACHE entries for the next graph. */
+static SigEntry *SpareCache = NULL;
 
 static PyObject *ExprType = NULL;      /* Expression (a Python subclass of ExprBase) */
 static PyObject *IndexSlotType = NULL;
 static PyObject *RandomKey = NULL;
 static PyObject *AddPyName = NULL;     /* "_add_py" */
+/* dict shared by every graph: (op, attrs, argument shapes) -> (shape, check, blocks_grad).
+   A shape rule is a function of exactly those, so a graph meeting a signature for the first
+   time (every signature of every graph after renew_cg) takes its shape from here instead of
+   running the rule in Python. Filled by ComputationGraph._new_signature only; read here. */
+static PyObject *ShapeCache = NULL;
 
-#define N_COLUMNS 11
+#define N_COLUMNS 13
 static PyObject **graph_column(GraphObject *g, int k) {
     PyObject **cols[N_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth,
-                                  &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base};
+                                  &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base,
+                                  &g->signatures, &g->leaves};
     return cols[k];
 }
 
@@ -71,8 +86,8 @@ static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_VISIT(*graph_column(g, k));
     Py_VISIT(g->cache_of);
-    for (int i = 0; g->cache && i < SIG_CACHE; i++) {
-        SigEntry *e = &g->cache[i];
+    for (int k = 0; g->cache && k < g->nused; k++) {
+        SigEntry *e = &g->cache[g->used[k]];
         Py_VISIT(e->op);
         Py_VISIT(e->attrs);
         Py_VISIT(e->known);
@@ -92,7 +107,10 @@ static int graph_clear(GraphObject *g) {
 static void graph_dealloc(GraphObject *g) {
     PyObject_GC_UnTrack(g);
     graph_clear(g);
-    PyMem_Free(g->cache);
+    if (g->cache && !SpareCache)
+        SpareCache = g->cache;  /* cleared by graph_clear */
+    else
+        PyMem_Free(g->cache);
     g->cache = NULL;
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
@@ -141,16 +159,23 @@ static void sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObjec
     if (n > SIG_CACHE_ARGS)
         return;
     if (!g->cache) {
-        g->cache = PyMem_Calloc(SIG_CACHE, sizeof(SigEntry));
-        if (!g->cache)
+        if (SpareCache) {
+            g->cache = SpareCache;
+            SpareCache = NULL;
+        } else if (!(g->cache = PyMem_Calloc(SIG_CACHE, sizeof(SigEntry)))) {
             return;  /* no cache: every lookup takes the dict */
+        }
+        g->nused = 0;
     }
     if (g->cache_of != g->sig_id) {  /* sig_id was replaced: nothing cached still holds */
         sig_cache_clear(g);
         Py_INCREF(g->sig_id);
         g->cache_of = g->sig_id;
     }
-    SigEntry *e = &g->cache[sig_slot(op, parts, n)];
+    size_t slot = sig_slot(op, parts, n);
+    SigEntry *e = &g->cache[slot];
+    if (!e->op)
+        g->used[g->nused++] = (unsigned short)slot;  /* each slot at most once: it stays filled */
     sig_entry_clear(e);
     Py_INCREF(op);
     Py_INCREF(attrs);
@@ -226,6 +251,46 @@ static int append_steal(PyObject *list, PyObject *v) {
     return rc;
 }
 
+/* A signature new to this graph whose shape the shared cache knows: register it exactly as
+   ComputationGraph._new_signature does (sig_id[key] = known, signatures.append(key)) and
+   return `known` (borrowed, owned by sig_id); NULL without an error when the cache does not
+   know it (Python runs the shape rule), NULL with an error on failure. */
+static PyObject *known_from_cache(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *ids, PyObject *key) {
+    if (!ShapeCache || !PyDict_CheckExact(ShapeCache) || !g->signatures || !PyList_CheckExact(g->signatures))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(ids);
+    PyObject *shapes = PyTuple_New(n);
+    if (!shapes)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *s = PyList_GET_ITEM(g->shape, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));  /* checked */
+        Py_INCREF(s);
+        PyTuple_SET_ITEM(shapes, k, s);
+    }
+    PyObject *skey = PyTuple_Pack(3, op, attrs, shapes);
+    Py_DECREF(shapes);
+    if (!skey)
+        return NULL;
+    PyObject *v = PyDict_GetItemWithError(ShapeCache, skey);  /* borrowed */
+    Py_DECREF(skey);
+    if (!v || !PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 3)
+        return NULL;
+    PyObject *sid = PyLong_FromSsize_t(PyList_GET_SIZE(g->signatures));
+    if (!sid)
+        return NULL;
+    PyObject *known = PyTuple_Pack(5, sid, PyTuple_GET_ITEM(v, 0), attrs, PyTuple_GET_ITEM(v, 1),
+                                   PyTuple_GET_ITEM(v, 2));
+    Py_DECREF(sid);
+    if (!known)
+        return NULL;
+    if (PyDict_SetItem(g->sig_id, key, known) < 0 || PyList_Append(g->signatures, key) < 0) {
+        Py_DECREF(known);
+        return NULL;
+    }
+    Py_DECREF(known);  /* sig_id holds it */
+    return known;
+}
+
 /* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
    with *slow = 1 when Python must handle the call (nothing has been appended then). */
 static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data, int *slow) {
@@ -285,6 +350,8 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
             return NULL;
         }
         known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
+        if (!known && !PyErr_Occurred())
+            known = known_from_cache(g, op, attrs, ids, key);
         Py_DECREF(key);
         if (!known) {
             if (PyErr_Occurred()) {
@@ -375,6 +442,8 @@ static PyMemberDef graph_members[] = {
     {"needs_grad", T_OBJECT_EX, offsetof(GraphObject, needs_grad), 0, NULL},
     {"_sig_id", T_OBJECT_EX, offsetof(GraphObject, sig_id), 0, NULL},
     {"_rand_base", T_OBJECT_EX, offsetof(GraphObject, rand_base), 0, NULL},
+    {"signatures", T_OBJECT_EX, offsetof(GraphObject, signatures), 0, NULL},
+    {"_leaves", T_OBJECT_EX, offsetof(GraphObject, leaves), 0, NULL},
     {"retired", T_BOOL, offsetof(GraphObject, retired), 0, NULL},
     {"immediate_compute", T_BOOL, offsetof(GraphObject, immediate), 0, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -666,11 +735,117 @@ static PyTypeObject RecorderType = {
     .tp_new = recorder_new,
 };
 
+/* ------------------------------------------------------------- parameter leaves */
+/* expression_of(p, update=True, lookup=None, graph=None): the Expression of parameter p in
+   `graph` (default: the current graph), or of row `lookup` of a lookup table p, when p
+   already has its leaf there (the common case: every use after the first in a graph).
+   Anything else (a first use, update=False, a non-int index, no current graph yet, a
+   retired graph) calls the Python twin (expression._expression_of) with the same arguments. */
+static PyObject *LeafFallback = NULL, *GraphState = NULL, *LookupOp = NULL;
+
+static PyObject *leaf_slow(PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    if (!LeafFallback) {
+        PyErr_SetString(PyExc_RuntimeError, "expression_of: configure_leaves() was not called");
+        return NULL;
+    }
+    return PyObject_Vectorcall(LeafFallback, argv, nargsf, kwnames);
+}
+
+static PyObject *expression_of(PyObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    (void)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *update = Py_True, *lookup = Py_None, *graph = Py_None;
+    if (nargs < 1 || nargs > 4 || !ExprType || !GraphState || !LookupOp)
+        return leaf_slow(argv, nargsf, kwnames);
+    if (nargs > 1) update = argv[1];
+    if (nargs > 2) lookup = argv[2];
+    if (nargs > 3) graph = argv[3];
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k), *v = argv[nargs + k];
+        if (PyUnicode_CompareWithASCIIString(name, "lookup") == 0)
+            lookup = v;
+        else if (PyUnicode_CompareWithASCIIString(name, "graph") == 0)
+            graph = v;
+        else if (PyUnicode_CompareWithASCIIString(name, "update") == 0)
+            update = v;
+        else
+            return leaf_slow(argv, nargsf, kwnames);
+    }
+    if (update != Py_True || (lookup != Py_None && !PyLong_CheckExact(lookup)))
+        return leaf_slow(argv, nargsf, kwnames);
+    PyObject *cg = graph;
+    if (cg == Py_None) {
+        PyObject *state = NULL;
+        if (PyContextVar_Get(GraphState, NULL, &state) < 0)
+            return NULL;
+        if (!state || !PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) < 1 ||
+            PyTuple_GET_ITEM(state, 0) == Py_None) {
+            Py_XDECREF(state);
+            return leaf_slow(argv, nargsf, kwnames);
+        }
+        cg = PyTuple_GET_ITEM(state, 0);
+        Py_DECREF(state);  /* the context still holds the tuple, and it the graph */
+    }
+    if (!PyObject_TypeCheck(cg, &GraphBaseType))
+        return leaf_slow(argv, nargsf, kwnames);
+    GraphObject *g = (GraphObject *)cg;
+    if (g->retired || !g->leaves || !PyDict_CheckExact(g->leaves))
+        return leaf_slow(argv, nargsf, kwnames);
+    PyObject *nid = PyDict_GetItemWithError(g->leaves, argv[0]);  /* borrowed */
+    if (!nid) {
+        if (PyErr_Occurred())
+            return NULL;
+        return leaf_slow(argv, nargsf, kwnames);
+    }
+    Py_INCREF(cg);  /* held across add(), which may call into Python */
+    PyObject *res;
+    if (lookup == Py_None) {
+        Py_INCREF(nid);
+        res = make_expr(cg, nid);
+    } else {
+        PyObject *ids = PyTuple_Pack(1, nid), *empty = PyTuple_New(0);
+        PyObject *out = NULL;
+        if (ids && empty)
+            out = graph_add_ids(g, LookupOp, ids, empty, lookup);
+        Py_XDECREF(ids);
+        Py_XDECREF(empty);
+        res = make_expr(cg, out);
+    }
+    Py_DECREF(cg);
+    return res;
+}
+
+/* configure_leaves(fallback, graph_state, lookup_op): what expression_of falls back to, the
+   ContextVar holding (current graph, with-stack, default graph), and the lookup op. */
+PyObject *dg_configure_leaves(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *fallback, *state, *op;
+    if (!PyArg_ParseTuple(args, "OO!O", &fallback, &PyContextVar_Type, &state, &op))
+        return NULL;
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+        return NULL;
+    }
+    Py_INCREF(fallback);
+    Py_INCREF(state);
+    Py_INCREF(op);
+    Py_XSETREF(LeafFallback, fallback);
+    Py_XSETREF(GraphState, state);
+    Py_XSETREF(LookupOp, op);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef leaf_method = {
+    "expression_of", (PyCFunction)(void (*)(void))expression_of, METH_FASTCALL | METH_KEYWORDS,
+    "expression_of(p, update=True, lookup=None, graph=None): the Expression of parameter p (row\n"
+    "`lookup` of a lookup table) in `graph` or the current graph; see expression._expression_of."};
+
 /* --------------------------------------------------------------------- module */
 PyObject *dg_configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *expr, *slot, *key;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &expr, &PyType_Type, &slot, &key))
+    PyObject *expr, *slot, *key, *shapes = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O|O!", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
         ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
@@ -683,6 +858,8 @@ PyObject *dg_configure(PyObject *self, PyObject *args) {
     Py_XSETREF(ExprType, expr);
     Py_XSETREF(IndexSlotType, slot);
     Py_XSETREF(RandomKey, key);
+    Py_XINCREF(shapes);
+    Py_XSETREF(ShapeCache, shapes);
     Py_RETURN_NONE;
 }
 
@@ -691,6 +868,11 @@ int dg_recorder_add_types(PyObject *m) {
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
         return -1;
+    PyObject *f = PyCFunction_NewEx(&leaf_method, NULL, NULL);
+    if (!f || PyModule_AddObject(m, "expression_of", f) < 0) {
+        Py_XDECREF(f);
+        return -1;
+    }
     PyTypeObject *types[3] = {&GraphBaseType, &ExprBaseType, &RecorderType};
     const char *names[3] = {"GraphBase", "ExprBase", "Recorder"};
     for (int k = 0; k < 3; k++) {
