@@ -47,7 +47,7 @@ from ..ops import OPS
 from ..subgraph import block
 from .rnn_base import RNNState, _err, _layer_norm, _positive, _RNNBuilder, _Sequence
 
-_PICK_RANGE, _ADDC, _ADD = OPS["pick_range"], OPS["addc"], OPS["add"]
+_LSTM_C, _LSTM_H = OPS["lstm_c"], OPS["lstm_h"]
 
 __all__ = ["RNNState", "SimpleRNNBuilder", "GRUBuilder", "VanillaLSTMBuilder", "LSTMBuilder",
            "CompactVanillaLSTMBuilder", "CoupledLSTMBuilder", "BiRNNBuilder"]
@@ -136,11 +136,10 @@ def _gru_update(ps, x, hp):
 
 
 @functools.lru_cache(maxsize=64)
-def _gate_attrs(hd: int, fb: float) -> tuple:
-    """pick_range attrs of the i, f, o, g gate slices of a 4h pre-activation and addc's attrs
-    for the forget bias (None when it is 0). The same tuples every step also let the
-    recorder's signature cache match them by identity."""
-    return (0, hd, 0), (hd, 2 * hd, 0), (2 * hd, 3 * hd, 0), (3 * hd, 4 * hd, 0), ((fb,) if fb != 0.0 else None)
+def _cell_attrs(hd: int, fb: float) -> tuple:
+    """The attrs of lstm_c and lstm_h, one tuple each per builder shape: the same objects
+    every step also let the recorder's signature cache match them by identity."""
+    return (hd, fb), (hd,)
 
 
 def _lstm_update(pre, cp, hd: int, fb: float):
@@ -208,23 +207,20 @@ class VanillaLSTMBuilder(_LSTMBase):
                 and not self._use_blocks(seq))
 
     def _plain_step(self, seq, hs, cs, x):
-        """_step for plain Expressions and a plain cell: the same nodes in the same order,
-        recorded straight through the compiled recorder (no per-gate wrappers). The cost
-        of a builder step is its recording: it runs once per word per sentence."""
-        r_i, r_f, r_o, r_g, fb = _gate_attrs(self.hidden_dim, self.forget_bias)
+        """_step for plain Expressions and a plain cell: one affine_transform for the four
+        gates, as DyNet records it, then the cell as two nodes (ops lstm_c and lstm_h, the
+        same formulas as _lstm_update's thirteen elementwise nodes). A builder step is
+        recorded, scheduled, run and differentiated once per word of every sentence."""
+        c_attrs, h_attrs = _cell_attrs(self.hidden_dim, self.forget_bias)
         out_h, out_c = [], []
         for i, (W_x, W_h, b) in enumerate(seq.vars):
             if hs is None:
                 pre = affine_transform([b, W_x, x])
+                c = record1(_LSTM_C, pre, c_attrs)
             else:
                 pre = affine_transform([b, W_x, x, W_h, hs[i]])
-            a_f = record1(_PICK_RANGE, pre, r_f)
-            i_t = logistic(record1(_PICK_RANGE, pre, r_i))
-            f_t = logistic(record1(_ADDC, a_f, fb) if fb is not None else a_f)
-            o_t = logistic(record1(_PICK_RANGE, pre, r_o))
-            g_t = tanh(record1(_PICK_RANGE, pre, r_g))
-            c = cmult(i_t, g_t) if hs is None else record2(_ADD, cmult(f_t, cs[i]), cmult(i_t, g_t))
-            x = cmult(o_t, tanh(c))
+                c = record2(_LSTM_C, pre, cs[i], c_attrs)
+            x = record2(_LSTM_H, pre, c, h_attrs)
             out_h.append(x)
             out_c.append(c)
         return out_h, out_c, x
