@@ -189,27 +189,34 @@ class ComputationGraph(GraphBase):
         return nid
 
     def leaf(self, p, update: bool = True) -> int:
-        """The node standing for a parameter in this graph (one per parameter and mode)."""
+        """The node standing for a parameter in this graph (one per parameter and mode).
+        Made once per parameter per graph, so several per sentence: written out flat."""
         key = p if update else (p, False)
         nid = self._leaves.get(key)
         if nid is not None:
             return nid
-        self._sync_values()
         nid = len(self.op)
-        op = LOOKUP_TABLE if p.is_lookup else PARAMETER
-        self.op.append(op)
+        blk = self.blk
+        k = nid - len(blk)
+        if k:  # _sync_values(), inline
+            blk.extend([-1] * k)
+            self.row.extend([0] * k)
+        values = p.values
+        shape = values.shape
+        self.op.append(LOOKUP_TABLE if p.is_lookup else PARAMETER)
         self.args.append(())
-        self.attrs.append((p.values.shape, p))
+        self.attrs.append((shape, p))
         self.data.append(None)
-        self.shape.append(tuple(p.values.shape))
+        self.shape.append(shape)
         self.depth.append(0)
         self.sig.append(-1)  # leaves are bound, never scheduled
         self.sig_part.append(("shared", id(p), update))  # shared arguments batch by identity and mode
         self.needs_grad.append(update and p.updated)
-        self._block_param[len(self.blocks)] = p
-        self.blk.append(len(self.blocks))
+        blocks = self.blocks
+        self._block_param[len(blocks)] = p
+        blk.append(len(blocks))
         self.row.append(0)
-        self.blocks.append(p.values[None])
+        blocks.append(values[None])
         self._leaves[key] = nid
         return nid
 

@@ -12,9 +12,12 @@ from typing import Sequence
 
 from ..batched import BatchedExpression
 from ..errors import DynagraphError, user_line
-from ..expression import Expression
+from ..expression import Expression, record1
 from ..expressions import cmult, inputVector, mean_elems, random_bernoulli, reshape, sqrt, square, zeros
+from ..ops import OPS
 from ..parameters import ConstInitializer, ParameterCollection
+
+_RESHAPE = OPS["reshape"]
 
 
 def _err(who: str, msg: str) -> DynagraphError:
@@ -194,7 +197,13 @@ class _RNNBuilder:
         return self.initial_state(None if vecs is None else [inputVector(v) for v in vecs], update)
 
     def _check_vec(self, x, dim: int, where: str):
-        if not isinstance(x, (Expression, BatchedExpression)):  # a minibatch: one step per sample
+        if type(x) is Expression:  # the common case, once per step: no property, no wrappers
+            shape = x.cg.shape[x.i]
+            if shape == (dim,):
+                return x
+            if shape == (dim, 1):  # a column (e.g. attention's context): DyNet takes it as a vector
+                return record1(_RESHAPE, x, ((dim,),))
+        elif not isinstance(x, (Expression, BatchedExpression)):  # a minibatch: one step per sample
             raise TypeError(f"{self.whoami()}.{where}: expected an Expression, got {type(x).__name__}")
         shape = x.shape
         if shape == (dim,):
