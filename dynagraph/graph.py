@@ -147,17 +147,15 @@ class ComputationGraph(GraphBase):
         signature, which keeps GC pressure low."""
         shapes = tuple([self.shape[i] for i in ids])
         skey = (op, attrs, shapes)
-        cached = SHAPES.get(skey)
-        if cached is not None:
-            shape = cached[0]
-        else:
+        shape = SHAPES.get(skey)
+        if shape is None:
             try:
                 shape = op.shape(attrs, *shapes)
             except (IndexError, ValueError) as e:
                 raise self._op_error(op, ids, e) from None
             if len(SHAPES) >= SHAPES_LIMIT:
                 SHAPES.clear()
-            SHAPES[skey] = (shape, op.check, op.blocks_grad)
+            SHAPES[skey] = shape
         # check and blocks_grad ride along for the compiled recorder (one lookup per node)
         known = self._sig_id[key] = (len(self.signatures), shape, attrs, op.check, op.blocks_grad)
         self.signatures.append(key)

@@ -45,7 +45,7 @@ class _PyExprBase:
         self.cg, self.i = cg, i
 
 
-# (op, attrs, argument shapes) -> (output shape, op.check, op.blocks_grad), shared by every
+# (op, attrs, argument shapes) -> output shape, shared by every
 # graph: a shape rule depends on nothing else, so after renew_cg a graph meeting a signature
 # again skips the rule (in C, without calling Python). Bounded: cleared when it grows past
 # SHAPES_LIMIT (programs whose shapes never repeat would otherwise grow it forever).

@@ -139,3 +139,21 @@ def test_many_graphs_reuse_the_signature_cache_correctly(parts):
         ref = np.concatenate([sum(E.as_array()[(k + j) % 10] for j in range(len(xs))),
                               E.as_array()[k % 10]])[k % 5:6 + k % 5]
         np.testing.assert_allclose(y.npvalue(), 1 / (1 + np.exp(-ref)), rtol=1e-6)
+
+
+def test_a_new_graph_reads_check_and_blocks_grad_from_the_op(parts, monkeypatch):
+    """The shared cache holds shapes only: an op's per-node check and blocks_grad are read
+    from the op when a graph first meets the signature, as the Python path reads them."""
+    E = parts[0]
+    dy.renew_cg()
+    E[3]
+    seen = []
+    original = OPS["lookup"].check
+    monkeypatch.setattr(OPS["lookup"], "check", lambda *a: seen.append(a[1]) or original(*a))
+    dy.renew_cg()
+    E[4]
+    assert seen == [4]
+    monkeypatch.setattr(OPS["tanh"], "blocks_grad", True)
+    cg = dy.renew_cg()
+    y = dy.tanh(E[2])
+    assert cg.needs_grad[y.i] is False

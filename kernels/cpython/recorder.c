@@ -68,10 +68,12 @@ static PyObject *ExprType = NULL;      /* Expression (a Python subclass of ExprB
 static PyObject *IndexSlotType = NULL;
 static PyObject *RandomKey = NULL;
 static PyObject *AddPyName = NULL;     /* "_add_py" */
-/* dict shared by every graph: (op, attrs, argument shapes) -> (shape, check, blocks_grad).
+static PyObject *CheckName = NULL, *BlocksGradName = NULL;  /* "check", "blocks_grad" */
+/* dict shared by every graph: (op, attrs, argument shapes) -> output shape.
    A shape rule is a function of exactly those, so a graph meeting a signature for the first
    time (every signature of every graph after renew_cg) takes its shape from here instead of
-   running the rule in Python. Filled by ComputationGraph._new_signature only; read here. */
+   running the rule in Python. Values are output shapes. Filled by
+   ComputationGraph._new_signature only; read here. */
 static PyObject *ShapeCache = NULL;
 
 #define N_COLUMNS 13
@@ -271,16 +273,20 @@ static PyObject *known_from_cache(GraphObject *g, PyObject *op, PyObject *attrs,
     Py_DECREF(shapes);
     if (!skey)
         return NULL;
-    PyObject *v = PyDict_GetItemWithError(ShapeCache, skey);  /* borrowed */
+    PyObject *shape = PyDict_GetItemWithError(ShapeCache, skey);  /* borrowed */
     Py_DECREF(skey);
-    if (!v || !PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 3)
+    if (!shape || !PyTuple_CheckExact(shape))
         return NULL;
-    PyObject *sid = PyLong_FromSsize_t(PyList_GET_SIZE(g->signatures));
-    if (!sid)
-        return NULL;
-    PyObject *known = PyTuple_Pack(5, sid, PyTuple_GET_ITEM(v, 0), attrs, PyTuple_GET_ITEM(v, 1),
-                                   PyTuple_GET_ITEM(v, 2));
-    Py_DECREF(sid);
+    Py_INCREF(shape);  /* the attribute lookups below may run Python code */
+    /* check and blocks_grad as the op has them now, as _new_signature reads them */
+    PyObject *check = PyObject_GetAttr(op, CheckName);
+    PyObject *blocks = check ? PyObject_GetAttr(op, BlocksGradName) : NULL;
+    PyObject *sid = blocks ? PyLong_FromSsize_t(PyList_GET_SIZE(g->signatures)) : NULL;
+    PyObject *known = sid ? PyTuple_Pack(5, sid, shape, attrs, check, blocks) : NULL;
+    Py_DECREF(shape);
+    Py_XDECREF(check);
+    Py_XDECREF(blocks);
+    Py_XDECREF(sid);
     if (!known)
         return NULL;
     if (PyDict_SetItem(g->sig_id, key, known) < 0 || PyList_Append(g->signatures, key) < 0) {
@@ -867,6 +873,10 @@ int dg_recorder_add_types(PyObject *m) {
     if (PyType_Ready(&GraphBaseType) < 0 || PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
+        return -1;
+    if (!CheckName && !(CheckName = PyUnicode_InternFromString("check")))
+        return -1;
+    if (!BlocksGradName && !(BlocksGradName = PyUnicode_InternFromString("blocks_grad")))
         return -1;
     PyObject *f = PyCFunction_NewEx(&leaf_method, NULL, NULL);
     if (!f || PyModule_AddObject(m, "expression_of", f) < 0) {
