@@ -157,3 +157,27 @@ def test_a_new_graph_reads_check_and_blocks_grad_from_the_op(parts, monkeypatch)
     cg = dy.renew_cg()
     y = dy.tanh(E[2])
     assert cg.needs_grad[y.i] is False
+
+
+def test_long_columns_grow_and_shrink_correctly():
+    """Columns past 4096 entries grow by half in C; revert() shrinks them in Python; every
+    node keeps its entries and values."""
+    cg = dy.renew_cg()
+    x = dy.inputVector([0.5, -0.25])
+    ys = [dy.tanh(x)]
+    for k in range(6000):
+        ys.append(ys[-1] * 0.5 + x if k % 2 else dy.tanh(ys[-1]))
+    n = len(cg.op)
+    assert all(len(getattr(cg, c)) == n for c in ("op", "args", "attrs", "data", "shape", "depth", "sig",
+                                                   "sig_part", "needs_grad"))
+    cg.checkpoint()
+    for _ in range(5000):
+        dy.tanh(x)
+    cg.revert()
+    z = dy.tanh(ys[-1])
+    assert z.i == n and len(cg.op) == n + 1 and cg.depth[z.i] == cg.depth[ys[-1].i] + 1
+    ref = np.array([0.5, -0.25])
+    v = np.tanh(ref)
+    for k in range(6000):
+        v = (v * 0.5 + ref) if k % 2 else np.tanh(v)
+    np.testing.assert_allclose(z.npvalue(), np.tanh(v), rtol=1e-6)
