@@ -10,8 +10,7 @@ import numpy as np
 
 from . import parameters as _params
 from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, as_index, user_line
-from .graph import _RANDOM_KEY, ComputationGraph, IndexSlot, current
-from .graph import GRAPH_STATE
+from .graph import _RANDOM_KEY, GRAPH_STATE, ComputationGraph, IndexSlot, current
 from .ops import OPS, OpDef
 from .parameters import LookupParameters, Parameters
 from .recording import ONE, TWO, ExprBase, configure, leaf_recorder, recorder

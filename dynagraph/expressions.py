@@ -22,7 +22,7 @@ from .batched import (
 )
 from .errors import DynagraphError, as_index, user_line
 from .expression import Expression, expression_of
-from .graph import IndexSlot, current, random_key
+from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 from .recording import INTS, LIST, ONE, TWO, recorder
