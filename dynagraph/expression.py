@@ -11,10 +11,10 @@ import numpy as np
 from . import parameters as _params
 from .backends import to_numpy
 from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, as_index, user_line
-from .graph import _RANDOM_KEY, ComputationGraph, IndexSlot, current
+from .graph import _RANDOM_KEY, GRAPH_STATE, ComputationGraph, IndexSlot, current
 from .ops import OPS, OpDef
 from .parameters import LookupParameters, Parameters
-from .recording import ONE, TWO, ExprBase, configure, recorder
+from .recording import ONE, TWO, ExprBase, configure, leaf_recorder, recorder
 
 _LOOKUP = OPS["lookup"]
 _INPUT, _PICK = OPS["input"], OPS["pick"]
@@ -306,5 +306,8 @@ def _slice_range(sl: slice, n: int) -> tuple:
     return (start, stop, 0)
 
 
-_params.expression_hook = _expression_of
 configure(Expression, IndexSlot, _RANDOM_KEY)
+# expression_of(p, update=True, lookup=None, graph=None): _expression_of, compiled for the
+# common case (the parameter already has its leaf in the graph)
+expression_of = leaf_recorder(_expression_of, GRAPH_STATE, _LOOKUP)
+_params.expression_hook = expression_of

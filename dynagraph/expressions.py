@@ -21,8 +21,8 @@ from .batched import (
     samples_of,
 )
 from .errors import DynagraphError, as_index, user_line
-from .expression import Expression, lookup_in
-from .graph import IndexSlot, current, random_key
+from .expression import Expression, expression_of
+from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters
 from .recording import INTS, LIST, ONE, TWO, recorder
@@ -124,7 +124,7 @@ def const_parameter(*ps):
 def lookup(p: LookupParameters, index: int, update: bool = True) -> Expression:
     if type(p) is not LookupParameters and not isinstance(p, LookupParameters):
         raise TypeError(f"lookup needs LookupParameters, got {type(p).__name__}")
-    return lookup_in(current(), p, index if type(index) is int else _int(index, "lookup"), update)
+    return expression_of(p, update, index if type(index) is int else _int(index, "lookup"))
 
 
 def const_lookup(p: LookupParameters, index: int) -> Expression:

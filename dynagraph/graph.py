@@ -31,7 +31,7 @@ from .errors import (
 )
 from .ops import OpDef
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
-from .recording import COMPILED, ExprBase, GraphBase
+from .recording import COMPILED, SHAPES, SHAPES_LIMIT, ExprBase, GraphBase
 from .stats import Stats
 
 _engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
@@ -145,11 +145,19 @@ class ComputationGraph(GraphBase):
 
     def _new_signature(self, op: OpDef, ids: tuple, attrs: tuple, key: tuple) -> tuple:
         """(signature id, output shape, attrs) for a key not seen yet: runs the op's shape
-        rule. Interned, one tuple per distinct signature, which keeps GC pressure low."""
-        try:
-            shape = op.shape(attrs, *[self.shape[i] for i in ids])
-        except (IndexError, ValueError) as e:
-            raise self._op_error(op, ids, e) from None
+        rule unless an earlier graph did (recording.SHAPES). Interned, one tuple per distinct
+        signature, which keeps GC pressure low."""
+        shapes = tuple([self.shape[i] for i in ids])
+        skey = (op, attrs, shapes)
+        shape = SHAPES.get(skey)
+        if shape is None:
+            try:
+                shape = op.shape(attrs, *shapes)
+            except (IndexError, ValueError) as e:
+                raise self._op_error(op, ids, e) from None
+            if len(SHAPES) >= SHAPES_LIMIT:
+                SHAPES.clear()
+            SHAPES[skey] = shape
         # check and blocks_grad ride along for the compiled recorder (one lookup per node)
         known = self._sig_id[key] = (len(self.signatures), shape, attrs, op.check, op.blocks_grad)
         self.signatures.append(key)
@@ -190,28 +198,34 @@ class ComputationGraph(GraphBase):
         return nid
 
     def leaf(self, p, update: bool = True) -> int:
-        """The node standing for a parameter in this graph (one per parameter and mode)."""
+        """The node standing for a parameter in this graph (one per parameter and mode).
+        Made once per parameter per graph, so several per sentence: written out flat."""
         key = p if update else (p, False)
         nid = self._leaves.get(key)
         if nid is not None:
             return nid
-        self._sync_values()
         nid = len(self.op)
-        op = LOOKUP_TABLE if p.is_lookup else PARAMETER
+        blk = self.blk
+        k = nid - len(blk)
+        if k:  # _sync_values(), inline
+            blk.extend([-1] * k)
+            self.row.extend([0] * k)
         values = overlap.storage(p, "values")  # a view; no wait for a step still updating it
-        self.op.append(op)
+        shape = values.shape
+        self.op.append(LOOKUP_TABLE if p.is_lookup else PARAMETER)
         self.args.append(())
-        self.attrs.append((values.shape, p))
+        self.attrs.append((shape, p))
         self.data.append(None)
-        self.shape.append(tuple(values.shape))
+        self.shape.append(shape)
         self.depth.append(0)
         self.sig.append(-1)  # leaves are bound, never scheduled
         self.sig_part.append(("shared", id(p), update))  # shared arguments batch by identity and mode
         self.needs_grad.append(update and p.updated)
-        self._block_param[len(self.blocks)] = p
-        self.blk.append(len(self.blocks))
+        blocks = self.blocks
+        self._block_param[len(blocks)] = p
+        blk.append(len(blocks))
         self.row.append(0)
-        self.blocks.append(values[None])
+        blocks.append(values[None])
         self._leaves[key] = nid
         return nid
 
@@ -462,6 +476,7 @@ class IndexSlot:
 # One value, (current graph, `with` stack, default graph), so current() is a single lookup.
 # The default graph is made on first use (None until then).
 _state: ContextVar[tuple | None] = ContextVar("dynagraph_graph_state", default=None)
+GRAPH_STATE = _state  # read by the compiled leaf recorder (recording.leaf_recorder)
 _EMPTY = (None, (), None)
 # The dy.autobatch_map sample this code runs as (None outside a map): an object with
 # park(cg, nid) (None when samples run one by one) and next_key() (its random stream).

@@ -45,6 +45,13 @@ class _PyExprBase:
         self.cg, self.i = cg, i
 
 
+# (op, attrs, argument shapes) -> output shape, shared by every
+# graph: a shape rule depends on nothing else, so after renew_cg a graph meeting a signature
+# again skips the rule (in C, without calling Python). Bounded: cleared when it grows past
+# SHAPES_LIMIT (programs whose shapes never repeat would otherwise grow it forever).
+SHAPES: dict = {}
+SHAPES_LIMIT = 1 << 14
+
 GraphBase: type = _c.GraphBase if COMPILED else _PyGraphBase
 ExprBase: type = _c.ExprBase if COMPILED else _PyExprBase
 _Expression: Any = None
@@ -55,7 +62,17 @@ def configure(expression: type, index_slot: type, random_key: object) -> None:
     global _Expression
     _Expression = expression
     if COMPILED:
-        _c.configure(expression, index_slot, random_key)
+        _c.configure(expression, index_slot, random_key, SHAPES)
+
+
+def leaf_recorder(fallback: Callable, graph_state, lookup_op) -> Callable:
+    """expression_of(p, update=True, lookup=None, graph=None), the expression of a parameter
+    or of one row of a lookup table: compiled for a parameter that already has its leaf in
+    the graph (every use after the first), else `fallback` itself, the reference."""
+    if COMPILED:
+        _c.configure_leaves(fallback, graph_state, lookup_op)
+        return _c.expression_of
+    return fallback
 
 
 def recorder(op, form: int, fallback: Callable, attrs: tuple = ()) -> Callable:

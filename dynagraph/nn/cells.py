@@ -1,12 +1,28 @@
-"""Cell updates shared by tree models (there is no DyNet builder for them)."""
+"""Cell updates: the vanilla LSTM step the builders record, and the N-ary TreeLSTM (there is
+no DyNet builder for trees)."""
 from __future__ import annotations
 
 from typing import Sequence
 
+from ..expression import Expression, record1, record2
 from ..expressions import cmult, logistic, pick_range, tanh
-from ..expression import Expression
+from ..ops import OPS
 
-__all__ = ["tree_lstm_update"]
+__all__ = ["lstm_update", "tree_lstm_update"]
+_LSTM_C, _LSTM_H = OPS["lstm_c"], OPS["lstm_h"]
+
+
+def lstm_update(pre: Expression, c_prev: Expression | None = None, forget_bias: float = 1.0) -> tuple:
+    """One vanilla LSTM step from stacked pre-activations [i, f, o, g] (4H): returns (h, c),
+    c = s(f + forget_bias) c_prev + s(i) tanh(g) (s(i) tanh(g) without c_prev) and
+    h = s(o) tanh(c), as two nodes (ops lstm_c, lstm_h) instead of thirteen elementwise
+    ones. VanillaLSTMBuilder records its cell with it."""
+    shape = pre.shape
+    if len(shape) != 1 or shape[0] % 4:
+        raise TypeError(f"lstm_update: pre-activations must be a vector of 4H elements, got shape {shape}")
+    attrs = (shape[0] // 4, float(forget_bias))
+    c = record1(_LSTM_C, pre, attrs) if c_prev is None else record2(_LSTM_C, pre, c_prev, attrs)
+    return record2(_LSTM_H, pre, c, attrs[:1]), c
 
 
 def tree_lstm_update(pre: Expression, child_cells: Sequence[Expression], hidden: int) -> tuple:

@@ -4,6 +4,7 @@ The compute kernels are plain C behind cffi (the kernel families in kernels/). T
 their work is Python objects (the graph's node lists), which cffi cannot hand to C.
 Each function here has a pure-Python twin that is the reference and the fallback:
   recorder.c   dynagraph/recording.py and ComputationGraph._add_py
+  leaves.c     expression._expression_of
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
@@ -15,6 +16,14 @@ Each function here has a pure-Python twin that is the reference and the fallback
 
 int dg_recorder_add_types(PyObject *module);
 PyObject *dg_configure(PyObject *self, PyObject *args);
+PyObject *dg_configure_leaves(PyObject *self, PyObject *args);
+int dg_leaves_add(PyObject *module);
+/* recorder.c, for leaves.c: whether configure() ran; a live graph's leaf dict (borrowed) or
+   NULL; an Expression for (cg, nid) (steals nid); add() on a live graph (a node id or NULL) */
+int dg_recorder_ready(void);
+PyObject *dg_live_leaves(PyObject *cg);
+PyObject *dg_make_expr(PyObject *cg, PyObject *nid);
+PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data);
 PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

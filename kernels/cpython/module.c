@@ -5,7 +5,10 @@
 
 static PyMethodDef functions[] = {
     {"configure", dg_configure, METH_VARARGS,
-     "configure(Expression, IndexSlot, RANDOM_KEY): the Python classes the recorder creates and checks."},
+     "configure(Expression, IndexSlot, RANDOM_KEY[, shapes]): the Python classes the recorder creates and checks, and the shared shape cache (recording.SHAPES)."},
+    {"configure_leaves", dg_configure_leaves, METH_VARARGS,
+     "configure_leaves(fallback, graph_state, lookup_op): expression_of's Python twin, the ContextVar of the "
+     "current graph and the lookup op."},
     FAST(columns, "columns(args, nodes): the batch's argument columns, tuple(zip(*[args[n] for n in nodes]))."),
     FAST(place, "place(blk, row, nodes, bid): blk[n] = bid, row[n] = r for the r-th node."),
     FAST(locate, "locate(blk, row, ids): (1, b, r0) | (2, b, rows) | (3, blks, rows); see executor.gather."),

@@ -32,10 +32,14 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *op, *args, *attrs, *data, *shape, *depth, *sig, *sig_part, *needs_grad;
+    PyObject *signatures; /* list: signature id -> key */
+    PyObject *leaves;     /* dict: parameter (or (parameter, False)) -> its leaf node id */
     PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
     PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
     SigEntry *cache;      /* SIG_CACHE entries, filled from sig_id (cache_of), or NULL */
     PyObject *cache_of;
+    int nused;            /* the filled entries of cache are used[0..nused): clearing and */
+    unsigned short used[SIG_CACHE];  /* traversal visit only those, not all SIG_CACHE */
     char retired, immediate;
 } GraphObject;
 
@@ -50,20 +54,33 @@ static void sig_entry_clear(SigEntry *e) {
 
 static void sig_cache_clear(GraphObject *g) {
     if (g->cache)
-        for (int i = 0; i < SIG_CACHE; i++)
-            sig_entry_clear(&g->cache[i]);
+        for (int k = 0; k < g->nused; k++)
+            sig_entry_clear(&g->cache[g->used[k]]);
+    g->nused = 0;
     Py_CLEAR(g->cache_of);
 }
+
+/* One cleared cache kept from the last graph freed: renew_cg() then costs no allocation and
+   no zeroing of SIG_CACHE entries for the next graph. */
+static SigEntry *SpareCache = NULL;
 
 static PyObject *ExprType = NULL;      /* Expression (a Python subclass of ExprBase) */
 static PyObject *IndexSlotType = NULL;
 static PyObject *RandomKey = NULL;
 static PyObject *AddPyName = NULL;     /* "_add_py" */
+static PyObject *CheckName = NULL, *BlocksGradName = NULL;  /* "check", "blocks_grad" */
+/* dict shared by every graph: (op, attrs, argument shapes) -> output shape.
+   A shape rule is a function of exactly those, so a graph meeting a signature for the first
+   time (every signature of every graph after renew_cg) takes its shape from here instead of
+   running the rule in Python. Values are output shapes. Filled by
+   ComputationGraph._new_signature only; read here. */
+static PyObject *ShapeCache = NULL;
 
-#define N_COLUMNS 11
+#define N_COLUMNS 13
 static PyObject **graph_column(GraphObject *g, int k) {
     PyObject **cols[N_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth,
-                                  &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base};
+                                  &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base,
+                                  &g->signatures, &g->leaves};
     return cols[k];
 }
 
@@ -71,8 +88,8 @@ static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_VISIT(*graph_column(g, k));
     Py_VISIT(g->cache_of);
-    for (int i = 0; g->cache && i < SIG_CACHE; i++) {
-        SigEntry *e = &g->cache[i];
+    for (int k = 0; g->cache && k < g->nused; k++) {
+        SigEntry *e = &g->cache[g->used[k]];
         Py_VISIT(e->op);
         Py_VISIT(e->attrs);
         Py_VISIT(e->known);
@@ -92,7 +109,10 @@ static int graph_clear(GraphObject *g) {
 static void graph_dealloc(GraphObject *g) {
     PyObject_GC_UnTrack(g);
     graph_clear(g);
-    PyMem_Free(g->cache);
+    if (g->cache && !SpareCache)
+        SpareCache = g->cache;  /* cleared by graph_clear */
+    else
+        PyMem_Free(g->cache);
     g->cache = NULL;
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
@@ -141,16 +161,23 @@ static void sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObjec
     if (n > SIG_CACHE_ARGS)
         return;
     if (!g->cache) {
-        g->cache = PyMem_Calloc(SIG_CACHE, sizeof(SigEntry));
-        if (!g->cache)
+        if (SpareCache) {
+            g->cache = SpareCache;
+            SpareCache = NULL;
+        } else if (!(g->cache = PyMem_Calloc(SIG_CACHE, sizeof(SigEntry)))) {
             return;  /* no cache: every lookup takes the dict */
+        }
+        g->nused = 0;
     }
     if (g->cache_of != g->sig_id) {  /* sig_id was replaced: nothing cached still holds */
         sig_cache_clear(g);
         Py_INCREF(g->sig_id);
         g->cache_of = g->sig_id;
     }
-    SigEntry *e = &g->cache[sig_slot(op, parts, n)];
+    size_t slot = sig_slot(op, parts, n);
+    SigEntry *e = &g->cache[slot];
+    if (!e->op)
+        g->used[g->nused++] = (unsigned short)slot;  /* each slot at most once: it stays filled */
     sig_entry_clear(e);
     Py_INCREF(op);
     Py_INCREF(attrs);
@@ -217,13 +244,85 @@ static int run_check(GraphObject *g, PyObject *check, PyObject *attrs, PyObject 
     return -1;
 }
 
-/* Append one value to a list, stealing the reference. */
+/* PyList_Append for the node columns. A column grows by one entry per node to tens of
+   thousands (a mini-batch of trees); CPython grows a list by 1/8 at a time, and each growth
+   of a large list may copy it (realloc), which measured ~9% of recording. Past 4096 entries
+   a column grows by half instead, through the allocator CPython's lists use (PyMem_Realloc,
+   as list_resize does), so the copies amortise to a few per column. */
+static int col_append(PyObject *list, PyObject *v) {
+    PyListObject *l = (PyListObject *)list;
+    Py_ssize_t n = Py_SIZE(l);
+    if (n >= l->allocated) {
+        if (n < 4096)
+            return PyList_Append(list, v);
+        Py_ssize_t cap = n + (n >> 1);
+        if ((size_t)cap > PY_SSIZE_T_MAX / sizeof(PyObject *))
+            return PyList_Append(list, v);
+        PyObject **items = PyMem_Realloc(l->ob_item, (size_t)cap * sizeof(PyObject *));
+        if (!items) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        l->ob_item = items;
+        l->allocated = cap;
+    }
+    Py_INCREF(v);
+    PyList_SET_ITEM(list, n, v);
+    Py_SET_SIZE(l, n + 1);
+    return 0;
+}
+
+/* Append one value to a column, stealing the reference. */
 static int append_steal(PyObject *list, PyObject *v) {
     if (!v)
         return -1;
-    int rc = PyList_Append(list, v);
+    int rc = col_append(list, v);
     Py_DECREF(v);
     return rc;
+}
+
+/* A signature new to this graph whose shape the shared cache knows: register it exactly as
+   ComputationGraph._new_signature does (sig_id[key] = known, signatures.append(key)) and
+   return `known` (borrowed, owned by sig_id); NULL without an error when the cache does not
+   know it (Python runs the shape rule), NULL with an error on failure. */
+static PyObject *known_from_cache(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *ids, PyObject *key) {
+    if (!ShapeCache || !PyDict_CheckExact(ShapeCache) || !g->signatures || !PyList_CheckExact(g->signatures))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(ids);
+    PyObject *shapes = PyTuple_New(n);
+    if (!shapes)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *s = PyList_GET_ITEM(g->shape, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));  /* checked */
+        Py_INCREF(s);
+        PyTuple_SET_ITEM(shapes, k, s);
+    }
+    PyObject *skey = PyTuple_Pack(3, op, attrs, shapes);
+    Py_DECREF(shapes);
+    if (!skey)
+        return NULL;
+    PyObject *shape = PyDict_GetItemWithError(ShapeCache, skey);  /* borrowed */
+    Py_DECREF(skey);
+    if (!shape || !PyTuple_CheckExact(shape))
+        return NULL;
+    Py_INCREF(shape);  /* the attribute lookups below may run Python code */
+    /* check and blocks_grad as the op has them now, as _new_signature reads them */
+    PyObject *check = PyObject_GetAttr(op, CheckName);
+    PyObject *blocks = check ? PyObject_GetAttr(op, BlocksGradName) : NULL;
+    PyObject *sid = blocks ? PyLong_FromSsize_t(PyList_GET_SIZE(g->signatures)) : NULL;
+    PyObject *known = sid ? PyTuple_Pack(5, sid, shape, attrs, check, blocks) : NULL;
+    Py_DECREF(shape);
+    Py_XDECREF(check);
+    Py_XDECREF(blocks);
+    Py_XDECREF(sid);
+    if (!known)
+        return NULL;
+    if (PyDict_SetItem(g->sig_id, key, known) < 0 || PyList_Append(g->signatures, key) < 0) {
+        Py_DECREF(known);
+        return NULL;
+    }
+    Py_DECREF(known);  /* sig_id holds it */
+    return known;
 }
 
 /* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
@@ -285,6 +384,8 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
             return NULL;
         }
         known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
+        if (!known && !PyErr_Occurred())
+            known = known_from_cache(g, op, attrs, ids, key);
         Py_DECREF(key);
         if (!known) {
             if (PyErr_Occurred()) {
@@ -318,13 +419,13 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     }
     int blocks = PyObject_IsTrue(PyTuple_GET_ITEM(known, 4));
     if (blocks < 0 || append_steal(g->data, value) < 0 ||
-        PyList_Append(g->op, op) < 0 || PyList_Append(g->args, ids) < 0 ||
-        PyList_Append(g->attrs, PyTuple_GET_ITEM(known, 2)) < 0 ||
-        PyList_Append(g->shape, shape) < 0 ||
+        col_append(g->op, op) < 0 || col_append(g->args, ids) < 0 ||
+        col_append(g->attrs, PyTuple_GET_ITEM(known, 2)) < 0 ||
+        col_append(g->shape, shape) < 0 ||
         append_steal(g->depth, PyLong_FromLong(depth + 1)) < 0 ||
-        PyList_Append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
-        PyList_Append(g->sig_part, shape) < 0 ||
-        PyList_Append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0) {
+        col_append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
+        col_append(g->sig_part, shape) < 0 ||
+        col_append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0) {
         Py_DECREF(nid);  /* out of memory between appends: the columns may disagree now */
         return NULL;
     }
@@ -375,6 +476,8 @@ static PyMemberDef graph_members[] = {
     {"needs_grad", T_OBJECT_EX, offsetof(GraphObject, needs_grad), 0, NULL},
     {"_sig_id", T_OBJECT_EX, offsetof(GraphObject, sig_id), 0, NULL},
     {"_rand_base", T_OBJECT_EX, offsetof(GraphObject, rand_base), 0, NULL},
+    {"signatures", T_OBJECT_EX, offsetof(GraphObject, signatures), 0, NULL},
+    {"_leaves", T_OBJECT_EX, offsetof(GraphObject, leaves), 0, NULL},
     {"retired", T_BOOL, offsetof(GraphObject, retired), 0, NULL},
     {"immediate_compute", T_BOOL, offsetof(GraphObject, immediate), 0, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -666,11 +769,33 @@ static PyTypeObject RecorderType = {
     .tp_new = recorder_new,
 };
 
+/* ------------------------------------------------- for leaves.c (bookkeeping.h) */
+int dg_recorder_ready(void) {
+    return ExprType != NULL;
+}
+
+PyObject *dg_live_leaves(PyObject *cg) {
+    if (!PyObject_TypeCheck(cg, &GraphBaseType))
+        return NULL;
+    GraphObject *g = (GraphObject *)cg;
+    if (g->retired || !g->leaves || !PyDict_CheckExact(g->leaves))
+        return NULL;
+    return g->leaves;
+}
+
+PyObject *dg_make_expr(PyObject *cg, PyObject *nid) {
+    return make_expr(cg, nid);
+}
+
+PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
+    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data);
+}
+
 /* --------------------------------------------------------------------- module */
 PyObject *dg_configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *expr, *slot, *key;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyType_Type, &expr, &PyType_Type, &slot, &key))
+    PyObject *expr, *slot, *key, *shapes = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O|O!", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
         ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
@@ -683,6 +808,8 @@ PyObject *dg_configure(PyObject *self, PyObject *args) {
     Py_XSETREF(ExprType, expr);
     Py_XSETREF(IndexSlotType, slot);
     Py_XSETREF(RandomKey, key);
+    Py_XINCREF(shapes);
+    Py_XSETREF(ShapeCache, shapes);
     Py_RETURN_NONE;
 }
 
@@ -690,6 +817,12 @@ int dg_recorder_add_types(PyObject *m) {
     if (PyType_Ready(&GraphBaseType) < 0 || PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
+        return -1;
+    if (!CheckName && !(CheckName = PyUnicode_InternFromString("check")))
+        return -1;
+    if (!BlocksGradName && !(BlocksGradName = PyUnicode_InternFromString("blocks_grad")))
+        return -1;
+    if (dg_leaves_add(m) < 0)
         return -1;
     PyTypeObject *types[3] = {&GraphBaseType, &ExprBaseType, &RecorderType};
     const char *names[3] = {"GraphBase", "ExprBase", "Recorder"};

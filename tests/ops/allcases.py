@@ -1,4 +1,5 @@
 """Every op case, from every family."""
+from cases_cells import CASES as CELLS
 from cases_conv import CASES as CONV
 from cases_elementwise import CASES as ELEMENTWISE
 from cases_inputs import CASES as INPUTS
@@ -6,4 +7,4 @@ from cases_linalg import CASES as LINALG
 from cases_loss import CASES as LOSS
 from cases_shape import CASES as SHAPE
 
-ALL = ELEMENTWISE + LINALG + SHAPE + LOSS + INPUTS + CONV
+ALL = ELEMENTWISE + LINALG + SHAPE + LOSS + INPUTS + CONV + CELLS

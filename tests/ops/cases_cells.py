@@ -1,0 +1,36 @@
+"""The fused LSTM cell ops (ops/cells.py) against the cell written out in numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+from dynagraph.nn.cells import lstm_update
+from opcases import A, Case
+
+H = 3
+PRE, CELL = A((4 * H,), -2.0, 2.0), A((H,), -1.5, 1.5)
+
+
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _c(pre, c_prev=None, fb=1.0):
+    i, f, g = _sig(pre[:H]), _sig(pre[H:2 * H] + fb), np.tanh(pre[3 * H:])
+    return i * g if c_prev is None else f * c_prev + i * g
+
+
+def _h(pre, c):
+    return _sig(pre[2 * H:3 * H]) * np.tanh(c)
+
+
+CASES = [
+    Case("lstm_c", "lstm_c", lambda k, p, c: lstm_update(p, c)[1], [PRE, CELL], lambda k, p, c: _c(p, c)),
+    Case("lstm_c_first_step", "lstm_c", lambda k, p: lstm_update(p, None, 0.5)[1], [PRE],
+         lambda k, p: _c(p, None, 0.5)),
+    Case("lstm_c_no_forget_bias", "lstm_c", lambda k, p, c: lstm_update(p, c, 0.0)[1], [PRE, CELL],
+         lambda k, p, c: _c(p, c, 0.0)),
+    Case("lstm_h", "lstm_h", lambda k, p, c: lstm_update(p, c)[0], [PRE, CELL],
+         lambda k, p, c: _h(p, _c(p, c))),
+    Case("lstm_h_first_step", "lstm_h", lambda k, p: lstm_update(p, None, 2.0)[0], [PRE],
+         lambda k, p: _h(p, _c(p, None, 2.0))),
+]
