@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from backend_params import unavailable
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from refcheck import using
 from test_cavs import _assert_same, _dag_loss, _grads, _random_dag
@@ -296,6 +296,7 @@ def _program(steps, outs):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prog=slice_programs())
+@example(prog=([("slice", 0, 0, 2), ("slice", 1, 0, 2)], [1, 2]))  # two identical slices of one shared row
 def test_slices_first_keeps_every_value_and_gradient(prog):
     """Random mixes of slices and elementwise ops: a block compiled from the rewritten
     trace gives the numbers of the same code recorded op by op (float64, 1e-10)."""

@@ -82,6 +82,8 @@ class Forward:
             y = linear_forward(xp, op.name, ins, u.args, K, B)
         else:
             y = be.forward_kernels.get(op.name, op.forward)(xp, a, d, *ins)
+            if y.shape[0] != K * B:  # all K steps read the same shared rows, so computed them once
+                y = xp.ascontiguousarray(xp.broadcast_to(y.reshape((1, -1) + shape), (K, B) + shape))
         y = y.reshape((K * B,) + shape)
         outs[k] = y
         for m, n in enumerate(u.steps):
