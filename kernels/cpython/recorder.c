@@ -822,8 +822,6 @@ int dg_recorder_add_types(PyObject *m) {
         return -1;
     if (!BlocksGradName && !(BlocksGradName = PyUnicode_InternFromString("blocks_grad")))
         return -1;
-    if (dg_leaves_add(m) < 0)
-        return -1;
     PyTypeObject *types[3] = {&GraphBaseType, &ExprBaseType, &RecorderType};
     const char *names[3] = {"GraphBase", "ExprBase", "Recorder"};
     for (int k = 0; k < 3; k++) {
