@@ -171,13 +171,20 @@ def _lookup_forward(xp, a, data, table):
 # row count); a shared (broadcast) row takes the op's numpy code, which reduces it.
 # float64 transcendental calls go to libm per element, so large float64 batches, where
 # numpy's vector loops win, stay numpy too.
-LSTM_F64_MAX = 4096
+LSTM_F64_MAX = 512
 
 
 def _lstm_fits(pre, *rows) -> bool:
-    if not _is_real(pre, *rows) or pre.ndim != 2 or any(r.ndim != 2 or r.shape[0] != pre.shape[0] for r in rows):
+    """Whether the C path takes this batch; a plain loop, as it runs once per op call."""
+    if type(pre) is not np.ndarray or pre.ndim != 2:
         return False
-    return pre.dtype == F32 or pre.size <= LSTM_F64_MAX
+    dt, n = pre.dtype, pre.shape[0]
+    if dt not in _BUF:
+        return False
+    for r in rows:
+        if type(r) is not np.ndarray or r.dtype != dt or r.ndim != 2 or r.shape[0] != n:
+            return False
+    return dt == F32 or pre.size <= LSTM_F64_MAX
 
 
 def _lstm_c_forward(xp, a, data, pre, *c_prev):
