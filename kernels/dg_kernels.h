@@ -132,6 +132,16 @@ void dg_lstm_bwd_f32(const float *act, const float *c_prev, const float *dh, con
                      float *dpre, float *dc_prev, int64_t B, int64_t H);
 void dg_lstm_bwd_f64(const double *act, const double *c_prev, const double *dh, const double *dc,
                      double *dpre, double *dc_prev, int64_t B, int64_t H);
+void dg_lstmc_fwd_f32(const float *pre, const float *c_prev, float *c, int64_t B, int64_t H, double forget_bias);
+void dg_lstmc_bwd_f32(const float *pre, const float *c_prev, const float *g, float *dpre, float *dc_prev, int64_t B,
+                       int64_t H, double forget_bias);
+void dg_lstmh_fwd_f32(const float *pre, const float *c, float *h, int64_t B, int64_t H);
+void dg_lstmh_bwd_f32(const float *pre, const float *c, const float *g, float *dpre, float *dc, int64_t B, int64_t H);
+void dg_lstmc_fwd_f64(const double *pre, const double *c_prev, double *c, int64_t B, int64_t H, double forget_bias);
+void dg_lstmc_bwd_f64(const double *pre, const double *c_prev, const double *g, double *dpre, double *dc_prev, int64_t B,
+                       int64_t H, double forget_bias);
+void dg_lstmh_fwd_f64(const double *pre, const double *c, double *h, int64_t B, int64_t H);
+void dg_lstmh_bwd_f64(const double *pre, const double *c, const double *g, double *dpre, double *dc, int64_t B, int64_t H);
 void dg_gru_gates_fwd_f32(const float *pre_zr, const float *h_prev, float *zr, float *rh,
                           int64_t B, int64_t H);
 void dg_gru_gates_fwd_f64(const double *pre_zr, const double *h_prev, double *zr, double *rh,

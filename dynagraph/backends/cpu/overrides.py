@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.base import OPS
+from ..._kernels import ffi
 from .ffi import BINARY, F32, UNARY, _BUF, _fn, _in, _p
 from .rows import take_rows
 from .elementwise import (binary_backward, binary_forward, log_softmax_backward, log_softmax_forward,
@@ -162,6 +163,83 @@ def _lookup_forward(xp, a, data, table):
     return take_rows(table[0], data)
 
 
+# ------------------------------------------------------- the fused LSTM cell ops
+# lstm_c / lstm_h (ops/cells.py) replace thirteen elementwise nodes that ran as one C
+# elementwise run; their numpy code is ~5-10 ufunc calls a batch, one pass each. One C
+# pass over the rows wins for the per-sentence batches (a few rows of H = 64-256). The
+# C path takes unbroadcast batches only (every argument and the gradient with the same
+# row count); a shared (broadcast) row takes the op's numpy code, which reduces it.
+# float64 transcendental calls go to libm per element, so large float64 batches, where
+# numpy's vector loops win, stay numpy too.
+LSTM_F64_MAX = 512
+
+
+def _lstm_fits(pre, *rows) -> bool:
+    """Whether the C path takes this batch; a plain loop, as it runs once per op call."""
+    if type(pre) is not np.ndarray or pre.ndim != 2:
+        return False
+    dt, n = pre.dtype, pre.shape[0]
+    if dt not in _BUF:
+        return False
+    for r in rows:
+        if type(r) is not np.ndarray or r.dtype != dt or r.ndim != 2 or r.shape[0] != n:
+            return False
+    return dt == F32 or pre.size <= LSTM_F64_MAX
+
+
+def _lstm_c_forward(xp, a, data, pre, *c_prev):
+    if not _lstm_fits(pre, *c_prev):
+        return OPS["lstm_c"].forward(xp, a, data, pre, *c_prev)
+    H, fb = a
+    dt = pre.dtype
+    pre = _in(pre, dt)
+    cp = _in(c_prev[0], dt) if c_prev else None
+    c = np.empty((pre.shape[0], H), dt)
+    _fn("dg_lstmc_fwd", dt)(_p(pre), ffi.NULL if cp is None else _p(cp), _p(c), pre.shape[0], H, float(fb))
+    return c
+
+
+def _lstm_c_backward(xp, a, data, xs, y, g, need):
+    if not _lstm_fits(xs[0], *xs[1:], g):
+        return OPS["lstm_c"].backward(xp, a, data, xs, y, g, need)
+    H, fb = a
+    dt = g.dtype
+    pre, g = _in(xs[0], dt), _in(g, dt)
+    cp = _in(xs[1], dt) if len(xs) == 2 else None
+    B = pre.shape[0]
+    dpre = np.empty((B, 4 * H), dt)  # the kernel writes every slot (o: zero); cheaper than skipping it
+    dcp = np.empty((B, H), dt) if cp is not None else None
+    _fn("dg_lstmc_bwd", dt)(_p(pre), ffi.NULL if cp is None else _p(cp), _p(g), _p(dpre),
+                            ffi.NULL if dcp is None else _p(dcp), B, H, float(fb))
+    if cp is None:
+        return (dpre if need[0] else None,)
+    return (dpre if need[0] else None), (dcp if need[1] else None)
+
+
+def _lstm_h_forward(xp, a, data, pre, c):
+    if not _lstm_fits(pre, c):
+        return OPS["lstm_h"].forward(xp, a, data, pre, c)
+    H, dt = a[0], pre.dtype
+    pre, c = _in(pre, dt), _in(c, dt)
+    h = np.empty((pre.shape[0], H), dt)
+    _fn("dg_lstmh_fwd", dt)(_p(pre), _p(c), _p(h), pre.shape[0], H)
+    return h
+
+
+def _lstm_h_backward(xp, a, data, xs, y, g, need):
+    pre, c = xs
+    if not _lstm_fits(pre, c, g):
+        return OPS["lstm_h"].backward(xp, a, data, xs, y, g, need)
+    H, dt = a[0], g.dtype
+    pre, c, g = _in(pre, dt), _in(c, dt), _in(g, dt)
+    B = pre.shape[0]
+    dpre = np.empty((B, 4 * H), dt) if need[0] else None
+    dc = np.empty((B, H), dt) if need[1] else None
+    _fn("dg_lstmh_bwd", dt)(_p(pre), _p(c), _p(g), ffi.NULL if dpre is None else _p(dpre),
+                            ffi.NULL if dc is None else _p(dc), B, H)
+    return dpre, dc
+
+
 def all_forward_kernels(min_size: int = 0) -> dict:
     """Every op-level forward adapter by op name, taking the C path from `min_size`
     elements on (0: always, as the tests and the benchmark use them)."""
@@ -169,14 +247,16 @@ def all_forward_kernels(min_size: int = 0) -> dict:
     k.update({name: _binary_forward(name, min_size) for name in BINARY})
     k.update(esum=_esum_forward, softmax=_softmax_forward, log_softmax=_log_softmax_forward,
              pickneglogsoftmax=_pnls_forward, sum_elems=_row_sums_forward("sum_elems", False, min_size),
-             mean_elems=_row_sums_forward("mean_elems", True, min_size), lookup=_lookup_forward)
+             mean_elems=_row_sums_forward("mean_elems", True, min_size), lookup=_lookup_forward,
+             lstm_c=_lstm_c_forward, lstm_h=_lstm_h_forward)
     return k
 
 
 def all_backward_kernels(min_size: int = 0) -> dict:
     k = {name: _unary_backward(name, min_size) for name in UNARY}
     k.update({name: _binary_backward(name, min_size, False) for name in BINARY})
-    k.update(softmax=_softmax_backward, log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward)
+    k.update(softmax=_softmax_backward, log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward,
+             lstm_c=_lstm_c_backward, lstm_h=_lstm_h_backward)
     return k
 
 
@@ -185,8 +265,10 @@ def installed_kernels() -> tuple:
     fwd = {name: _unary_forward(name, m) for name, m in UNARY_FWD_MIN.items()}
     fwd.update(softmax=_softmax_forward, log_softmax=_log_softmax_forward, pickneglogsoftmax=_pnls_forward,
                sum_elems=_row_sums_forward("sum_elems", False, ROW_SUMS_MIN),
-               mean_elems=_row_sums_forward("mean_elems", True, ROW_SUMS_MIN))
+               mean_elems=_row_sums_forward("mean_elems", True, ROW_SUMS_MIN),
+               lstm_c=_lstm_c_forward, lstm_h=_lstm_h_forward)
     bwd = {name: _unary_backward(name, m) for name, m in UNARY_BWD_MIN.items()}
     bwd.update(cmult=_binary_backward("cmult", CMULT_SHARED_BWD_MIN, True), softmax=_softmax_backward,
-               log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward)
+               log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward,
+               lstm_c=_lstm_c_backward, lstm_h=_lstm_h_backward)
     return fwd, bwd
