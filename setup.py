@@ -35,11 +35,12 @@ def bookkeeping_extension() -> Extension:
     work runs in its pure-Python twins."""
     strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
-    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/leaves.c",
+    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/expr_recorder.c",
+           "kernels/cpython/leaves.c",
            "kernels/cpython/executor.c",
            "kernels/cpython/schedule.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c"]
-    return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h",
+    return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",
                                                                  "kernels/cpython/typewise.h"],
                      include_dirs=["kernels/cpython"], extra_compile_args=flags)
 

@@ -3,7 +3,8 @@
 The compute kernels are plain C behind cffi (the kernel families in kernels/). These files are different:
 their work is Python objects (the graph's node lists), which cffi cannot hand to C.
 Each function here has a pure-Python twin that is the reference and the fallback:
-  recorder.c   dynagraph/recording.py and ComputationGraph._add_py
+  recorder.c   dynagraph/recording.py and ComputationGraph._add_py (GraphBase, add())
+  expr_recorder.c  recording.py (ExprBase, Recorder: dy.* calls on Expressions)
   leaves.c     expression._expression_of
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,

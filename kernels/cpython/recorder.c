@@ -9,39 +9,13 @@ not seen yet, a failing check, an index slot, immediate_compute, odd argument ty
 hands the whole call to Python before touching any list. So errors and rare cases have
 exactly one implementation.
 
-Types:
+Types (ExprBase and Recorder live in expr_recorder.c):
   GraphBase   base class of ComputationGraph: the node columns as C fields, and add()
-  ExprBase    base class of Expression: two fields, cg and i
-  Recorder    a callable that records one op from Expression arguments, or calls its
-              Python fallback with the same arguments
 */
-#include "bookkeeping.h"
+#include "recorder.h"
 #include <structmember.h>
 
 /* ------------------------------------------------------------------ GraphBase */
-/* A recent signature lookup, by identity: the same op, the same argument parts (the
-   interned shape or shared-parameter tuples of the graph's nodes) and equal attrs have
-   the same signature, so the key tuple need not be built, hashed and compared again.
-   Entries hold references, so no address they compare against can be reused. */
-enum { SIG_CACHE = 256, SIG_CACHE_ARGS = 8 };
-typedef struct {
-    PyObject *op, *attrs, *known, *parts[SIG_CACHE_ARGS];
-    Py_ssize_t n;
-} SigEntry;
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *op, *args, *attrs, *data, *shape, *depth, *sig, *sig_part, *needs_grad;
-    PyObject *signatures; /* list: signature id -> key */
-    PyObject *leaves;     /* dict: parameter (or (parameter, False)) -> its leaf node id */
-    PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
-    PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
-    SigEntry *cache;      /* SIG_CACHE entries, filled from sig_id (cache_of), or NULL */
-    PyObject *cache_of;
-    int nused;            /* the filled entries of cache are used[0..nused): clearing and */
-    unsigned short used[SIG_CACHE];  /* traversal visit only those, not all SIG_CACHE */
-    char retired, immediate;
-} GraphObject;
 
 static void sig_entry_clear(SigEntry *e) {
     Py_CLEAR(e->op);
@@ -64,7 +38,7 @@ static void sig_cache_clear(GraphObject *g) {
    no zeroing of SIG_CACHE entries for the next graph. */
 static SigEntry *SpareCache = NULL;
 
-static PyObject *ExprType = NULL;      /* Expression (a Python subclass of ExprBase) */
+PyObject *ExprType = NULL;             /* Expression (a Python subclass of ExprBase) */
 static PyObject *IndexSlotType = NULL;
 static PyObject *RandomKey = NULL;
 static PyObject *AddPyName = NULL;     /* "_add_py" */
@@ -483,7 +457,7 @@ static PyMemberDef graph_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject GraphBaseType = {
+PyTypeObject GraphBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dynagraph._bookkeeping.GraphBase",
     .tp_basicsize = sizeof(GraphObject),
@@ -497,283 +471,7 @@ static PyTypeObject GraphBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* ------------------------------------------------------------------- ExprBase */
-typedef struct {
-    PyObject_HEAD
-    PyObject *cg, *i;
-} ExprObject;
-
-static int expr_traverse(ExprObject *e, visitproc visit, void *arg) {
-    Py_VISIT(e->cg);
-    Py_VISIT(e->i);
-    return 0;
-}
-
-static int expr_clear(ExprObject *e) {
-    Py_CLEAR(e->cg);
-    Py_CLEAR(e->i);
-    return 0;
-}
-
-static void expr_dealloc(ExprObject *e) {
-    PyObject_GC_UnTrack(e);
-    expr_clear(e);
-    Py_TYPE(e)->tp_free((PyObject *)e);
-}
-
-static PyObject *expr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *cg, *i;
-    static char *names[] = {"cg", "i", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", names, &cg, &i))
-        return NULL;
-    ExprObject *e = (ExprObject *)type->tp_alloc(type, 0);
-    if (e) {
-        Py_INCREF(cg);
-        Py_INCREF(i);
-        e->cg = cg;
-        e->i = i;
-    }
-    return (PyObject *)e;
-}
-
-static PyMemberDef expr_members[] = {
-    {"cg", T_OBJECT_EX, offsetof(ExprObject, cg), 0, "the ComputationGraph this expression belongs to"},
-    {"i", T_OBJECT_EX, offsetof(ExprObject, i), 0, "its node id"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyTypeObject ExprBaseType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dynagraph._bookkeeping.ExprBase",
-    .tp_basicsize = sizeof(ExprObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A handle to one node of one graph: (cg, i).",
-    .tp_traverse = (traverseproc)expr_traverse,
-    .tp_clear = (inquiry)expr_clear,
-    .tp_dealloc = (destructor)expr_dealloc,
-    .tp_members = expr_members,
-    .tp_new = expr_new,
-};
-
-/* A new Expression (steals nid). */
-static PyObject *make_expr(PyObject *cg, PyObject *nid) {
-    if (!nid)
-        return NULL;
-    PyTypeObject *t = (PyTypeObject *)ExprType;
-    ExprObject *e = (ExprObject *)t->tp_alloc(t, 0);
-    if (!e) {
-        Py_DECREF(nid);
-        return NULL;
-    }
-    Py_INCREF(cg);
-    e->cg = cg;
-    e->i = nid;
-    return (PyObject *)e;
-}
-
-/* The live graph of an Expression argument, or NULL (not an Expression, or retired). */
-static GraphObject *live_graph(PyObject *x) {
-    if ((PyObject *)Py_TYPE(x) != ExprType)
-        return NULL;
-    PyObject *cg = ((ExprObject *)x)->cg;
-    if (!cg || !PyObject_TypeCheck(cg, &GraphBaseType) || ((GraphObject *)cg)->retired)
-        return NULL;
-    return (GraphObject *)cg;
-}
-
-/* ------------------------------------------------------------------- Recorder */
-enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4 };
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *op;        /* bound op, or NULL: the op is the first call argument */
-    PyObject *fallback;  /* called with the same arguments when the fast path does not apply */
-    PyObject *attrs;     /* default attrs */
-    PyObject *dict;
-    vectorcallfunc vectorcall;
-    int form;
-} RecorderObject;
-
-/* Record from the Expression arguments `xs` (n of them) or return NULL with *slow. */
-static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, PyObject *attrs,
-                              PyObject *data, int *slow) {
-    *slow = 1;
-    if (n < 1 || !PyTuple_CheckExact(attrs))
-        return NULL;
-    GraphObject *g = live_graph(xs[0]);
-    if (!g)
-        return NULL;
-    PyObject *ids = PyTuple_New(n);
-    if (!ids) {
-        *slow = 0;
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *x = xs[k];
-        if ((PyObject *)Py_TYPE(x) != ExprType || ((ExprObject *)x)->cg != (PyObject *)g || !((ExprObject *)x)->i) {
-            Py_DECREF(ids);
-            return NULL;
-        }
-        Py_INCREF(((ExprObject *)x)->i);
-        PyTuple_SET_ITEM(ids, k, ((ExprObject *)x)->i);
-    }
-    *slow = 0;
-    PyObject *nid = graph_add_ids(g, op, ids, attrs, data);
-    Py_DECREF(ids);
-    return make_expr((PyObject *)g, nid);
-}
-
-static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames && PyTuple_GET_SIZE(kwnames))
-        goto slow;
-    PyObject *op = r->op;
-    PyObject *const *a = argv;
-    Py_ssize_t na = nargs;
-    if (!op) {
-        if (na < 1)
-            goto slow;
-        op = a[0];
-        a++;
-        na--;
-    }
-    int slow = 1;
-    PyObject *res = NULL;
-    if (r->form == ONE && na >= 1 && na <= 3) {
-        res = record_exprs(op, a, 1, na > 1 ? a[1] : r->attrs, na > 2 ? a[2] : Py_None, &slow);
-    } else if (r->form == TWO && (na == 2 || na == 3)) {
-        res = record_exprs(op, a, 2, na > 2 ? a[2] : r->attrs, Py_None, &slow);
-    } else if (r->form == INTS && na >= 1 && na - 1 <= PyTuple_GET_SIZE(r->attrs)) {
-        /* f(x, i, j, ...): the ints fill attrs' prefix, the rest keep their defaults
-           (None: required); anything but exact ints goes to the fallback */
-        Py_ssize_t K = PyTuple_GET_SIZE(r->attrs);
-        PyObject *at = PyTuple_New(K);
-        if (!at)
-            return NULL;
-        int ok = 1;
-        for (Py_ssize_t k = 0; k < K && ok; k++) {
-            PyObject *v = k < na - 1 ? a[1 + k] : PyTuple_GET_ITEM(r->attrs, k);
-            ok = PyLong_CheckExact(v);
-            Py_INCREF(v);
-            PyTuple_SET_ITEM(at, k, v);
-        }
-        if (ok)
-            res = record_exprs(op, a, 1, at, Py_None, &slow);
-        Py_DECREF(at);
-    } else if (r->form == LIST && (na == 1 || na == 2) && PyList_CheckExact(a[0])) {
-        /* the list may change under a call into Python: hold it */
-        PyObject *xs = a[0];
-        Py_INCREF(xs);
-        res = record_exprs(op, &PyList_GET_ITEM(xs, 0), PyList_GET_SIZE(xs), na > 1 ? a[1] : r->attrs,
-                           Py_None, &slow);
-        Py_DECREF(xs);
-    }
-    if (res || !slow)
-        return res;
-slow:
-    return PyObject_Vectorcall(r->fallback, argv, nargsf, kwnames);
-}
-
-static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *op, *fallback, *attrs = NULL;
-    int form;
-    static char *names[] = {"op", "form", "fallback", "attrs", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!", names, &op, &form, &fallback, &PyTuple_Type, &attrs))
-        return NULL;
-    if (form < ONE || form > INTS) {
-        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list) or 4 (an "
-                                          "expression and ints)");
-        return NULL;
-    }
-    if (!PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
-        return NULL;
-    }
-    RecorderObject *r = (RecorderObject *)type->tp_alloc(type, 0);
-    if (!r)
-        return NULL;
-    r->op = op == Py_None ? NULL : op;
-    Py_XINCREF(r->op);
-    Py_INCREF(fallback);
-    r->fallback = fallback;
-    r->attrs = attrs ? attrs : PyTuple_New(0);
-    if (attrs)
-        Py_INCREF(attrs);
-    r->form = form;
-    r->vectorcall = (vectorcallfunc)recorder_call;
-    if (!r->attrs) {
-        Py_DECREF(r);
-        return NULL;
-    }
-    return (PyObject *)r;
-}
-
-static int recorder_traverse(RecorderObject *r, visitproc visit, void *arg) {
-    Py_VISIT(r->op);
-    Py_VISIT(r->fallback);
-    Py_VISIT(r->attrs);
-    Py_VISIT(r->dict);
-    return 0;
-}
-
-static int recorder_clear(RecorderObject *r) {
-    Py_CLEAR(r->op);
-    Py_CLEAR(r->fallback);
-    Py_CLEAR(r->attrs);
-    Py_CLEAR(r->dict);
-    return 0;
-}
-
-static void recorder_dealloc(RecorderObject *r) {
-    PyObject_GC_UnTrack(r);
-    recorder_clear(r);
-    Py_TYPE(r)->tp_free((PyObject *)r);
-}
-
-static PyObject *recorder_get(PyObject *self, PyObject *obj, PyObject *type) {
-    (void)type;
-    if (obj == NULL || obj == Py_None) {
-        Py_INCREF(self);
-        return self;
-    }
-    return PyMethod_New(self, obj);  /* a method when stored on a class, like a function */
-}
-
-static PyMemberDef recorder_members[] = {
-    {"fallback", T_OBJECT, offsetof(RecorderObject, fallback), READONLY, "called when an argument is not a live Expression"},
-    {"form", T_INT, offsetof(RecorderObject, form), READONLY, "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...)"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef recorder_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject RecorderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dynagraph._bookkeeping.Recorder",
-    .tp_basicsize = sizeof(RecorderObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Recorder(op, form, fallback, attrs=()): records `op` from Expression arguments\n"
-              "(op=None: the op is the first argument), else calls fallback(*args).",
-    .tp_traverse = (traverseproc)recorder_traverse,
-    .tp_clear = (inquiry)recorder_clear,
-    .tp_dealloc = (destructor)recorder_dealloc,
-    .tp_members = recorder_members,
-    .tp_getset = recorder_getset,
-    .tp_dictoffset = offsetof(RecorderObject, dict),
-    .tp_vectorcall_offset = offsetof(RecorderObject, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = recorder_get,
-    .tp_new = recorder_new,
-};
-
 /* ------------------------------------------------- for leaves.c (bookkeeping.h) */
-int dg_recorder_ready(void) {
-    return ExprType != NULL;
-}
-
 PyObject *dg_live_leaves(PyObject *cg) {
     if (!PyObject_TypeCheck(cg, &GraphBaseType))
         return NULL;
@@ -781,10 +479,6 @@ PyObject *dg_live_leaves(PyObject *cg) {
     if (g->retired || !g->leaves || !PyDict_CheckExact(g->leaves))
         return NULL;
     return g->leaves;
-}
-
-PyObject *dg_make_expr(PyObject *cg, PyObject *nid) {
-    return make_expr(cg, nid);
 }
 
 PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
@@ -814,7 +508,7 @@ PyObject *dg_configure(PyObject *self, PyObject *args) {
 }
 
 int dg_recorder_add_types(PyObject *m) {
-    if (PyType_Ready(&GraphBaseType) < 0 || PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
+    if (PyType_Ready(&GraphBaseType) < 0)
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
         return -1;
@@ -822,14 +516,10 @@ int dg_recorder_add_types(PyObject *m) {
         return -1;
     if (!BlocksGradName && !(BlocksGradName = PyUnicode_InternFromString("blocks_grad")))
         return -1;
-    PyTypeObject *types[3] = {&GraphBaseType, &ExprBaseType, &RecorderType};
-    const char *names[3] = {"GraphBase", "ExprBase", "Recorder"};
-    for (int k = 0; k < 3; k++) {
-        Py_INCREF(types[k]);
-        if (PyModule_AddObject(m, names[k], (PyObject *)types[k]) < 0) {
-            Py_DECREF(types[k]);
-            return -1;
-        }
+    Py_INCREF(&GraphBaseType);
+    if (PyModule_AddObject(m, "GraphBase", (PyObject *)&GraphBaseType) < 0) {
+        Py_DECREF(&GraphBaseType);
+        return -1;
     }
-    return 0;
+    return dg_expr_add_types(m);  /* ExprBase, Recorder (expr_recorder.c) */
 }

@@ -1,0 +1,40 @@
+/* What recorder.c (GraphBase, the add() fast path) and expr_recorder.c (ExprBase,
+Recorder) share: the two object layouts, their types, and the configured Expression class. */
+#ifndef DG_RECORDER_H
+#define DG_RECORDER_H
+#include "bookkeeping.h"
+
+/* A recent signature lookup, by identity: the same op, the same argument parts (the
+   interned shape or shared-parameter tuples of the graph's nodes) and equal attrs have
+   the same signature, so the key tuple need not be built, hashed and compared again.
+   Entries hold references, so no address they compare against can be reused. */
+enum { SIG_CACHE = 256, SIG_CACHE_ARGS = 8 };
+typedef struct {
+    PyObject *op, *attrs, *known, *parts[SIG_CACHE_ARGS];
+    Py_ssize_t n;
+} SigEntry;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *op, *args, *attrs, *data, *shape, *depth, *sig, *sig_part, *needs_grad;
+    PyObject *signatures; /* list: signature id -> key */
+    PyObject *leaves;     /* dict: parameter (or (parameter, False)) -> its leaf node id */
+    PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
+    PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
+    SigEntry *cache;      /* SIG_CACHE entries, filled from sig_id (cache_of), or NULL */
+    PyObject *cache_of;
+    int nused;            /* the filled entries of cache are used[0..nused): clearing and */
+    unsigned short used[SIG_CACHE];  /* traversal visit only those, not all SIG_CACHE */
+    char retired, immediate;
+} GraphObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cg, *i;
+} ExprObject;
+
+extern PyTypeObject GraphBaseType, ExprBaseType;
+extern PyObject *ExprType;  /* Expression (a Python subclass of ExprBase), set by configure() */
+int dg_expr_add_types(PyObject *module);
+
+#endif
