@@ -16,10 +16,11 @@ Each function here has a pure-Python twin that is the reference and the fallback
 #include <Python.h>
 
 int dg_recorder_add_types(PyObject *module);
+int dg_expr_add_types(PyObject *module);
 PyObject *dg_configure(PyObject *self, PyObject *args);
 PyObject *dg_configure_leaves(PyObject *self, PyObject *args);
 int dg_leaves_add(PyObject *module);
-/* recorder.c, for leaves.c: whether configure() ran; a live graph's leaf dict (borrowed) or
+/* recorder.c and expr_recorder.c, for leaves.c: whether configure() ran; a live graph's leaf dict (borrowed) or
    NULL; an Expression for (cg, nid) (steals nid); add() on a live graph (a node id or NULL) */
 int dg_recorder_ready(void);
 PyObject *dg_live_leaves(PyObject *cg);

@@ -275,6 +275,25 @@ static PyTypeObject RecorderType = {
     .tp_new = recorder_new,
 };
 
+/* --------------------------------------------------------------------- module */
+PyObject *ExprType = NULL;  /* Expression (a Python subclass of ExprBase) */
+
+PyObject *dg_configure(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *expr, *slot, *key, *shapes = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O|O!", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
+        ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "Expression must subclass ExprBase and add no fields (__slots__ = ())");
+        return NULL;
+    }
+    Py_INCREF(expr);
+    Py_XSETREF(ExprType, expr);
+    dg_graph_configure(slot, key, shapes);
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------- for leaves.c (bookkeeping.h) */
 int dg_recorder_ready(void) {
     return ExprType != NULL;
@@ -284,7 +303,7 @@ PyObject *dg_make_expr(PyObject *cg, PyObject *nid) {
     return make_expr(cg, nid);
 }
 
-/* ExprBase and Recorder into the module (after recorder.c's GraphBase) */
+/* ExprBase and Recorder into the module (module.c calls it after recorder.c's GraphBase) */
 int dg_expr_add_types(PyObject *m) {
     if (PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
         return -1;

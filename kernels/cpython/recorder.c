@@ -38,7 +38,6 @@ static void sig_cache_clear(GraphObject *g) {
    no zeroing of SIG_CACHE entries for the next graph. */
 static SigEntry *SpareCache = NULL;
 
-PyObject *ExprType = NULL;             /* Expression (a Python subclass of ExprBase) */
 static PyObject *IndexSlotType = NULL;
 static PyObject *RandomKey = NULL;
 static PyObject *AddPyName = NULL;     /* "_add_py" */
@@ -486,25 +485,14 @@ PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attr
 }
 
 /* --------------------------------------------------------------------- module */
-PyObject *dg_configure(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *expr, *slot, *key, *shapes = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!O|O!", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes))
-        return NULL;
-    if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
-        ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
-        PyErr_SetString(PyExc_TypeError, "Expression must subclass ExprBase and add no fields (__slots__ = ())");
-        return NULL;
-    }
-    Py_INCREF(expr);
+/* The graph's share of configure() (expr_recorder.c checks and keeps the Expression class). */
+void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes) {
     Py_INCREF(slot);
     Py_INCREF(key);
-    Py_XSETREF(ExprType, expr);
     Py_XSETREF(IndexSlotType, slot);
     Py_XSETREF(RandomKey, key);
     Py_XINCREF(shapes);
     Py_XSETREF(ShapeCache, shapes);
-    Py_RETURN_NONE;
 }
 
 int dg_recorder_add_types(PyObject *m) {
@@ -521,5 +509,5 @@ int dg_recorder_add_types(PyObject *m) {
         Py_DECREF(&GraphBaseType);
         return -1;
     }
-    return dg_expr_add_types(m);  /* ExprBase, Recorder (expr_recorder.c) */
+    return 0;
 }

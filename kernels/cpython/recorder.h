@@ -33,8 +33,8 @@ typedef struct {
     PyObject *cg, *i;
 } ExprObject;
 
-extern PyTypeObject GraphBaseType, ExprBaseType;
-extern PyObject *ExprType;  /* Expression (a Python subclass of ExprBase), set by configure() */
-int dg_expr_add_types(PyObject *module);
+extern PyTypeObject GraphBaseType;  /* recorder.c */
+extern PyObject *ExprType;          /* expr_recorder.c: Expression (a subclass of ExprBase), set by configure() */
+void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes);  /* recorder.c */
 
 #endif
