@@ -1,4 +1,4 @@
-"""The recording fast path: compiled (dynagraph._bookkeeping, kernels/cpython/recorder.c)
+"""The recording fast path: compiled (dynagraph._bookkeeping, kernels/cpython/recorder.c, expr_recorder.c)
 when it was built, else the pure-Python twin below. Both do the same thing.
 
 Recording one node is bookkeeping only, but it runs once per op per sample: at H=64 it

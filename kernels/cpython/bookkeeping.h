@@ -7,6 +7,7 @@ Each function here has a pure-Python twin that is the reference and the fallback
   expr_recorder.c  recording.py (ExprBase, Recorder: dy.* calls on Expressions)
   leaves.c     expression._expression_of
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
+  run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
 */
@@ -14,6 +15,19 @@ Each function here has a pure-Python twin that is the reference and the fallback
 #define DG_BOOKKEEPING_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+/* Node id `v` as an index into a list of length n, or -1 with IndexError set (executor.c,
+   run_tables.c: inline, as it runs once per node in their loops). */
+static inline Py_ssize_t dg_index_in(PyObject *v, Py_ssize_t n) {
+    Py_ssize_t i = PyLong_Check(v) ? PyLong_AsSsize_t(v) : -1;
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    if (i < 0 || i >= n) {
+        PyErr_Format(PyExc_IndexError, "node id %zd out of range [0, %zd)", i, n);
+        return -1;
+    }
+    return i;
+}
 
 int dg_recorder_add_types(PyObject *module);
 int dg_expr_add_types(PyObject *module);

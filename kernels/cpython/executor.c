@@ -5,6 +5,7 @@ columns, where each column's values live, and the output's (block, row) per node
 Python those passes were a fifth of an op-level TreeLSTM step at H=64. Each function
 below is the twin of a Python one in dynagraph/executor.py, which documents it and is
 the fallback when this module is not built. Every index is checked (IndexError).
+Where an elementwise run reads and writes its rows (runs.py) is in run_tables.c.
 */
 #include "bookkeeping.h"
 
@@ -39,18 +40,6 @@ PyObject *dg_int(Py_ssize_t i) {
     return v;
 }
 
-/* Node id `v` as an index into a list of length n, or -1 with IndexError set. */
-static Py_ssize_t index_in(PyObject *v, Py_ssize_t n) {
-    Py_ssize_t i = PyLong_Check(v) ? PyLong_AsSsize_t(v) : -1;
-    if (i == -1 && PyErr_Occurred())
-        return -1;
-    if (i < 0 || i >= n) {
-        PyErr_Format(PyExc_IndexError, "node id %zd out of range [0, %zd)", i, n);
-        return -1;
-    }
-    return i;
-}
-
 static int check_args(const char *name, PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t want, int lists) {
     if (nargs != want) {
         PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, want);
@@ -79,7 +68,7 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     if (B == 0)
         return PyTuple_New(0);
     PyObject **ids = PySequence_Fast_ITEMS(nodes);
-    Py_ssize_t i0 = index_in(ids[0], n);
+    Py_ssize_t i0 = dg_index_in(ids[0], n);
     if (i0 < 0)
         return NULL;
     PyObject *a0 = PyList_GET_ITEM(args, i0);
@@ -100,7 +89,7 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         PyTuple_SET_ITEM(cols, c, col);
     }
     for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = j == 0 ? i0 : index_in(ids[j], n);
+        Py_ssize_t i = j == 0 ? i0 : dg_index_in(ids[j], n);
         if (i < 0) {
             Py_DECREF(cols);
             return NULL;
@@ -145,7 +134,7 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
             Py_DECREF(nodes);
             return NULL;
         }
-        Py_ssize_t i = index_in(PyTuple_GET_ITEM(nodes, r), n);
+        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(nodes, r), n);
         PyObject *rv = i < 0 ? NULL : dg_int(r);
         if (!rv) {
             Py_DECREF(nodes);
@@ -187,7 +176,7 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "locate: no ids, or blk and row differ in length");
         goto done;
     }
-    Py_ssize_t i = index_in(ids[0], n);
+    Py_ssize_t i = dg_index_in(ids[0], n);
     if (i < 0)
         goto done;
     b0 = PyList_GET_ITEM(blk, i);
@@ -204,7 +193,7 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
             PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
             goto done;
         }
-        if ((i = index_in(ids[j], n)) < 0)
+        if ((i = dg_index_in(ids[j], n)) < 0)
             goto done;
         PyObject *b = PyList_GET_ITEM(blk, i), *r = PyList_GET_ITEM(row, i);
         Py_ssize_t rv = PyLong_AsSsize_t(r);
@@ -235,7 +224,7 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         goto done;
     }
     for (Py_ssize_t j = 0; j < B; j++) {
-        if ((i = index_in(ids[j], n)) < 0)
+        if ((i = dg_index_in(ids[j], n)) < 0)
             goto done;
         PyObject *r = PyList_GET_ITEM(row, i);
         Py_INCREF(r);
@@ -273,7 +262,7 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     Py_ssize_t B = PyTuple_GET_SIZE(nodes);
     int found = 0;
     for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = index_in(PyTuple_GET_ITEM(nodes, j), PyList_GET_SIZE(flags));
+        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(nodes, j), PyList_GET_SIZE(flags));
         if (i < 0) {
             Py_DECREF(nodes);
             return NULL;
@@ -292,376 +281,4 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     }
     Py_DECREF(nodes);
     return PyBool_FromLong(found);
-}
-
-/* One value block of a run, seen through the buffer protocol. */
-typedef struct {
-    Py_buffer view;
-    Py_ssize_t rows, width; /* rows, elements per row */
-    int held;
-} RunSlot;
-
-/* Block b as a run reads it: `format` elements, C-contiguous, at least one row. */
-static int run_slot(RunSlot *s, PyObject *block, const char *format, Py_ssize_t itemsize) {
-    if (PyObject_GetBuffer(block, &s->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    s->held = 1;
-    if (s->view.ndim < 1 || s->view.itemsize != itemsize || !s->view.format || strcmp(s->view.format, format)
-        || s->view.shape[0] < 1 || s->view.len == 0)
-        return 0;
-    s->rows = s->view.shape[0];
-    s->width = s->view.len / itemsize / s->rows;
-    return 1;
-}
-
-/* run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run
-   (dynagraph/runs.py) reads every argument row; the twin of runs._table_py.
-   offs[j] / reach[j], per step and argument: the first element read in a source row and
-   the elements that row must hold. Returns None when some block cannot be read in place
-   (another dtype, not contiguous), else
-     src        bytearray of row addresses (int64), per step, per argument, per node;
-     pair_slot  bytearray of int64: the slot each address is in;
-     pair_off   bytearray of int64: its byte offset from the slot's start;
-     slots      the blocks read (ids), in order of first use;
-     need       bytes per step and argument: whether any of its nodes needs a gradient;
-     slot_last  bytearray of int64 per slot: the last step whose needed argument reads it, or -1.
-   Every node id, block id, row and width is checked against the block's own size. */
-PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 9 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2])
-        || !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) || !PyList_CheckExact(argv[5])
-        || !PyList_CheckExact(argv[6]) || !PyList_CheckExact(argv[7]) || !PyUnicode_Check(argv[8])) {
-        PyErr_SetString(PyExc_TypeError, "run_table(blk, row, args, needs_grad, steps, blocks: lists, "
-                                         "offs, reach: lists, format: str)");
-        return NULL;
-    }
-    PyObject *blk = argv[0], *row = argv[1], *args = argv[2], *flags = argv[3], *steps = argv[4];
-    PyObject *blocks = argv[5], *offs = argv[6], *reach = argv[7];
-    const char *format = PyUnicode_AsUTF8(argv[8]);
-    if (!format)
-        return NULL;
-    Py_ssize_t itemsize = !strcmp(format, "f") ? 4 : !strcmp(format, "d") ? 8 : 0;
-    Py_ssize_t n = PyList_GET_SIZE(args), nblocks = PyList_GET_SIZE(blocks), nsteps = PyList_GET_SIZE(steps);
-    if (!itemsize || PyList_GET_SIZE(blk) != n || PyList_GET_SIZE(row) != n || PyList_GET_SIZE(flags) != n) {
-        PyErr_SetString(PyExc_ValueError, "run_table: format must be 'f' or 'd'; blk, row, args and needs_grad "
-                                          "must have one entry per node");
-        return NULL;
-    }
-    Py_ssize_t total = 0, nj = 0, maxB = 1;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {  /* sizes first: one allocation each */
-        PyObject *s = PyList_GET_ITEM(steps, m);
-        if (!PyList_CheckExact(s) && !PyTuple_CheckExact(s)) {
-            PyErr_SetString(PyExc_TypeError, "run_table: each step must be a list or tuple of node ids");
-            return NULL;
-        }
-        Py_ssize_t B = PySequence_Fast_GET_SIZE(s), i;
-        if (B == 0) {
-            PyErr_SetString(PyExc_ValueError, "run_table: an empty step");
-            return NULL;
-        }
-        if ((i = index_in(PySequence_Fast_ITEMS(s)[0], n)) < 0)
-            return NULL;
-        PyObject *a = PyList_GET_ITEM(args, i);
-        if (!PyTuple_CheckExact(a)) {
-            PyErr_SetString(PyExc_TypeError, "run_table: argument lists must be tuples");
-            return NULL;
-        }
-        total += PyTuple_GET_SIZE(a) * B;
-        nj += PyTuple_GET_SIZE(a);
-        if (B > maxB)
-            maxB = B;
-    }
-    if (PyList_GET_SIZE(offs) != nj || PyList_GET_SIZE(reach) != nj) {
-        PyErr_SetString(PyExc_ValueError, "run_table: offs and reach need one entry per step and argument");
-        return NULL;
-    }
-    PyObject *res = NULL, *slots = PyList_New(0), *need = PyBytes_FromStringAndSize(NULL, nj);
-    Py_ssize_t bytes = total * (Py_ssize_t)sizeof(int64_t);
-    PyObject *src = PyByteArray_FromStringAndSize(NULL, bytes), *pslot = PyByteArray_FromStringAndSize(NULL, bytes);
-    PyObject *poff = PyByteArray_FromStringAndSize(NULL, bytes);
-    int *slot_of = PyMem_Malloc((size_t)(nblocks ? nblocks : 1) * sizeof(int));
-    RunSlot *sl = PyMem_Calloc((size_t)(nblocks ? nblocks : 1), sizeof(RunSlot));  /* at most one per block */
-    PyObject **arow = PyMem_Malloc((size_t)maxB * sizeof(PyObject *));
-    Py_ssize_t nslots = 0;
-    if (!slots || !need || !src || !pslot || !poff || !slot_of || !sl || !arow) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t b = 0; b < nblocks; b++)
-        slot_of[b] = -1;
-    int64_t *o_src = (int64_t *)PyByteArray_AS_STRING(src), *o_slot = (int64_t *)PyByteArray_AS_STRING(pslot);
-    int64_t *o_off = (int64_t *)PyByteArray_AS_STRING(poff);
-    char *nd = PyBytes_AS_STRING(need);
-    Py_ssize_t at = 0, j = 0;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {
-        PyObject *s = PyList_GET_ITEM(steps, m);
-        Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
-        PyObject **ids = PySequence_Fast_ITEMS(s);
-        Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(ids[0])));  /* checked above */
-        /* each node's argument tuple, checked once and read for every column (borrowed: nothing
-           below runs Python code that could change the lists) */
-        for (Py_ssize_t r = 0; r < B; r++) {
-            Py_ssize_t i = index_in(ids[r], n);
-            if (i < 0)
-                goto done;
-            PyObject *a = PyList_GET_ITEM(args, i);
-            if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
-                PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
-                goto done;
-            }
-            arow[r] = a;
-        }
-        for (Py_ssize_t c = 0; c < k; c++) {
-            Py_ssize_t off = PyLong_AsSsize_t(PyList_GET_ITEM(offs, j + c));
-            Py_ssize_t rch = PyLong_AsSsize_t(PyList_GET_ITEM(reach, j + c));
-            if ((off == -1 || rch == -1) && PyErr_Occurred())
-                goto done;
-            if (off < 0 || rch < off) {
-                PyErr_SetString(PyExc_ValueError, "run_table: a negative offset or reach");
-                goto done;
-            }
-            nd[j + c] = 0;
-            for (Py_ssize_t r = 0; r < B; r++) {
-                Py_ssize_t x = index_in(PyTuple_GET_ITEM(arow[r], c), n);
-                if (x < 0)
-                    goto done;
-                Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(blk, x)), rw = PyLong_AsSsize_t(PyList_GET_ITEM(row, x));
-                if ((b == -1 || rw == -1) && PyErr_Occurred())
-                    goto done;
-                if (b < 0 || b >= nblocks) {
-                    PyErr_Format(PyExc_ValueError, "run_table: argument node %zd has no value (block %zd)", x, b);
-                    goto done;
-                }
-                if (slot_of[b] < 0) {
-                    if (!run_slot(&sl[nslots], PyList_GET_ITEM(blocks, b), format, itemsize)) {
-                        Py_INCREF(Py_None);  /* not readable in place: the caller runs batch by batch */
-                        res = Py_None;
-                        if (!sl[nslots].held)
-                            goto done;
-                        nslots++;
-                        goto done;
-                    }
-                    PyObject *bo = PyLong_FromSsize_t(b);
-                    if (!bo || PyList_Append(slots, bo) < 0) {
-                        Py_XDECREF(bo);
-                        nslots++;
-                        goto done;
-                    }
-                    Py_DECREF(bo);
-                    slot_of[b] = (int)nslots++;
-                }
-                RunSlot *q = &sl[slot_of[b]];
-                if (rw < 0 || rw >= q->rows || rch > q->width) {
-                    PyErr_Format(PyExc_ValueError, "run_table: node %zd reads row %zd (elements %zd..%zd) of a block "
-                                                   "of %zd rows of %zd", x, rw, off, rch, q->rows, q->width);
-                    goto done;
-                }
-                int64_t byte_off = (int64_t)rw * q->width * itemsize + (int64_t)off * itemsize;
-                Py_ssize_t p = at + c * B + r;
-                o_src[p] = (int64_t)(intptr_t)q->view.buf + byte_off;
-                o_slot[p] = slot_of[b];
-                o_off[p] = byte_off;
-                if (!nd[j + c]) {
-                    /* Only bools and ints: their truth runs no Python code, which could
-                       otherwise change every list this loop holds borrowed items of. */
-                    PyObject *f = PyList_GET_ITEM(flags, x);
-                    int t = f == Py_True ? 1 : f == Py_False ? 0 : PyLong_CheckExact(f) ? PyObject_IsTrue(f) : -2;
-                    if (t == -2)
-                        PyErr_Format(PyExc_TypeError, "run_table: needs_grad[%zd] must be a bool, got %s", x,
-                                     Py_TYPE(f)->tp_name);
-                    if (t < 0)
-                        goto done;
-                    nd[j + c] = (char)t;
-                }
-            }
-        }
-        at += k * B;
-        j += k;
-    }
-    PyObject *slot_last = PyByteArray_FromStringAndSize(NULL, nslots * (Py_ssize_t)sizeof(int64_t));
-    if (!slot_last)
-        goto done;
-    int64_t *sn = (int64_t *)PyByteArray_AS_STRING(slot_last);
-    for (Py_ssize_t q = 0; q < nslots; q++)
-        sn[q] = -1;
-    at = j = 0;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {  /* steps in order: the last reader wins */
-        PyObject *s = PyList_GET_ITEM(steps, m);
-        Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
-        Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(PySequence_Fast_ITEMS(s)[0])));
-        for (Py_ssize_t c = 0; c < k; c++, j++)
-            for (Py_ssize_t r = 0; r < B && nd[j]; r++)
-                sn[o_slot[at + c * B + r]] = m;
-        at += k * B;
-    }
-    res = Py_BuildValue("(OOOOON)", src, pslot, poff, slots, need, slot_last);
-done:
-    for (Py_ssize_t q = 0; sl && q < nslots; q++)
-        if (sl[q].held)
-            PyBuffer_Release(&sl[q].view);
-    PyMem_Free(sl);
-    PyMem_Free(arow);
-    PyMem_Free(slot_of);
-    Py_XDECREF(slots);
-    Py_XDECREF(need);
-    Py_XDECREF(src);
-    Py_XDECREF(pslot);
-    Py_XDECREF(poff);
-    return res;
-}
-
-/* addresses(arrays, format): bytearray of int64, the data address of each array (0 for
-   None). Each must be a C-contiguous buffer of `format` ('f' or 'd') elements, else
-   ValueError: the caller hands these to a kernel that writes through them. */
-PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 2 || !PyList_CheckExact(argv[0]) || !PyUnicode_Check(argv[1])) {
-        PyErr_SetString(PyExc_TypeError, "addresses(arrays: list, format: str)");
-        return NULL;
-    }
-    const char *format = PyUnicode_AsUTF8(argv[1]);
-    if (!format)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
-    if (!out)
-        return NULL;
-    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PyList_GET_ITEM(argv[0], i);
-        o[i] = 0;
-        if (a == Py_None)
-            continue;
-        Py_buffer v;
-        if (PyObject_GetBuffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        int ok = v.format && !strcmp(v.format, format);
-        o[i] = (int64_t)(intptr_t)v.buf;
-        PyBuffer_Release(&v);
-        if (!ok) {
-            PyErr_Format(PyExc_ValueError, "addresses: array %zd does not hold '%s' elements", i, format);
-            Py_DECREF(out);
-            return NULL;
-        }
-    }
-    return out;
-}
-
-/* The data address of `a`, a writable C-contiguous buffer of `format` elements holding exactly
-   as many bytes and rows as `value` (the value block it is the gradient of), or -1 with an
-   exception set. Equal length and rows mean equal row width, so the byte offsets a run
-   table computed from the value block are in range in its gradient block too. */
-static int64_t grad_address(PyObject *a, PyObject *value, const char *format, Py_ssize_t i, Py_ssize_t *len) {
-    Py_buffer g, v;
-    if (PyObject_GetBuffer(a, &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        return -1;
-    if (PyObject_GetBuffer(value, &v, PyBUF_ND) < 0) {
-        PyBuffer_Release(&g);
-        return -1;
-    }
-    int ok = g.format && !strcmp(g.format, format) && g.len == v.len && g.ndim >= 1 && v.ndim >= 1
-             && g.shape[0] == v.shape[0];
-    int64_t at = (int64_t)(intptr_t)g.buf;
-    *len = g.len;
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&v);
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "grad_addresses: gradient block %zd is not a '%s' array shaped like "
-                                       "its value block", i, format);
-        return -1;
-    }
-    return at;
-}
-
-/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
-   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
-   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
-   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
-   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
-   (the row of an argument whose gradient is not needed: the kernel never writes it). */
-PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
-    if ((nargs != 3 && nargs != 5) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
-        || !PyUnicode_Check(argv[2])) {
-        PyErr_SetString(PyExc_TypeError, "grad_addresses(grads: list, values: list, format: str"
-                                         "[, pair_slot, pair_off])");
-        return NULL;
-    }
-    const char *format = PyUnicode_AsUTF8(argv[2]);
-    if (!format)
-        return NULL;
-    if (strcmp(format, "f") && strcmp(format, "d")) {
-        PyErr_SetString(PyExc_ValueError, "grad_addresses: format must be 'f' or 'd'");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
-    if (PyList_GET_SIZE(argv[1]) != n) {
-        PyErr_SetString(PyExc_ValueError, "grad_addresses: one value block per gradient block");
-        return NULL;
-    }
-    int64_t *at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    Py_ssize_t *len = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
-    PyObject *out = NULL;
-    if (!at || !len) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        /* every item is read before anything is returned: a buffer export runs no Python code
-           for numpy arrays, and the list is not used again after this loop */
-        PyObject *a = PyList_GET_ITEM(argv[0], i), *v = PyList_GET_ITEM(argv[1], i);
-        at[i] = 0;
-        len[i] = 0;
-        if (a == Py_None)
-            continue;
-        Py_INCREF(a);
-        Py_INCREF(v);
-        at[i] = grad_address(a, v, format, i, &len[i]);
-        Py_DECREF(a);
-        Py_DECREF(v);
-        if (at[i] == -1)
-            goto done;
-    }
-    if (nargs == 3) {
-        out = PyByteArray_FromStringAndSize((const char *)at, n * (Py_ssize_t)sizeof(int64_t));
-        goto done;
-    }
-    Py_buffer ps, po;
-    if (PyObject_GetBuffer(argv[3], &ps, PyBUF_SIMPLE) < 0)
-        goto done;
-    if (PyObject_GetBuffer(argv[4], &po, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&ps);
-        goto done;
-    }
-    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
-        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
-    } else {
-        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
-        out = PyByteArray_FromStringAndSize(NULL, ps.len);
-        if (out) {
-            const int64_t *slot = ps.buf, *off = po.buf;
-            int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
-            for (Py_ssize_t p = 0; p < np_; p++) {
-                int64_t s = slot[p];
-                if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
-                    PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
-                                 p, (long long)s, (long long)off[p]);
-                    Py_CLEAR(out);
-                    break;
-                }
-                o[p] = at[s] ? at[s] + off[p] : 0;
-            }
-        }
-    }
-    PyBuffer_Release(&ps);
-    PyBuffer_Release(&po);
-done:
-    PyMem_Free(at);
-    PyMem_Free(len);
-    return out;
 }
