@@ -35,7 +35,7 @@ if os.environ.get("IMPORT_SWAP_DYNAGRAPH"):  # a baseline worker: another checko
     sys.path.insert(0, os.environ["IMPORT_SWAP_DYNAGRAPH"])
 
 from bench import run as bench_run  # noqa: E402
-from bench.worker import PREFIX, DYNET_MEM, emit  # noqa: E402
+from bench.worker import DYNET_MEM, emit  # noqa: E402
 
 # workload -> (program module in bench/swap, data set, suite)
 MINIBATCH = {"treelstm": ("treelstm", "sst-trees"), "treefc": ("treefc", "complete64"),
@@ -233,14 +233,7 @@ def measure(args, threads: int) -> list[dict]:
     if args.baseline:
         workers.append(SwapWorker("dynagraph", args.scheduler, threads, args.data, args.baseline))
     workers += [SwapWorker("dynet", str(a), threads, args.data) for a in args.autobatch]
-    for w in workers:
-        w.start()
-    live = [w for w in workers if w.wait_ready()]
-    for w in workers:
-        if w.error:
-            print(f"note: {w.label} unavailable: {w.error}", file=sys.stderr)
-        elif "from" in w.versions:
-            print(f"note: {w.label} imports {w.versions['from']}", file=sys.stderr)
+    live = bench_run.start_workers(workers)
     grid = configs(args)
     results: dict = {}
     try:

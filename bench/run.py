@@ -95,6 +95,21 @@ class Worker:
             self._log = None
 
 
+def start_workers(workers: list) -> list:
+    """Start every worker process, wait for each to say it is ready, and note on stderr the
+    ones that could not start (an optional system that is absent) and where a package was
+    imported from when that was asked for. Returns the live ones, in order."""
+    for w in workers:
+        w.start()
+    live = [w for w in workers if w.wait_ready()]
+    for w in workers:
+        if w.error:
+            print(f"note: {w.label} unavailable: {w.error}", file=sys.stderr)
+        elif "from" in w.versions:
+            print(f"note: {w.label} imports {w.versions['from']}", file=sys.stderr)
+    return live
+
+
 def dynagraph_schedulers() -> list[str]:
     import dynagraph
     return dynagraph.schedulers.available()
@@ -216,12 +231,7 @@ def _git_head() -> str | None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     workers = make_workers(args)
-    for w in workers:
-        w.start()
-    live = [w for w in workers if w.wait_ready()]
-    for w in workers:
-        if w.error:
-            print(f"note: {w.label} unavailable: {w.error}", file=sys.stderr)
+    live = start_workers(workers)
     try:
         results = run_grid(args, live)
     finally:

@@ -5,6 +5,7 @@
     run_under(scheduler, build_fn)      values and parameter gradients of a graph
                                         evaluated under one scheduler
     using(dtype=..., seed=...)          temporarily change the global config
+    memory_growth(round_)               bytes a repeated round keeps after warming up
 
 Everything runs in float64 by default so gradient checks can be tight.
 The numpy reference must be written in the test itself: comparing dynagraph
@@ -232,3 +233,25 @@ def batch_of(cg, nid: int) -> list[int]:
         if nid in nodes:
             return list(nodes)
     raise KeyError(f"node {nid} was not executed")
+
+
+# --------------------------------------------------------------------- memory
+def memory_growth(round_: Callable[[], None], rounds: int = 3) -> tuple[int, int]:
+    """(traced bytes after one warm round, after `rounds` more): a round that frees what it
+    made leaves the two about equal. One untraced round first fills caches and pools."""
+    import gc
+    import tracemalloc
+    round_()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        round_()
+        gc.collect()
+        first, _ = tracemalloc.get_traced_memory()
+        for _ in range(rounds):
+            round_()
+            gc.collect()
+        last, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return first, last

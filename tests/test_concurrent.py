@@ -3,12 +3,12 @@
 Reference: the same function run one sample after another (`concurrent=False`) under the
 unbatched scheduler. Concurrent runs under every scheduler give the same values and
 gradients, 1e-10 in float64, with teacher-forced and argmax decisions, early exit and dropout."""
-import gc
-import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from refcheck import memory_growth
 
 import dynagraph as dy
 from dynagraph.errors import DynagraphError
@@ -228,16 +228,8 @@ def test_thousand_samples_do_not_grow_memory():
         dy.renew_cg(scheduler="agenda")
         out = dy.autobatch_map(f, range(1000))
         assert len(out) == 1000
-        gc.collect()
 
-    round_()
-    tracemalloc.start()
-    round_()
-    first, _ = tracemalloc.get_traced_memory()
-    for _ in range(3):
-        round_()
-    last, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    first, last = memory_growth(round_)
     assert last - first < 200_000, (first, last)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from refcheck import memory_growth
 
 import dynagraph as dy
 from dynagraph import ghosts as ghost_mod
@@ -241,8 +242,6 @@ def test_depth_scheduler_validates_under_debug(float64):
 
 
 def test_thousand_samples_with_ghosts_do_not_grow_memory():
-    import gc
-    import tracemalloc
     pc, p = _model()
 
     def f(k):
@@ -257,16 +256,8 @@ def test_thousand_samples_with_ghosts_do_not_grow_memory():
     def round_():
         dy.renew_cg(scheduler="depth")
         assert len(dy.autobatch_map(f, range(1000))) == 1000
-        gc.collect()
 
-    round_()
-    tracemalloc.start()
-    round_()
-    first, _ = tracemalloc.get_traced_memory()
-    for _ in range(3):
-        round_()
-    last, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    first, last = memory_growth(round_)
     assert last - first < 200_000, (first, last)
 
 
