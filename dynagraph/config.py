@@ -28,7 +28,7 @@ class Config:
     debug: int = 0
     # How dy.block runs its steps over a batch of calls: "planned", "naive" or None.
     block_plan: str | None = field(default_factory=lambda: _plan_env(os.environ.get("DYNAGRAPH_BLOCK_PLAN", "planned")))
-    threads: int | None = None  # BLAS threads; None: one, set at the first evaluation (overlap.before_execution)
+    threads: int | None = None  # BLAS threads; None leaves numpy's default alone
     # Consecutive elementwise batches run as one C call on the cpu backend (dynagraph/runs.py).
     fuse: bool = field(default_factory=lambda: os.environ.get("DYNAGRAPH_FUSE", "1") not in ("0", "false", "no"))
     # Repeated subgraphs of op-level code run as compiled blocks (dynagraph/coarsen).

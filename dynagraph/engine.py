@@ -35,18 +35,18 @@ _pending = NATIVE.pending if NATIVE is not None else _pending_py
 
 class Engine:
     def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
-        token = ACTIVE.set(cg.stats)  # dy.block plans report their inner copies here
+        stats = cg.stats
+        token = ACTIVE.set(stats)  # dy.block plans report their inner copies here
         try:
-            self._forward(cg, upto, defer, targets)
+            self._forward(cg, stats, upto, defer, targets)
         finally:
             ACTIVE.reset(token)
 
-    def _forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
+    def _forward(self, cg, stats, upto: int, defer, targets) -> None:
         """Evaluate the pending nodes up to `upto`; with `defer` (dy.phase), leave those nodes and
         their pending users out unless `targets` need them (`done` stops at the first left)."""
         overlap.before_execution()  # a deferred backward()/update() may still be writing parameters
         t0 = time.perf_counter()
-        stats = cg.stats
         stats.t_record += t0 - cg._t_last
         pending = _pending(cg.blk, cg.done, upto + 1)
         left = []

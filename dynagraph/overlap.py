@@ -17,8 +17,7 @@ Opt-in (`dy.config.set(overlap=True)` or DYNAGRAPH_OVERLAP=1): on this project's
 machine, where no core is ever idle, the worker and the recording thread fight over the GIL and
 a step took 1.1-1.2x as long as in place (README, "The second core"). It takes effect only with
 more than one core and BLAS threads not capped at one (`dy.config.set(threads=1)` keeps one
-core). The first evaluation also caps BLAS at one thread when no count was set
-(`before_execution`). This module imports nothing of ours but the settings.
+core). This module imports nothing of ours but the settings.
 """
 from __future__ import annotations
 
@@ -148,22 +147,9 @@ def _on_worker() -> bool:
     return threading.current_thread() is _worker.thread
 
 
-_blas_capped = False
-
-
 def before_execution() -> None:
-    """Called before every evaluation: wait for the pending step; the first time, with the
-    libraries' default threads (config.threads None), cap BLAS at one thread. Batched GEMMs here
-    are small, and OpenBLAS's second thread spinning beside the Python thread(s) on a 2-core
-    machine made TreeLSTM training at H=256 5-8x slower than one thread (bench/import_swap.py
-    --threads 0: 45 samples/s against 591 with --threads 1, DyNet 387). dy.config.set(threads=N)
-    sets another count; it is never overridden."""
-    global _blas_capped
-    if not _blas_capped:
-        _blas_capped = True
-        if config.threads is None:
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(limits=1, user_api="blas")
+    """Called before every evaluation: a deferred backward()/update() may still be writing the
+    parameters it reads."""
     wait()
 
 
