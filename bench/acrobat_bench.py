@@ -73,7 +73,8 @@ def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
     def counting(self, cg, upto, defer=frozenset(), targets=()):
         pending = engine._pending(cg.blk, cg.done, upto + 1)
         if defer:  # dy.phase: the nodes this chunk leaves pending are counted where they run
-            pending = engine._split_deferred(cg, pending, defer, targets)[0]
+            ids = defer.ids() if hasattr(defer, "ids") else defer
+            pending = engine._split_deferred(cg, pending, ids, targets)[0]
         total[0] += schedulers.lower_bound(cg, pending)
         return forward(self, cg, upto, defer, targets)
 

@@ -20,6 +20,7 @@ and gradients equal running the samples one by one (`concurrent=False`).
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from contextvars import copy_context
 from typing import Any, Callable, Iterable, Sequence
 
@@ -63,10 +64,106 @@ class _Sample:
 
     def close_phase(self) -> None:
         """The nodes this sample recorded in its current phase (none of another sample's: only a
-        park switches samples, and a park closes the segment) join the map's deferred set."""
-        if self.phase > 0 and self.graph is not None and self.deferred is not None:
-            self.deferred.setdefault(self.graph, set()).update(range(self.since, len(self.graph)))
-            self.since = len(self.graph)
+        park switches samples, and a park closes the segment) join the map's deferred nodes."""
+        graph = self.graph
+        if self.phase > 0 and graph is not None and self.deferred is not None:
+            n = len(graph)
+            if n > self.since:
+                d = self.deferred.get(graph)
+                if d is None:
+                    d = self.deferred[graph] = _Deferred()
+                d.add(self.since, n)
+            self.since = n
+
+
+class _Deferred:
+    """The nodes of one graph that dy.phase defers, and the split of each chunk into nodes to
+    evaluate and nodes left pending, kept from round to round: a round classifies only the nodes
+    recorded since the last one, instead of every node left pending so far (engine's stateless
+    _split_deferred, the reference, walks them all again each round: quadratic in the rounds).
+
+    Left pending: the deferred nodes and every pending node that reads one, unless a node being
+    waited for needs it. A node stays left pending once left (a user of a deferred node that a
+    later read needed is not pulled into that read's chunk); the values are the same either way."""
+    __slots__ = ("ranges", "his", "left", "tainted", "seen")
+
+    def __init__(self):
+        self.ranges: list = []  # [lo, hi) ranges of deferred node ids, ascending, disjoint
+        self.his: list = []     # their ends, for bisect
+        self.left: list = []    # nodes left pending by the last split, ascending
+        self.tainted: set = set()  # the same, as a set
+        self.seen = 0           # nodes below were classified by an earlier split
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def add(self, lo: int, hi: int) -> None:
+        if self.ranges and self.ranges[-1][1] == lo:
+            self.ranges[-1] = (self.ranges[-1][0], hi)
+            self.his[-1] = hi
+        else:
+            self.ranges.append((lo, hi))
+            self.his.append(hi)
+
+    def __contains__(self, n: int) -> bool:
+        r = bisect_left(self.his, n + 1)
+        return r < len(self.ranges) and self.ranges[r][0] <= n
+
+    def ids(self) -> set:
+        """Every deferred node id (the stateless reference and the bench's bound use it)."""
+        return {n for lo, hi in self.ranges for n in range(lo, hi)}
+
+    def split(self, cg, pending: list, targets) -> tuple[list, list]:
+        """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending)."""
+        k = bisect_left(pending, self.seen)
+        if pending[:k] != self.left:  # something else evaluated nodes left pending: start over
+            k, self.left, self.tainted = 0, [], set()
+        tainted, args = self.tainted, cg.args
+        new = pending[k:]
+        if new:
+            first = new[0]  # the deferred ranges that reach the new nodes
+            fresh = {n for lo, hi in self.ranges[bisect_left(self.his, first + 1):] for n in range(max(lo, first), hi)}
+            if fresh:
+                tainted |= fresh.intersection(new)
+            if tainted:  # users of tainted nodes, in C: one pass per link of a chain of users among the new
+                cand = [n for n in new if n not in tainted]
+                for _ in range(4):
+                    if not cand:
+                        break
+                    free = list(map(tainted.isdisjoint, map(args.__getitem__, cand)))
+                    try:
+                        j = free.index(False)
+                    except ValueError:
+                        break
+                    hits = [n for n, f in zip(cand[j:], free[j:]) if not f]
+                    tainted.update(hits)
+                    cand = [n for n in cand[j + 1:] if n not in tainted]  # only later nodes can read a hit
+                else:  # a long chain: one node at a time
+                    for n in cand:
+                        if not tainted.isdisjoint(args[n]):
+                            tainted.add(n)
+                run = [n for n in new if n not in tainted]
+                new_left = [n for n in new if n in tainted] if len(run) < len(new) else []
+            else:
+                run, new_left = new, []
+        else:
+            run, new_left = [], []
+        if pending:
+            self.seen = max(self.seen, pending[-1] + 1)
+        left = self.left + new_left if new_left else self.left
+        if not tainted.isdisjoint(targets):  # the deferred nodes a read needs, walked back
+            needed = {t for t in targets if t in tainted}
+            stack = list(needed)
+            while stack:
+                for a in args[stack.pop()]:
+                    if a in tainted and a not in needed:
+                        needed.add(a)
+                        stack.append(a)
+            tainted -= needed
+            left = [n for n in left if n not in needed]
+            run = sorted(run + list(needed))
+        self.left = left
+        return run, left
 
 
 class phase:
@@ -176,7 +273,7 @@ class _Map:
         self.driver = getcurrent()
         self.results: list = [None] * len(samples)
         self.lets = []
-        self.deferred: dict = {}  # graph -> node ids recorded in a phase > 0 (dy.phase)
+        self.deferred: dict = {}  # graph -> _Deferred: nodes recorded in a phase > 0 (dy.phase)
         self.arms: dict = {}      # graph -> dy.ghost arms whose outputs are not evaluated yet
         self.round: list = []     # the live samples of the round being run, in order
         self.pos = 0              # round[pos] is the sample running now

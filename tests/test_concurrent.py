@@ -434,3 +434,54 @@ def test_acrobat_bench_driver_prints_its_table(capsys):
     out = capsys.readouterr().out
     row = [line for line in out.splitlines() if line.startswith("earlyexit")]
     assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 7, out  # 3 keys, 2 systems, ratios and bounds
+
+
+class _Nodes:
+    """What _Deferred.split reads of a graph: each node's argument ids."""
+
+    def __init__(self):
+        self.args = []
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.lists(st.tuples(st.booleans(), st.lists(st.integers(1, 40), max_size=3),
+                                          st.booleans()), min_size=1, max_size=12), min_size=1, max_size=8),
+       poke=st.booleans())
+def test_incremental_phase_split_keeps_the_chunk_contract(rounds, poke):
+    """dy.phase's split, kept from round to round, against engine's stateless one: run and left
+    partition the chunk; nothing run reads a node left; every read's value and what it needs run;
+    every deferred node no read needs is left; it leaves at least what the stateless split leaves.
+    `poke`: something else evaluates a left node between rounds (the split starts over)."""
+    from dynagraph.concurrent import _Deferred
+    from dynagraph.engine import _split_deferred
+    g, d = _Nodes(), _Deferred()
+    done, left = set(), []
+    for nodes in rounds:
+        new, targets = [], []
+        for deferred, back, read in nodes:
+            n = len(g.args)
+            g.args.append(tuple(sorted({n - b for b in back if n - b >= 0})))
+            if deferred:
+                d.add(n, n + 1)
+            if read:
+                targets.append(n)
+            new.append(n)
+        pending = left + new
+        ids = d.ids()
+        ref_run, ref_left = _split_deferred(g, list(pending), ids, targets)
+        run, left = d.split(g, list(pending), targets)
+        assert run == sorted(run) and left == sorted(left) and sorted(run + left) == pending
+        assert set(ref_left) <= set(left) and set(run) <= set(ref_run)
+        assert not any(set(g.args[n]) & set(left) for n in run)
+        needed, stack = set(), list(targets)
+        while stack:
+            n = stack.pop()
+            if n not in done and n not in needed:
+                needed.add(n)
+                stack.extend(g.args[n])
+        assert needed <= set(run)
+        assert {n for n in pending if n in ids} - needed <= set(left)
+        done |= set(run)
+        if poke and left:  # e.g. a nested map's own evaluation
+            done.add(left[0])
+            left = left[1:]
