@@ -25,18 +25,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-SYSTEMS = {"concurrent": ("dynagraph", True), "one-by-one": ("dynagraph", False), "dynet": ("dynet", True)}
+# system -> (library, concurrent, DyNet's autobatch flag). DyNet runs the per-sample loop either
+# way; with autobatch=1 (ACROBAT's baseline) it batches within one sample's evaluation, and
+# without (dynet-ab0) it skips the autobatcher's per-evaluation cost, faster at small sizes.
+SYSTEMS = {"concurrent": ("dynagraph", True, ""), "one-by-one": ("dynagraph", False, ""),
+           "dynet": ("dynet", True, "1"), "dynet-ab0": ("dynet", True, "0"),
+           "baseline": ("dynagraph", True, "")}  # concurrent, another checkout's dynagraph (--baseline)
+DEFAULT_SYSTEMS = "concurrent,one-by-one,dynet,dynet-ab0"
 
 
 # ------------------------------------------------------------------ worker
 def worker(system: str, hidden: int, scheduler: str) -> None:
+    from bench.acrobat_models import Model  # this checkout's program text, whichever dynagraph runs it
+    base = os.environ.get("ACROBAT_BASELINE")
+    if system == "baseline":  # before the first import of dynagraph (bench.worker imports it)
+        sys.path.insert(0, os.path.abspath(base))
     from bench.worker import setup
-    lib, concurrent = SYSTEMS[system]
-    setup(lib, "1" if lib == "dynet" else "", 1)
+    lib, concurrent, autobatch = SYSTEMS[system]
+    setup(lib, autobatch, 1)
     dy = __import__(lib)
+    if system == "baseline" and not os.path.abspath(dy.__file__).startswith(os.path.abspath(base)):
+        raise RuntimeError(f"baseline worker imported {dy.__file__}, not the one under {base}")
     if lib == "dynagraph" and scheduler:
         dy.config.set(scheduler=scheduler)
-    from bench.acrobat_models import Model
     models: dict = {}
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -93,7 +104,9 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default="8,64")
     ap.add_argument("--modes", default="train,infer")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"of {', '.join(SYSTEMS)}")
+    ap.add_argument("--baseline", default=None, help="folder holding another dynagraph package (an older "
+                    "commit's, via git archive): its concurrent map runs too, as 'baseline'")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
@@ -104,14 +117,18 @@ def main(argv=None) -> None:
     if a.worker:
         return worker(a.worker, a.hidden, a.scheduler)
     systems = a.systems.split(",")
+    if a.baseline and "baseline" not in systems:
+        systems.insert(1, "baseline")
+    if "baseline" in systems and not a.baseline:
+        ap.error("the baseline system needs --baseline DIR")
     # find_spec, not import: importing DyNet initialises it, which changes this process's
     # floating-point exception state (numpy then raises FloatingPointError elsewhere)
-    if "dynet" in systems and importlib.util.find_spec("dynet") is None:
-        print("dynet38 not installed: DyNet column skipped (pip install dynet38)")
-        systems.remove("dynet")
+    if importlib.util.find_spec("dynet") is None and {"dynet", "dynet-ab0"} & set(systems):
+        print("dynet38 not installed: DyNet columns skipped (pip install dynet38)")
+        systems = [s for s in systems if SYSTEMS[s][0] != "dynet"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               DYNAGRAPH_HINTS="0" if a.no_hints else "1")
+               DYNAGRAPH_HINTS="0" if a.no_hints else "1", ACROBAT_BASELINE=a.baseline or "")
     procs = {s: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", s, "--hidden", str(a.hidden),
                                   "--scheduler", a.scheduler],
                                  cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -147,23 +164,25 @@ def main(argv=None) -> None:
 
 
 def _table(best: dict, configs: list, systems: list, a) -> None:
+    """samples/s per system, then the concurrent map's speed-up over each other system present
+    ("x S": concurrent / S), then its batches against the bounds."""
     print(f"\nACROBAT models, H={a.hidden}, one thread, scheduler {a.scheduler or 'default'}, "
           f"hints {'off' if a.no_hints else 'on'}, samples/s (best of {a.rounds} interleaved rounds)")
+    others = [s for s in systems if s != "concurrent"] if "concurrent" in systems else []
     head = f"{'model':10} {'B':>3} {'mode':5} " + " ".join(f"{s:>11}" for s in systems)
-    head += f" {'x one-by-one':>12} {'x dynet':>8} {'batches':>8} {'bound':>6} {'ratio':>6} {'rounds':>6} {'ratio':>6}"
+    head += "".join(f" {'x ' + s:>12}" for s in others)
+    head += f" {'batches':>8} {'bound':>6} {'ratio':>6} {'rounds':>6} {'ratio':>6}"
     print(head)
     for model, batch, mode in configs:
         rate = {s: batch / best[(model, batch, mode, s)]["seconds"] for s in systems}
         row = f"{model:10} {batch:>3} {mode:5} " + " ".join(f"{rate[s]:>11.0f}" for s in systems)
+        row += "".join(f" {rate['concurrent'] / rate[s]:>12.2f}" for s in others)
         c = best.get((model, batch, mode, "concurrent"), {})
-        seq = f"{rate['concurrent'] / rate['one-by-one']:.2f}" if "one-by-one" in rate and c else "-"
-        dyn = f"{rate['concurrent'] / rate['dynet']:.2f}" if "dynet" in rate and c else "-"
         ratio = f"{c['batches'] / c['lower_bound']:.2f}" if c.get("lower_bound") else "-"
         rratio = f"{c['batches'] / c['round_bound']:.2f}" if c.get("round_bound") else "-"
-        row += f" {seq:>12} {dyn:>8} {c.get('batches', '-'):>8} {c.get('lower_bound', '-'):>6} {ratio:>6}"
+        row += f" {c.get('batches', '-'):>8} {c.get('lower_bound', '-'):>6} {ratio:>6}"
         row += f" {c.get('round_bound', '-'):>6} {rratio:>6}"
         print(row)
-
 
 if __name__ == "__main__":
     main()

@@ -433,7 +433,7 @@ def test_acrobat_bench_driver_prints_its_table(capsys):
                         "--systems", "concurrent,one-by-one", "--hidden", "8"])
     out = capsys.readouterr().out
     row = [line for line in out.splitlines() if line.startswith("earlyexit")]
-    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 7, out  # 3 keys, 2 systems, ratios and bounds
+    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 1 + 5, out  # 3 keys, 2 systems, 1 ratio, bounds
 
 
 class _Nodes:
