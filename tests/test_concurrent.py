@@ -155,6 +155,50 @@ def test_exception_names_the_sample_and_stops_the_others():
     assert sorted(stopped) == [0, 1, 2, 3, 4]  # every sample's finally ran
 
 
+def test_workers_are_reused_across_maps_errors_and_threads(monkeypatch):
+    """Samples run on pooled worker greenlets: a second map starts none; a sample that raised, or
+    was stopped, leaves its worker usable; each thread has its own pool."""
+    import threading
+
+    from dynagraph import concurrent
+
+    def f(i):
+        x = dy.inputVector([float(i)])
+        for _ in range(i % 3):
+            x = x * 2
+            x.value()
+        return float(x)
+
+    expected = [float(i) * 2 ** (i % 3) for i in range(40)]
+    assert dy.autobatch_map(f, range(40)) == expected
+    made = []
+    real = concurrent.greenlet
+    monkeypatch.setattr(concurrent, "greenlet", lambda *a, **k: made.append(1) or real(*a, **k))
+    assert dy.autobatch_map(f, range(40)) == expected and not made
+
+    stopped = []
+
+    def g(i):
+        try:
+            dy.inputVector([1.0]).value()
+            if i == 3:
+                raise KeyError(i)
+            dy.inputVector([2.0]).value()
+        finally:
+            stopped.append(i)
+
+    with pytest.raises(KeyError):
+        dy.autobatch_map(g, range(8))
+    assert sorted(stopped) == list(range(8))
+    assert dy.autobatch_map(f, range(40)) == expected and not made
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(dy.autobatch_map(f, range(5))))
+    t.start()
+    t.join()
+    assert out == [expected[:5]]
+
+
 def test_record_time_error_in_one_sample_keeps_its_type(pc):
     W = pc.add_parameters((3, 4))
 
