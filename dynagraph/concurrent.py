@@ -187,9 +187,9 @@ class phase:
         self.sample = sample
         if sample.phase:
             sample.close_phase()
+        graph = current()
         self.outer = sample.phase, sample.graph
-        sample.phase, sample.graph = self.k, current()
-        sample.since = len(sample.graph)
+        sample.phase, sample.graph, sample.since = self.k, graph, len(graph.op)  # op: a list, len in C
         return self
 
     def __exit__(self, *exc) -> None:
@@ -197,11 +197,16 @@ class phase:
         if sample is None:
             return
         self.sample = None
-        if sample.phase:
-            sample.close_phase()
+        graph = sample.graph
+        n = len(graph.op)
+        if sample.phase > 0 and n > sample.since and sample.deferred is not None:  # close_phase, inline
+            d = sample.deferred.get(graph)
+            if d is None:
+                d = sample.deferred[graph] = _Deferred()
+            d.nodes.extend(range(sample.since, n))
         sample.phase, sample.graph = self.outer
         if sample.graph is not None:
-            sample.since = len(sample.graph)
+            sample.since = len(sample.graph.op) if sample.graph is not graph else n
 
 
 def _seed() -> int:
@@ -361,13 +366,19 @@ class _Map:
             self.targets[cg] = [nid]
         else:
             waiting.append(nid)
-        self.pos += 1
-        if self.pos < len(self.round):
-            self._switch_to(self.round[self.pos])
+        pos = self.pos = self.pos + 1
+        if pos < len(self.round):  # _switch_to, inline: on the path of every read
+            i = self.round[pos]
+            task = self.tasks[i]
+            if task is None:
+                self.lets[i].switch()
+            else:
+                self.tasks[i] = None
+                self.lets[i].switch(task)
         else:  # end of the round
             self.driver.switch(_PARK)
         if sample.graph is not None:
-            sample.since = len(sample.graph)
+            sample.since = len(sample.graph.op)
         for g in sample.ghosts:
             g.resume()
 
