@@ -3,6 +3,7 @@
     python bench/acrobat_bench.py                          # every model, batch 8 and 64, train and infer
     python bench/acrobat_bench.py --models stackrnn,drnn --batches 64 --hidden 256 --rounds 3
     python bench/acrobat_bench.py --systems concurrent --scheduler depth --no-hints   # batches without dy.ghost
+    python bench/acrobat_bench.py --batches 64 --clock cpu --baseline /tmp/base    # A/B against another checkout
 
 One program text (bench/acrobat_models.py) for every system, import swap only: DyNet (autobatch=1)
 has no autobatch_map, so its per-sample loop runs sequentially. Each system runs in its own
@@ -35,7 +36,7 @@ DEFAULT_SYSTEMS = "concurrent,one-by-one,dynet,dynet-ab0"
 
 
 # ------------------------------------------------------------------ worker
-def worker(system: str, hidden: int, scheduler: str) -> None:
+def worker(system: str, hidden: int, scheduler: str, clock: str = "wall") -> None:
     from bench.acrobat_models import Model  # this checkout's program text, whichever dynagraph runs it
     base = os.environ.get("ACROBAT_BASELINE")
     if system == "baseline":  # before the first import of dynagraph (bench.worker imports it)
@@ -56,10 +57,11 @@ def worker(system: str, hidden: int, scheduler: str) -> None:
         seeds = [1000 * cmd["round"] + i for i in range(batch)]
         m.step(seeds, train, concurrent)  # warm-up
         best, extra = float("inf"), {}
+        now = time.process_time if clock == "cpu" else time.perf_counter
         for _ in range(reps):
-            t = time.perf_counter()
+            t = now()
             m.step(seeds, train, concurrent)
-            best = min(best, time.perf_counter() - t)
+            best = min(best, now() - t)
         if lib == "dynagraph":
             st = dy.cg().stats
             extra = {"batches": st.batches, "lower_bound": _evaluated_bound(dy.cg()),
@@ -112,10 +114,13 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--scheduler", default="", help="dynagraph's scheduler (default: the configured one, agenda)")
     ap.add_argument("--no-hints", action="store_true", help="leave out ACROBAT's hints (dy.ghost) in the models")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: each worker's process time (every system runs on one thread), steadier "
+                         "than wall time on a machine shared with other jobs")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        return worker(a.worker, a.hidden, a.scheduler)
+        return worker(a.worker, a.hidden, a.scheduler, a.clock)
     systems = a.systems.split(",")
     if a.baseline and "baseline" not in systems:
         systems.insert(1, "baseline")
@@ -130,7 +135,7 @@ def main(argv=None) -> None:
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                DYNAGRAPH_HINTS="0" if a.no_hints else "1", ACROBAT_BASELINE=a.baseline or "")
     procs = {s: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", s, "--hidden", str(a.hidden),
-                                  "--scheduler", a.scheduler],
+                                  "--clock", a.clock, "--scheduler", a.scheduler],
                                  cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
              for s in systems}
     configs = [(m, int(b), mode) for m in a.models.split(",") for b in a.batches.split(",")
@@ -167,7 +172,7 @@ def _table(best: dict, configs: list, systems: list, a) -> None:
     """samples/s per system, then the concurrent map's speed-up over each other system present
     ("x S": concurrent / S), then its batches against the bounds."""
     print(f"\nACROBAT models, H={a.hidden}, one thread, scheduler {a.scheduler or 'default'}, "
-          f"hints {'off' if a.no_hints else 'on'}, samples/s (best of {a.rounds} interleaved rounds)")
+          f"hints {'off' if a.no_hints else 'on'}, samples/s of {a.clock} time (best of {a.rounds} interleaved rounds)")
     others = [s for s in systems if s != "concurrent"] if "concurrent" in systems else []
     head = f"{'model':10} {'B':>3} {'mode':5} " + " ".join(f"{s:>11}" for s in systems)
     head += "".join(f" {'x ' + s:>12}" for s in others)
