@@ -23,6 +23,7 @@ import functools
 import threading
 from bisect import bisect_left
 from contextvars import copy_context
+from itertools import chain
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
@@ -125,8 +126,10 @@ class _Deferred:
         if new:
             if fresh:
                 tainted.update(set(fresh).intersection(new))
-            if tainted:  # users of tainted nodes, in C: one pass per link of a chain of users among the new
-                cand = [n for n in new if n not in tainted]
+            cand = [n for n in new if n not in tainted] if tainted else ()
+            if cand and tainted.isdisjoint(chain.from_iterable(map(args.__getitem__, cand))):
+                cand = ()  # the common round: no new node reads a tainted one (one pass, in C)
+            if cand:  # users of tainted nodes: one pass per link of a chain of users among the new
                 for _ in range(4):
                     if not cand:
                         break
@@ -142,6 +145,7 @@ class _Deferred:
                     for n in cand:
                         if not tainted.isdisjoint(args[n]):
                             tainted.add(n)
+            if tainted:
                 run = [n for n in new if n not in tainted]
                 new_left = [n for n in new if n in tainted] if len(run) < len(new) else []
             else:
