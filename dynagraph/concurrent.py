@@ -23,7 +23,8 @@ import functools
 import threading
 from bisect import bisect_left
 from contextvars import copy_context
-from itertools import chain
+from itertools import chain, compress, filterfalse
+from operator import not_
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
@@ -113,6 +114,24 @@ class _Deferred:
         """Every deferred node id (the stateless reference and the bench's bound use it)."""
         return set(self.nodes)
 
+    def _users(self, cand: list, args) -> None:
+        """Taint the nodes of `cand` (ascending) that read a tainted node: one pass in C per link
+        of a chain of such users, then one node at a time for a long chain."""
+        tainted = self.tainted
+        for _ in range(4):
+            free = list(map(tainted.isdisjoint, map(args.__getitem__, cand)))
+            try:
+                j = free.index(False)
+            except ValueError:
+                return
+            tainted.update(compress(cand[j:], map(not_, free[j:])))
+            cand = list(filterfalse(tainted.__contains__, cand[j + 1:]))  # only later nodes can read a hit
+            if not cand:
+                return
+        for n in cand:
+            if not tainted.isdisjoint(args[n]):
+                tainted.add(n)
+
     def split(self, cg, pending: list, targets) -> tuple[list, list]:
         """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending)."""
         k = bisect_left(pending, self.seen)
@@ -123,35 +142,19 @@ class _Deferred:
         tainted, args = self.tainted, cg.args
         new = pending[k:]
         fresh, self.cut = nodes[self.cut:], len(nodes)
+        run, new_left = new, []
         if new:
-            if fresh:
-                tainted.update(set(fresh).intersection(new))
-            cand = [n for n in new if n not in tainted] if tainted else ()
-            if cand and tainted.isdisjoint(chain.from_iterable(map(args.__getitem__, cand))):
-                cand = ()  # the common round: no new node reads a tainted one (one pass, in C)
-            if cand:  # users of tainted nodes: one pass per link of a chain of users among the new
-                for _ in range(4):
-                    if not cand:
-                        break
-                    free = list(map(tainted.isdisjoint, map(args.__getitem__, cand)))
-                    try:
-                        j = free.index(False)
-                    except ValueError:
-                        break
-                    hits = [n for n, f in zip(cand[j:], free[j:]) if not f]
-                    tainted.update(hits)
-                    cand = [n for n in cand[j + 1:] if n not in tainted]  # only later nodes can read a hit
-                else:  # a long chain: one node at a time
-                    for n in cand:
-                        if not tainted.isdisjoint(args[n]):
-                            tainted.add(n)
+            deferred = set(fresh).intersection(new) if fresh else ()
+            if deferred:
+                tainted.update(deferred)
             if tainted:
-                run = [n for n in new if n not in tainted]
-                new_left = [n for n in new if n in tainted] if len(run) < len(new) else []
-            else:
-                run, new_left = new, []
-        else:
-            run, new_left = [], []
+                run = list(filterfalse(tainted.__contains__, new))  # in C, as every pass below
+                if run and not tainted.isdisjoint(chain.from_iterable(map(args.__getitem__, run))):
+                    self._users(run, args)  # some new node reads a tainted one: which, one by one
+                    run = list(filterfalse(tainted.__contains__, new))
+                    new_left = list(filter(tainted.__contains__, new))
+                elif deferred:  # the common round: only this round's deferred nodes are left
+                    new_left = sorted(deferred)
         if pending:
             self.seen = max(self.seen, pending[-1] + 1)
         left = self.left + new_left if new_left else self.left
@@ -164,7 +167,7 @@ class _Deferred:
                         needed.add(a)
                         stack.append(a)
             tainted -= needed
-            left = [n for n in left if n not in needed]
+            left = list(filterfalse(needed.__contains__, left))
             run = sorted(run + list(needed))
         self.left = left
         return run, left
