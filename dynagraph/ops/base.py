@@ -43,6 +43,9 @@ class OpDef:
     # whose weight gradient is sum_b g_b x_b^T, which autodiff may defer and sum over all
     # batches of a graph as one GEMM (matmul, affine_transform)
     weight_products: Callable[[int], tuple] | None = None
+    # argument positions the op can read in place: gathered from several blocks, such an
+    # argument arrives as the backend's rows_operand (reads_in_place; see ops/linalg.py)
+    rows_args: tuple = ()
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

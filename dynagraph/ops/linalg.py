@@ -92,13 +92,35 @@ def _affine_products(n_args: int) -> tuple:
     return tuple((i, i + 1) for i in range(1, n_args, 2))
 
 
-@op("matmul", mm_shape, cost=GEMM, weight_products=_matmul_products)
+def _in_place(A) -> bool:
+    """A is a backend's rows operand (OpDef.rows_args): per-sample matrices left in the
+    blocks they were computed in, read through a row table instead of a gathered copy."""
+    return getattr(A, "reads_in_place", False)
+
+
+@op("matmul", mm_shape, cost=GEMM, weight_products=_matmul_products, rows_args=(0,))
 class MatMul:
+    """A x. Per-sample matrices A from several blocks (MV-RNN's A[r] * a[l]: a lookup
+    table's rows and earlier outputs) may arrive as a rows operand: the products read
+    each A_j in place and the backward adds g_j x_j^T into A's gradient rows in place
+    (no (B, r, c) copy either way); a case its kernel does not cover takes the dense
+    copy, the gather the executor would otherwise have made."""
     def forward(xp, a, data, A, X):
+        if _in_place(A):
+            y = A.matvec(X)
+            if y is not None:
+                return y
+            A = A.dense()
         return mm(xp, A, X)
 
     def backward(xp, a, data, xs, y, g, need):
-        return mm_grads(xp, xs[0], xs[1], g, need)
+        A, X = xs
+        if _in_place(A):
+            grads = A.matvec_grads(X, g, need)
+            if grads is not None:
+                return grads
+            A = A.dense()
+        return mm_grads(xp, A, X, g, need)
 
 
 def _affine_shape(a, sb, *rest):
