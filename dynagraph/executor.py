@@ -115,7 +115,8 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
             xs.append(blocks[b])
             plans.append((LEAF, b, None))
             continue
-        x, plan = gather(cg, be, ids, stats, len(xs) in in_place) if in_place else gather(cg, be, ids, stats)
+        x, plan = gather(cg, be, ids, stats, in_place is True or len(xs) in in_place) if in_place \
+            else gather(cg, be, ids, stats)
         xs.append(x)
         plans.append(plan)
     data = list(pick(cg.data, nodes)) if op.uses_data else None

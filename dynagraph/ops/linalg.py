@@ -2,7 +2,7 @@
 is a single GEMM, forward and backward: that is where batching pays most."""
 from __future__ import annotations
 
-from .base import GEMM, ELEMWISE, broadcast_shape, op, pad_to, reduce_to
+from .base import GEMM, ELEMWISE, broadcast_shape, in_place, op, pad_to, reduce_to
 
 
 def _as_matrix(s: tuple) -> tuple:
@@ -92,12 +92,6 @@ def _affine_products(n_args: int) -> tuple:
     return tuple((i, i + 1) for i in range(1, n_args, 2))
 
 
-def _in_place(A) -> bool:
-    """A is a backend's rows operand (OpDef.rows_args): per-sample matrices left in the
-    blocks they were computed in, read through a row table instead of a gathered copy."""
-    return getattr(A, "reads_in_place", False)
-
-
 @op("matmul", mm_shape, cost=GEMM, weight_products=_matmul_products, rows_args=(0,))
 class MatMul:
     """A x. Per-sample matrices A from several blocks (MV-RNN's A[r] * a[l]: a lookup
@@ -106,7 +100,7 @@ class MatMul:
     (no (B, r, c) copy either way); a case its kernel does not cover takes the dense
     copy, the gather the executor would otherwise have made."""
     def forward(xp, a, data, A, X):
-        if _in_place(A):
+        if in_place(A):
             y = A.matvec(X)
             if y is not None:
                 return y
@@ -115,7 +109,7 @@ class MatMul:
 
     def backward(xp, a, data, xs, y, g, need):
         A, X = xs
-        if _in_place(A):
+        if in_place(A):
             grads = A.matvec_grads(X, g, need)
             if grads is not None:
                 return grads

@@ -119,3 +119,49 @@ def test_operand_keeps_what_its_forward_read():
         OuterRows(np.ones((2, 2)), np.ones((2, 2)), (2, 2, 2)).add_into(
             [np.zeros((2, 2, 2), np.float32), np.zeros((2, 2, 2))], ix)
     assert rows_operand([np.zeros((2, 2, 2)), np.zeros((2, 2, 2), np.float32)], ix) is None
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@settings(max_examples=40, deadline=None)
+@given(layout=_layouts(), lo=st.integers(0, 3), hi=st.integers(0, 3))
+def test_copy_into_a_slice(dt, layout, lo, hi):
+    """A part of a concatenation: each row copied into its slice of a larger output."""
+    r, c, sizes, blks, rows, _, seed = layout
+    rng = np.random.default_rng(seed)
+    blocks = _blocks(rng, sizes, r, c, dt)
+    op, _ = _operand(blocks, blks, rows)
+    n = len(rows)
+    y = rng.standard_normal((n, lo + r + hi, c)).astype(dt)
+    want = y.copy()
+    want[:, lo:lo + r] = _dense(blocks, blks, rows)
+    op.copy_into(y[:, lo:lo + r])
+    np.testing.assert_array_equal(y, want)
+    z = np.zeros((n, r, c + 2), dt)  # rows not contiguous: the dense copy
+    op.copy_into(z[:, :, 1:1 + c])
+    np.testing.assert_array_equal(z[:, :, 1:1 + c], _dense(blocks, blks, rows))
+    with pytest.raises(ValueError, match="destination"):
+        op.copy_into(np.zeros((n + 1, r, c), dt))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_scatter_reads_strided_rows_in_place(dt):
+    """A slice along the first per-row axis (concatenate's gradient g[:, a:b]) is scattered
+    without a contiguous copy, and gives what numpy's add.at gives; repeats add up."""
+    from dynagraph.backends.cpu import add_rows, scatter_add_rows
+    from dynagraph.backends.cpu.ffi import _rows_operand
+    g = np.arange(5 * 6 * 3).reshape(5, 6, 3).astype(dt)
+    v = g[:, 2:4]
+    span, stride = _rows_operand(v, 5, 6, np.dtype(dt))
+    assert stride == 18 and np.shares_memory(span, g)
+    blks, rows = [0, 1, 0, 0, 1], [1, 2, 1, 3, 0]
+    got = [np.zeros((4, 2, 3), dt), np.zeros((3, 2, 3), dt)]
+    scatter_add_rows(got, blks, rows, v)
+    want = [np.zeros((4, 2, 3), dt), np.zeros((3, 2, 3), dt)]
+    for j, (b, r) in enumerate(zip(blks, rows)):
+        want[b][r] += v[j]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    T, W = np.zeros((4, 2, 3), dt), np.zeros((4, 2, 3), dt)
+    add_rows(T, [1, 1, 0, 2, 3], v)
+    np.add.at(W, [1, 1, 0, 2, 3], v)
+    np.testing.assert_array_equal(T, W)

@@ -162,3 +162,44 @@ def test_in_place_products_against_finite_differences(backend):
         check_op(build, [Table(table), vecs], expected, scheduler="agenda")
     if get_backend().rows_operand is not None:
         assert any(s is not None for s in seen)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(r=st.integers(1, 4), c=st.integers(1, 4), picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)),
+                                                                 min_size=2, max_size=7), axis=st.integers(0, 1))
+def test_concatenations_of_matrices_from_several_blocks(backend, r, c, picks, axis):
+    """concatenate([A, B]) of per-sample matrices from several blocks (the rows operand's
+    copy into each slice on cpu; repeats: one matrix in several concatenations or twice in one)."""
+    def build(pc):
+        T = pc.add_lookup_parameters((3, r, c))
+        mats = [dy.tanh(dy.lookup(T, 0)), dy.logistic(dy.lookup(T, 1)), dy.tanh(dy.lookup(T, 2))]
+        W = dy.parameter(pc.add_parameters((2, 2 * r if axis == 0 else r)))
+        outs = []
+        for a, b in picks:
+            m = dy.concatenate([mats[a], mats[b]], d=axis) if axis == 0 else dy.concatenate_cols([mats[a], mats[b]])
+            outs.append(dy.sum_elems(dy.square(W * m)))
+        return dy.esum(outs)
+    with _rows_operands_seen() as seen:
+        compare_with_none("agenda", build)
+    if get_backend().rows_operand is not None and axis == 0 and len({p % 2 for pr in picks for p in pr}) == 2:
+        assert any(s is not None for s in seen)
+
+
+def test_in_place_concatenation_against_finite_differences(backend):
+    """float64: WM * concatenate([A, B]) with A, B from two blocks, one matrix used twice."""
+    rng = np.random.default_rng(6)
+    table, wm = rng.standard_normal((3, 3, 2)), rng.standard_normal((2, 6))
+    pairs = [(0, 1), (1, 2), (2, 2)]
+
+    def build(T, WM):
+        mats = [dy.tanh(dy.lookup(T, 0)), dy.logistic(dy.lookup(T, 1)), dy.tanh(dy.lookup(T, 2))]
+        return dy.concatenate_cols([WM * dy.concatenate([mats[a], mats[b]]) for a, b in pairs])
+
+    def expected(t, w):
+        mats = [np.tanh(t[0]), 1 / (1 + np.exp(-t[1])), np.tanh(t[2])]
+        return np.concatenate([w @ np.concatenate([mats[a], mats[b]]) for a, b in pairs], axis=1)
+
+    with _rows_operands_seen() as seen:
+        check_op(build, [Table(table), wm], expected, scheduler="agenda")
+    if get_backend().rows_operand is not None:
+        assert any(s is not None for s in seen)

@@ -40,6 +40,7 @@ from .cells import (_gates, _state, _opt, lstm_forward, lstm_backward, gru_gates
     gru_output_backward, gru_gates_backward, _kids, _rows_out, _disjoint, KidRows, _kid_table, _kids_arg,
     treelstm_forward, _not_a_kid_row, _rows_p, treelstm_backward, TreeCellPlan)  # noqa: F401
 from .rowmm import RowsOperand, OuterRows, rows_operand  # noqa: F401
+from .heap import keep_freed_memory
 from .optim import (_rule_args, _rows_ptr, sgd_update, momentum_update, adagrad_update, adam_update)  # noqa: F401
 from .overrides import (_is_real, _exp_worth, UNARY_FWD_MIN, UNARY_FWD_F32_ONLY, UNARY_BWD_MIN, CMULT_SHARED_BWD_MIN,
     ROW_SUMS_MIN, SOFTMAX_BWD_MIN, _unary_forward, _unary_backward, _binary_fits, _binary_forward, _binary_backward,
@@ -58,6 +59,7 @@ class CpuBackend(NumpyBackend):
 
     def __init__(self, install: bool = True):
         super().__init__(np)
+        keep_freed_memory()  # freed blocks stay in the heap for the next graph (heap.py)
         # the optional capabilities of backends/contract.py
         self.elementwise_runs = CRuns()
         self.fused_chains = CChains()

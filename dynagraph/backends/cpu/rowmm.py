@@ -51,6 +51,32 @@ class RowsOperand:
         """The gathered copy (what the executor would have passed)."""
         return gather_indexed(dict(zip(self.index.ids, self.bases)), self.index)
 
+    def copy_into(self, out: np.ndarray) -> None:
+        """out[j] = A_j, where out is a view whose rows are each contiguous at one distance
+        (a slice of a concatenation's output along its first per-row axis); any other
+        destination takes the dense copy."""
+        n, width = self.shape[0], int(np.prod(self.shape[1:]))
+        dt = self.dtype
+        if type(out) is not np.ndarray or out.shape != self.shape or out.dtype != dt:
+            raise ValueError(f"copy_into: destination of shape {getattr(out, 'shape', None)} and dtype "
+                             f"{getattr(out, 'dtype', None)}, expected {self.shape} {dt}")
+        if not out.flags.writeable:
+            raise ValueError("copy_into: destination is read-only")
+        if n < 2 or out.flags.c_contiguous:
+            stride = width
+            span = out.reshape(-1) if out.flags.c_contiguous else None
+        else:
+            stride = out.strides[0] // dt.itemsize
+            ok = out[0].flags.c_contiguous and out.strides[0] % dt.itemsize == 0 and stride >= width
+            span = np.lib.stride_tricks.as_strided(out, shape=((n - 1) * stride + width,), strides=(dt.itemsize,)) \
+                if ok else None
+        if span is None:
+            out[...] = self.dense()
+            return
+        bufs = [_p(u) for u in self.bases]
+        _fn("dg_rows_copy_into", dt)(_p(span), stride, ffi.new(_PTRS[dt], bufs), _pi(self.index.local),
+                                     _pi(self.index.rows), n, width)
+
     def _fits(self, X) -> bool:
         """A batch of vectors X of this dtype, one per product (or one shared), matching c."""
         return (self.ndim == 3 and type(X) is np.ndarray and X.ndim == 2 and X.dtype == self.dtype
