@@ -108,7 +108,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     cols = columns(cg.args, nodes)
     xs, plans = [], []
     ops, blocks = cg.op, cg.blocks
-    in_place = op.rows_args if be.rows_operand is not None else ()  # ops/linalg.py: per-sample matrices
+    in_place = op.rows_args if be.rows_operand is not None else ()  # OpDef.rows_args (per-sample matrices)
     for ids in cols:
         if ops[ids[0]].leaf:  # a shared parameter, as in gather(), without the call
             b = cg.blk[ids[0]]
