@@ -75,8 +75,9 @@ locate = NATIVE.locate if NATIVE else _locate_py
 any_true = NATIVE.any_true if NATIVE else _any_true_py
 
 
-def gather(cg, be, ids: Sequence[int], stats) -> tuple:
-    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan."""
+def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
+    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan.
+    in_place: rows from several blocks may stay where they are, as the backend's rows_operand."""
     first = ids[0]
     if cg.op[first].leaf:
         b = cg.blk[first]
@@ -88,6 +89,10 @@ def gather(cg, be, ids: Sequence[int], stats) -> tuple:
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
         index = be.row_index(cg.blocks, b, rows)  # checked once: backward scatters with it
+        if in_place:
+            out = be.rows_operand(cg.blocks, index)
+            if out is not None:
+                return out, (MANY, index, None)
         out, plan = be.gather_indexed(cg.blocks, index), (MANY, index, None)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
@@ -103,13 +108,15 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     cols = columns(cg.args, nodes)
     xs, plans = [], []
     ops, blocks = cg.op, cg.blocks
+    in_place = op.rows_args if be.rows_operand is not None else ()  # OpDef.rows_args (per-sample matrices)
     for ids in cols:
         if ops[ids[0]].leaf:  # a shared parameter, as in gather(), without the call
             b = cg.blk[ids[0]]
             xs.append(blocks[b])
             plans.append((LEAF, b, None))
             continue
-        x, plan = gather(cg, be, ids, stats)
+        x, plan = gather(cg, be, ids, stats, in_place is True or len(xs) in in_place) if in_place \
+            else gather(cg, be, ids, stats)
         xs.append(x)
         plans.append(plan)
     data = list(pick(cg.data, nodes)) if op.uses_data else None

@@ -260,4 +260,30 @@ void dg_run_bwd_f64(const int64_t *code, const double *consts, int64_t nsteps, c
                     const double *const *src, double *const *gsrc, const unsigned char *need,
                     const int64_t *zero_at, double *work);
 
+/* ---------------------------------------------------------------- rowmm.c
+ * Per-sample matrix-vector products, matrices read in place through (block, row) tables:
+ * A_j = bases[src[j]] + rows[j] * r * c, an (r, c) row-major matrix; x_j = x + j * xstride.
+ * matvec:     y[j] = A_j x_j                         (y: (n, r))
+ * tgrad:      gx[j] = A_j^T g_j                      (gx: (n, c), overwritten)
+ * outer_add:  A_j += g_j x_j^T into gradient rows    (sequential: repeats add up)
+ * copy_into:  out[j * ostride ...] = bases[src[j]][rows[j]] (width elements: a slice of an output)
+ */
+void dg_rows_matvec_f32(float *y, const float *const *bases, const int64_t *src, const int64_t *rows,
+                        const float *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+void dg_rows_matvec_f64(double *y, const double *const *bases, const int64_t *src, const int64_t *rows,
+                        const double *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+void dg_rows_matvec_tgrad_f32(float *gx, const float *const *bases, const int64_t *src, const int64_t *rows,
+                              const float *g, int64_t n, int64_t r, int64_t c);
+void dg_rows_matvec_tgrad_f64(double *gx, const double *const *bases, const int64_t *src, const int64_t *rows,
+                              const double *g, int64_t n, int64_t r, int64_t c);
+void dg_rows_outer_add_f32(float *const *bases, const int64_t *src, const int64_t *rows, const float *g,
+                           const float *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+void dg_rows_outer_add_f64(double *const *bases, const int64_t *src, const int64_t *rows, const double *g,
+                           const double *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+
+void dg_rows_copy_into_f32(float *out, int64_t ostride, const float *const *bases, const int64_t *src,
+                           const int64_t *rows, int64_t n, int64_t width);
+void dg_rows_copy_into_f64(double *out, int64_t ostride, const double *const *bases, const int64_t *src,
+                           const int64_t *rows, int64_t n, int64_t width);
+
 #endif
