@@ -2,7 +2,6 @@
 
 `import dynagraph as dy` is a drop-in for the common DyNet API.
 """
-from . import heap  # noqa: F401  (glibc keeps freed graph memory between steps)
 from . import config  # noqa: F401
 from .config import reset_random_seed  # noqa: F401
 from .errors import CheckpointError, DynagraphError, DynagraphIndexError, NonFiniteError, ShapeError, StaleExpressionError  # noqa: F401

@@ -32,3 +32,10 @@ def test_environment_turns_it_off(env, want):
     assert out in ("True", "False")
     if want is not None:
         assert out == want
+
+
+def test_glibc_own_tunable_wins():
+    code = "from dynagraph.backends.cpu import heap; print(heap.keep_freed_memory())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DYNAGRAPH_KEEP_HEAP": "1", "MALLOC_TOP_PAD_": "1048576"}).stdout.strip()
+    assert out == "False"
