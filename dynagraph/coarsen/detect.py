@@ -82,6 +82,19 @@ def find_patterns(cg, pending: list) -> tuple[list, list]:
     return [p for p in by_key.values() if len(p.roots) >= MIN_CALLS], owner
 
 
+def plan_native(cg, pending: list) -> tuple[list, list] | None:
+    """(patterns, batches) from the compiled pass in one call: find_patterns and the unit
+    schedule (coarsen.run.unit_schedule, its twin) without the per-instance Python objects of
+    patterns that are not kept; None where dynagraph._coarsen is not built."""
+    if _NATIVE is None:
+        return None
+    if len(pending) < 2 * MIN_CALLS:
+        return [], []
+    pats, batches = _NATIVE.plan(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
+                                 len(cg.signatures), MIN_CALLS)
+    return [Pattern(*p) for p in pats], batches
+
+
 def instances_py(cg, pending: list) -> tuple[list, list]:
     """The pure-Python twin of dynagraph._coarsen.find: (owner, [(root, members, key,
     externals, slots)]) for every instance of two or more nodes."""

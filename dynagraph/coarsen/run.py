@@ -277,16 +277,24 @@ def _piece_value(plan: Plan, saved: list, t: int, xp):
 class Coarsened:
     """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
 
-    def __init__(self, cg, pending: list, patterns: list, owner: list):
-        self.cg, self.pending, self.patterns, self.owner = cg, pending, patterns, owner
-        self.roots = {r for p in patterns for r in p.roots}   # the coarsened instances
+    def __init__(self, cg, pending: list, patterns: list, owner: list | None, batches: list | None = None):
+        """owner: find_patterns' instance roots, from which schedule() computes the unit
+        schedule; or batches: that schedule, computed by the compiled pass (detect.plan_native)."""
+        self.cg, self.pending, self.patterns, self.owner, self.batches = cg, pending, patterns, owner, batches
 
     def schedule(self) -> list:
         """Batches over units by unit depth: (-1, [node ids]) or (pattern index, [instance
         indices]). An instance's depth is one more than the deepest unit that feeds it;
         instances of one pattern at one depth run as one group. Units are visited in the
         order of their instance roots (a topological order, see detect.py)."""
+        if self.batches is not None:
+            return self.batches
+        return self.schedule_py()
+
+    def schedule_py(self) -> list:
+        """schedule() in Python: the twin of the compiled pass's (dynagraph._coarsen.plan)."""
         cg = self.cg
+        self.roots = {r for p in self.patterns for r in p.roots}   # the coarsened instances
         args, sig, ops = cg.args, cg.sig, cg.op
         owner, lo = self.owner, self.pending[0]
         span = len(owner)

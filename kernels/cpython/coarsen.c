@@ -77,60 +77,79 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
     return ok;
 }
 
-static PyObject *find(PyObject *self, PyObject *a) {
-    (void)self;
-    PyObject *args, *sig, *ops, *data, *pending;
-    Py_ssize_t max_nodes, max_args, ncache;
-    if (!PyArg_ParseTuple(a, "O!O!O!O!O!nnn", &PyList_Type, &args, &PyList_Type, &sig, &PyList_Type, &ops,
-                          &PyList_Type, &data, &PyList_Type, &pending, &max_nodes, &max_args, &ncache))
-        return NULL;
+/* The cut of the pending nodes into instances (the per-node pass), and the members of each
+ * instance as CSR by root: members of the instance rooted at lo + rk are mem[start[rk] ..
+ * start[rk + 1]) in ascending id order (instances of two or more nodes only). */
+typedef struct {
+    Py_ssize_t lo, span, np_, nnodes, ncache;
+    Py_ssize_t *owner, *cmin, *size, *sigv, *csig, *start, *mem;
+    char *ispend, *cmulti, *excl;
+    signed char *cache, *uses;
+    SigSet set, shapes;
+} Cut;
+
+static void cut_free(Cut *c) {
+    free(c->owner); free(c->cmin); free(c->size); free(c->sigv); free(c->csig); free(c->start); free(c->mem);
+    free(c->ispend); free(c->cmulti); free(c->excl); free(c->cache); free(c->uses);
+    free(c->set.slots); free(c->shapes.slots);
+}
+
+/* 0 on success (the Cut filled; free it with cut_free either way), -1 with an exception set. */
+static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObject *data, PyObject *pending,
+                     Py_ssize_t max_nodes, Py_ssize_t max_args, Py_ssize_t ncache) {
+    memset(c, 0, sizeof(*c));
     Py_ssize_t np_ = PyList_GET_SIZE(pending), nnodes = PyList_GET_SIZE(args);
+    c->np_ = np_; c->nnodes = nnodes; c->ncache = ncache;
     if (PyList_GET_SIZE(sig) < nnodes || PyList_GET_SIZE(ops) < nnodes || PyList_GET_SIZE(data) < nnodes) {
         PyErr_SetString(PyExc_ValueError, "node lists of different lengths");
-        return NULL;
+        return -1;
     }
-    if (np_ == 0) return Py_BuildValue("([][])");
+    if (np_ == 0) return 0;
     Py_ssize_t lo = PyLong_AsSsize_t(PyList_GET_ITEM(pending, 0));
     Py_ssize_t hi = PyLong_AsSsize_t(PyList_GET_ITEM(pending, np_ - 1));
-    if (lo < 0 || hi >= nnodes || hi < lo) { PyErr_SetString(PyExc_IndexError, "pending ids out of range"); return NULL; }
+    if (lo < 0 || hi >= nnodes || hi < lo) { PyErr_SetString(PyExc_IndexError, "pending ids out of range"); return -1; }
     Py_ssize_t span = hi - lo + 1;
-    Py_ssize_t *owner = malloc(sizeof(Py_ssize_t) * span), *cmin = malloc(sizeof(Py_ssize_t) * span);
-    Py_ssize_t *size = calloc(span, sizeof(Py_ssize_t)), *sigv = malloc(sizeof(Py_ssize_t) * span);
-    Py_ssize_t *csig = malloc(sizeof(Py_ssize_t) * span);   /* signature of the last-recorded consumer */
-    char *ispend = calloc(span, 1), *cmulti = calloc(span, 1), *excl = calloc(span, 1);
-    signed char *cache = malloc(ncache > 0 ? ncache : 1), *uses = malloc(ncache > 0 ? ncache : 1);
+    c->lo = lo; c->span = span;
+    c->owner = malloc(sizeof(Py_ssize_t) * span); c->cmin = malloc(sizeof(Py_ssize_t) * span);
+    c->size = calloc(span, sizeof(Py_ssize_t)); c->sigv = malloc(sizeof(Py_ssize_t) * span);
+    c->csig = malloc(sizeof(Py_ssize_t) * span);   /* signature of the last-recorded consumer */
+    c->ispend = calloc(span, 1); c->cmulti = calloc(span, 1); c->excl = calloc(span, 1);
+    c->cache = malloc(ncache > 0 ? ncache : 1); c->uses = malloc(ncache > 0 ? ncache : 1);
     Py_ssize_t cap = 16;
     while (cap < 2 * np_ + 16) cap <<= 1;
-    SigSet set = {malloc(sizeof(SigKey) * cap), cap}, shapes = {malloc(sizeof(SigKey) * cap), cap};
-    PyObject *owner_list = NULL, *out = NULL, *result = NULL;
-    if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !cache || !uses || !set.slots || !shapes.slots) {
+    c->set.slots = malloc(sizeof(SigKey) * cap); c->set.cap = cap;
+    c->shapes.slots = malloc(sizeof(SigKey) * cap); c->shapes.cap = cap;
+    Py_ssize_t *owner = c->owner, *cmin = c->cmin, *size = c->size, *sigv = c->sigv, *csig = c->csig;
+    char *ispend = c->ispend, *cmulti = c->cmulti, *excl = c->excl;
+    if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !c->cache || !c->uses ||
+        !c->set.slots || !c->shapes.slots) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
-    memset(cache, -1, ncache > 0 ? ncache : 1);
-    memset(uses, 0, ncache > 0 ? ncache : 1);
-    for (Py_ssize_t i = 0; i < cap; i++) set.slots[i].root = shapes.slots[i].root = -1;
+    memset(c->cache, -1, ncache > 0 ? ncache : 1);
+    memset(c->uses, 0, ncache > 0 ? ncache : 1);
+    for (Py_ssize_t i = 0; i < cap; i++) c->set.slots[i].root = c->shapes.slots[i].root = -1;
     for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; csig[i] = -1; }
     for (Py_ssize_t i = 0; i < np_; i++) {
         Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
-        if (n < lo || n > hi) { PyErr_SetString(PyExc_IndexError, "pending ids not ascending"); goto done; }
+        if (n < lo || n > hi) { PyErr_SetString(PyExc_IndexError, "pending ids not ascending"); return -1; }
         ispend[n - lo] = 1;
         sigv[n - lo] = PyLong_AsSsize_t(PyList_GET_ITEM(sig, n));
     }
-    if (PyErr_Occurred()) goto done;
+    if (PyErr_Occurred()) return -1;
     for (Py_ssize_t i = np_ - 1; i >= 0; i--) {
         Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i)), k = n - lo, r;
         PyObject *an = PyList_GET_ITEM(args, n);
-        if (!PyTuple_Check(an)) { PyErr_SetString(PyExc_TypeError, "args entries must be tuples"); goto done; }
+        if (!PyTuple_Check(an)) { PyErr_SetString(PyExc_TypeError, "args entries must be tuples"); return -1; }
         Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = sigv[k];
-        int ok = can_join(ops, an, nargs, n, sg, cache, ncache, max_args, nnodes, uses);
-        if (ok < 0) goto done;
+        int ok = can_join(ops, an, nargs, n, sg, c->cache, ncache, max_args, nnodes, c->uses);
+        if (ok < 0) return -1;
         /* one level of structure, hashed exactly as detect._shape does */
         unsigned long long hmask = (1ull << 62) - 1;
         unsigned long long hs = (unsigned long long)(sg + 2);
         for (Py_ssize_t j = 0; j < nargs; j++) {
             Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
-            if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); goto done; }
+            if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); return -1; }
             Py_ssize_t sx = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x));
             hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
         }
@@ -144,22 +163,21 @@ static PyObject *find(PyObject *self, PyObject *a) {
                 r = n;
             } else if (!cmulti[k]) {
                 /* shaped like a member, or read like the root: the previous repetition */
-                int cut = sigset_has(&shapes, m, shape_k);
+                int cut = sigset_has(&c->shapes, m, shape_k);
                 if (!cut && sg == sigv[m - lo] && csig[m - lo] >= 0 && csig[m - lo] == csig[k]) cut = 1;
                 r = cut ? n : m;
-            } else if (!sigset_has(&set, m, sg)) {
+            } else if (!sigset_has(&c->set, m, sg)) {
                 r = m;
             } else {
                 r = n;
             }
             owner[k] = r;
             size[r - lo] += 1;
-            sigset_add(&set, r, sg);
-            sigset_add(&shapes, r, shape_k);
+            sigset_add(&c->set, r, sg);
+            sigset_add(&c->shapes, r, shape_k);
         }
         for (Py_ssize_t j = 0; j < nargs; j++) {
             Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
-            if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); goto done; }
             Py_ssize_t q = x - lo;
             if (q >= 0 && q < span && ispend[q]) {
                 if (csig[q] < 0) csig[q] = sg;
@@ -168,85 +186,358 @@ static PyObject *find(PyObject *self, PyObject *a) {
             }
         }
     }
-    if (PyErr_Occurred()) goto done;
+    if (PyErr_Occurred()) return -1;
     /* members per instance, in id order: count, then fill (CSR by root) */
-    {
-        Py_ssize_t *start = calloc(span + 1, sizeof(Py_ssize_t)), *fill = NULL, *mem = NULL;
-        Py_ssize_t *pos = NULL, *ext = NULL;
-        if (!start) { PyErr_NoMemory(); goto done; }
-        for (Py_ssize_t k = 0; k < span; k++)
-            if (ispend[k] && !excl[k] && size[owner[k] - lo] > 1) start[owner[k] - lo + 1]++;
-        for (Py_ssize_t k = 0; k < span; k++) start[k + 1] += start[k];
-        fill = malloc(sizeof(Py_ssize_t) * (span + 1));
-        mem = malloc(sizeof(Py_ssize_t) * (start[span] + 1));
-        pos = malloc(sizeof(Py_ssize_t) * span);
-        ext = malloc(sizeof(Py_ssize_t) * (max_nodes * (max_args > 0 ? max_args : 1) + 1));
-        if (!fill || !mem || !pos || !ext) { PyErr_NoMemory(); goto csr_done; }
-        memcpy(fill, start, sizeof(Py_ssize_t) * (span + 1));
-        for (Py_ssize_t k = 0; k < span; k++) {
-            pos[k] = -1;
-            if (ispend[k] && !excl[k] && size[owner[k] - lo] > 1) mem[fill[owner[k] - lo]++] = k + lo;
-        }
-        out = PyList_New(0);
-        if (!out) goto csr_done;
-        for (Py_ssize_t rk = 0; rk < span; rk++) {
-            Py_ssize_t b = start[rk], e = start[rk + 1], cnt = e - b, nkey = 0, next = 0;
-            if (cnt < 2) continue;
-            for (Py_ssize_t t = b; t < e; t++) nkey += 2 + PyTuple_GET_SIZE(PyList_GET_ITEM(args, mem[t]));
-            PyObject *members = PyList_New(cnt), *key = PyTuple_New(nkey), *slots = PyList_New(0);
-            if (!members || !key || !slots) { Py_XDECREF(members); Py_XDECREF(key); Py_XDECREF(slots); goto csr_done; }
-            Py_ssize_t kk = 0;
-            int err = 0;
-            for (Py_ssize_t t = b; t < e && !err; t++) {
-                Py_ssize_t n = mem[t];
-                pos[n - lo] = t - b;
-                PyList_SET_ITEM(members, t - b, PyLong_FromSsize_t(n));
-                PyObject *an = PyList_GET_ITEM(args, n);
-                Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = sigv[n - lo];
-                PyTuple_SET_ITEM(key, kk++, PyLong_FromSsize_t(sg));
-                PyTuple_SET_ITEM(key, kk++, PyLong_FromSsize_t(nargs));
-                for (Py_ssize_t j = 0; j < nargs; j++) {
-                    Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)), q = x - lo, ref;
-                    if (q >= 0 && q < span && pos[q] >= 0 && owner[q] == rk + lo && !excl[q]) {
-                        ref = pos[q];
-                    } else {
-                        Py_ssize_t f = 0;
-                        while (f < next && ext[f] != x) f++;
-                        if (f == next) ext[next++] = x;
-                        ref = -1 - f;
-                    }
-                    PyTuple_SET_ITEM(key, kk++, PyLong_FromSsize_t(ref));
-                }
-                if (sg >= 0 && sg < ncache && uses[sg] > 0) {
-                    if (PyList_Append(slots, PyList_GET_ITEM(data, n)) < 0) err = 1;
-                }
+    c->start = calloc(span + 1, sizeof(Py_ssize_t));
+    if (!c->start) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t *start = c->start;
+    for (Py_ssize_t k = 0; k < span; k++)
+        if (ispend[k] && !excl[k] && size[owner[k] - lo] > 1) start[owner[k] - lo + 1]++;
+    for (Py_ssize_t k = 0; k < span; k++) start[k + 1] += start[k];
+    Py_ssize_t *fill = malloc(sizeof(Py_ssize_t) * (span + 1));
+    c->mem = malloc(sizeof(Py_ssize_t) * (start[span] + 1));
+    if (!fill || !c->mem) { free(fill); PyErr_NoMemory(); return -1; }
+    memcpy(fill, start, sizeof(Py_ssize_t) * (span + 1));
+    for (Py_ssize_t k = 0; k < span; k++)
+        if (ispend[k] && !excl[k] && size[owner[k] - lo] > 1) c->mem[fill[owner[k] - lo]++] = k + lo;
+    free(fill);
+    return 0;
+}
+
+/* The canonical key of the instance rooted at lo + rk (members mem[b..e)) into key[] (sig,
+ * nargs, refs per member) and its outside arguments into ext[] in first-use order; returns
+ * the key's length and sets *next to the number of outside arguments. pos[] (span entries,
+ * all -1) is scratch and left all -1. */
+static Py_ssize_t instance_key(Cut *c, PyObject *args, Py_ssize_t rk, Py_ssize_t *pos, Py_ssize_t *key,
+                               Py_ssize_t *ext, Py_ssize_t *next) {
+    Py_ssize_t b = c->start[rk], e = c->start[rk + 1], kk = 0, nx = 0, lo = c->lo, span = c->span;
+    for (Py_ssize_t t = b; t < e; t++) {
+        Py_ssize_t n = c->mem[t];
+        pos[n - lo] = t - b;
+        PyObject *an = PyList_GET_ITEM(args, n);
+        Py_ssize_t nargs = PyTuple_GET_SIZE(an);
+        key[kk++] = c->sigv[n - lo];
+        key[kk++] = nargs;
+        for (Py_ssize_t j = 0; j < nargs; j++) {
+            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)), q = x - lo, ref;
+            if (q >= 0 && q < span && pos[q] >= 0 && c->owner[q] == rk + lo && !c->excl[q]) {
+                ref = pos[q];
+            } else {
+                Py_ssize_t f = 0;
+                while (f < nx && ext[f] != x) f++;
+                if (f == nx) ext[nx++] = x;
+                ref = -1 - f;
             }
-            for (Py_ssize_t t = b; t < e; t++) pos[mem[t] - lo] = -1;
-            PyObject *exts = err ? NULL : PyList_New(next), *slot_t = err ? NULL : PyList_AsTuple(slots);
-            Py_DECREF(slots);
-            if (!exts || !slot_t) { Py_DECREF(members); Py_DECREF(key); Py_XDECREF(exts); Py_XDECREF(slot_t); goto csr_done; }
-            for (Py_ssize_t f = 0; f < next; f++) PyList_SET_ITEM(exts, f, PyLong_FromSsize_t(ext[f]));
-            PyObject *item = Py_BuildValue("(nNNNN)", rk + lo, members, key, exts, slot_t);
-            if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); goto csr_done; }
-            Py_DECREF(item);
+            key[kk++] = ref;
         }
-        owner_list = PyList_New(span);
-        if (owner_list)
-            for (Py_ssize_t k = 0; k < span; k++) PyList_SET_ITEM(owner_list, k, PyLong_FromSsize_t(owner[k]));
-    csr_done:
-        free(start); free(fill); free(mem); free(pos); free(ext);
     }
-    if (owner_list && out && !PyErr_Occurred()) result = PyTuple_Pack(2, owner_list, out);
+    for (Py_ssize_t t = b; t < e; t++) pos[c->mem[t] - lo] = -1;
+    *next = nx;
+    return kk;
+}
+
+/* The per-node data of an instance's members whose op uses data, as a tuple. */
+static PyObject *instance_slots(Cut *c, PyObject *data, Py_ssize_t rk) {
+    Py_ssize_t b = c->start[rk], e = c->start[rk + 1], cnt = 0;
+    for (Py_ssize_t t = b; t < e; t++) {
+        Py_ssize_t sg = c->sigv[c->mem[t] - c->lo];
+        if (sg >= 0 && sg < c->ncache && c->uses[sg] > 0) cnt++;
+    }
+    PyObject *out = PyTuple_New(cnt);
+    if (!out) return NULL;
+    cnt = 0;
+    for (Py_ssize_t t = b; t < e; t++) {
+        Py_ssize_t n = c->mem[t], sg = c->sigv[n - c->lo];
+        if (sg >= 0 && sg < c->ncache && c->uses[sg] > 0) {
+            PyObject *d = PyList_GET_ITEM(data, n);
+            Py_INCREF(d);
+            PyTuple_SET_ITEM(out, cnt++, d);
+        }
+    }
+    return out;
+}
+
+static PyObject *ssize_list(const Py_ssize_t *v, Py_ssize_t n) {
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(v[i]);
+        if (!x) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+static PyObject *ssize_tuple(const Py_ssize_t *v, Py_ssize_t n) {
+    PyObject *out = PyTuple_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(v[i]);
+        if (!x) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+static PyObject *find(PyObject *self, PyObject *a) {
+    (void)self;
+    PyObject *args, *sig, *ops, *data, *pending;
+    Py_ssize_t max_nodes, max_args, ncache;
+    if (!PyArg_ParseTuple(a, "O!O!O!O!O!nnn", &PyList_Type, &args, &PyList_Type, &sig, &PyList_Type, &ops,
+                          &PyList_Type, &data, &PyList_Type, &pending, &max_nodes, &max_args, &ncache))
+        return NULL;
+    if (PyList_GET_SIZE(pending) == 0) return Py_BuildValue("([][])");
+    Cut c;
+    PyObject *owner_list = NULL, *out = NULL, *result = NULL;
+    Py_ssize_t *pos = NULL, *key = NULL, *ext = NULL;
+    if (cut_nodes(&c, args, sig, ops, data, pending, max_nodes, max_args, ncache) < 0) goto done;
+    Py_ssize_t span = c.span, lo = c.lo;
+    Py_ssize_t wide = max_nodes * (2 + (max_args > 0 ? max_args : 1)) + 1;
+    pos = malloc(sizeof(Py_ssize_t) * span);
+    key = malloc(sizeof(Py_ssize_t) * wide);
+    ext = malloc(sizeof(Py_ssize_t) * wide);
+    if (!pos || !key || !ext) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < span; k++) pos[k] = -1;
+    out = PyList_New(0);
+    if (!out) goto done;
+    for (Py_ssize_t rk = 0; rk < span; rk++) {
+        Py_ssize_t b = c.start[rk], e = c.start[rk + 1], next = 0;
+        if (e - b < 2) continue;
+        Py_ssize_t nkey = instance_key(&c, args, rk, pos, key, ext, &next);
+        if (PyErr_Occurred()) goto done;
+        PyObject *item = Py_BuildValue("(nNNNN)", rk + lo, ssize_list(c.mem + b, e - b), ssize_tuple(key, nkey),
+                                       ssize_list(ext, next), instance_slots(&c, data, rk));
+        if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); goto done; }
+        Py_DECREF(item);
+    }
+    owner_list = ssize_list(c.owner, span);
+    if (owner_list) result = PyTuple_Pack(2, owner_list, out);
 done:
     Py_XDECREF(owner_list);
     Py_XDECREF(out);
-    free(owner); free(cmin); free(size); free(sigv); free(csig); free(ispend); free(cmulti); free(excl);
-    free(cache); free(uses); free(set.slots); free(shapes.slots);
+    free(pos); free(key); free(ext);
+    cut_free(&c);
+    return result;
+}
+
+/* ------------------------------------------------------------------ plan() */
+static size_t hash_words(const Py_ssize_t *k, Py_ssize_t n) {
+    size_t h = 1469598103934665603ull ^ (size_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) { h ^= (size_t)k[i]; h *= 1099511628211ull; h ^= h >> 29; }
+    return h;
+}
+
+/* 1 if op.batchable, cached per signature in bcache (-1 unknown), -1 on error */
+static int batchable_of(PyObject *ops, Py_ssize_t n, Py_ssize_t sg, signed char *bcache, Py_ssize_t ncache) {
+    if (sg >= 0 && sg < ncache && bcache[sg] >= 0) return bcache[sg];
+    int b = op_flag(PyList_GET_ITEM(ops, n), "batchable");
+    if (b >= 0 && sg >= 0 && sg < ncache) bcache[sg] = (signed char)b;
+    return b;
+}
+
+typedef struct { Py_ssize_t lv, tag, first; int kind; PyObject *items; } Group;
+
+static Group *sort_groups;
+static int group_order(const void *x, const void *y) {
+    const Group *a = &sort_groups[*(const Py_ssize_t *)x], *b = &sort_groups[*(const Py_ssize_t *)y];
+    if (a->lv != b->lv) return a->lv < b->lv ? -1 : 1;
+    return a->first < b->first ? -1 : (a->first > b->first);
+}
+
+/* plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls)
+ *   -> (patterns, batches)
+ * patterns: [(key, roots, members, externals, slots)] for each key held by min_calls or more
+ * instances, in order of first instance (detect.find_patterns); batches: the unit schedule
+ * (coarsen.run.Coarsened.schedule_py): [(pattern index, [instance indices])] for a group and
+ * [(-1, [node ids])] for an op-level batch, by unit depth then first unit. */
+static PyObject *plan(PyObject *self, PyObject *a) {
+    (void)self;
+    PyObject *args, *sig, *ops, *data, *pending;
+    Py_ssize_t max_nodes, max_args, ncache, min_calls;
+    if (!PyArg_ParseTuple(a, "O!O!O!O!O!nnnn", &PyList_Type, &args, &PyList_Type, &sig, &PyList_Type, &ops,
+                          &PyList_Type, &data, &PyList_Type, &pending, &max_nodes, &max_args, &ncache, &min_calls))
+        return NULL;
+    if (PyList_GET_SIZE(pending) == 0) return Py_BuildValue("([][])");
+    Cut c;
+    PyObject *pats = NULL, *batches = NULL, *result = NULL;
+    Py_ssize_t *pos = NULL, *keybuf = NULL, *extbuf = NULL, *koff = NULL, *eoff = NULL, *iroot = NULL;
+    Py_ssize_t *ipat = NULL, *iw = NULL, *pfirst = NULL, *pcount = NULL, *pkept = NULL, *ptab = NULL;
+    Py_ssize_t *kept_inst = NULL, *level = NULL, *gtab = NULL, *order = NULL, *kfirst = NULL;
+    signed char *bcache = NULL;
+    Group *groups = NULL;
+    Py_ssize_t ng = 0, ninst = 0, npat = 0, nkept = 0;
+    if (cut_nodes(&c, args, sig, ops, data, pending, max_nodes, max_args, ncache) < 0) goto done;
+    Py_ssize_t span = c.span, lo = c.lo;
+    /* keys and externals of every instance, in ascending root order */
+    Py_ssize_t total_key = 0, total_ext = 0;
+    for (Py_ssize_t rk = 0; rk < span; rk++) {
+        Py_ssize_t b = c.start[rk], e = c.start[rk + 1];
+        if (e - b < 2) continue;
+        ninst++;
+        for (Py_ssize_t t = b; t < e; t++) {
+            Py_ssize_t na = PyTuple_GET_SIZE(PyList_GET_ITEM(args, c.mem[t]));
+            total_key += 2 + na;
+            total_ext += na;
+        }
+    }
+    pos = malloc(sizeof(Py_ssize_t) * span);
+    keybuf = malloc(sizeof(Py_ssize_t) * (total_key + 1)); extbuf = malloc(sizeof(Py_ssize_t) * (total_ext + 1));
+    koff = malloc(sizeof(Py_ssize_t) * (ninst + 1)); eoff = malloc(sizeof(Py_ssize_t) * (ninst + 1));
+    iroot = malloc(sizeof(Py_ssize_t) * (ninst + 1)); ipat = malloc(sizeof(Py_ssize_t) * (ninst + 1));
+    iw = malloc(sizeof(Py_ssize_t) * (ninst + 1));
+    pfirst = malloc(sizeof(Py_ssize_t) * (ninst + 1)); pcount = calloc(ninst + 1, sizeof(Py_ssize_t));
+    pkept = malloc(sizeof(Py_ssize_t) * (ninst + 1)); kfirst = malloc(sizeof(Py_ssize_t) * (ninst + 1));
+    Py_ssize_t pcap = 16;
+    while (pcap < 2 * ninst + 16) pcap <<= 1;
+    ptab = malloc(sizeof(Py_ssize_t) * pcap);
+    if (!pos || !keybuf || !extbuf || !koff || !eoff || !iroot || !ipat || !iw || !pfirst || !pcount || !pkept ||
+        !kfirst || !ptab) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < span; k++) pos[k] = -1;
+    for (Py_ssize_t k = 0; k < pcap; k++) ptab[k] = -1;
+    {
+        Py_ssize_t i = 0, kk = 0, ee = 0;
+        for (Py_ssize_t rk = 0; rk < span; rk++) {
+            if (c.start[rk + 1] - c.start[rk] < 2) continue;
+            Py_ssize_t next = 0, nkey = instance_key(&c, args, rk, pos, keybuf + kk, extbuf + ee, &next);
+            koff[i] = kk; eoff[i] = ee; iroot[i] = rk;
+            kk += nkey; ee += next;
+            /* the instance's pattern: an equal key seen before, or a new one */
+            size_t h = hash_words(keybuf + koff[i], nkey) & (size_t)(pcap - 1);
+            for (;;) {
+                Py_ssize_t p = ptab[h];
+                if (p < 0) { ptab[h] = p = npat++; pfirst[p] = i; }
+                Py_ssize_t f = pfirst[p], flen = koff[f + 1 > i ? i : f + 1] - koff[f];
+                if (f == i || (flen == nkey && memcmp(keybuf + koff[f], keybuf + koff[i], sizeof(Py_ssize_t) * nkey) == 0)) {
+                    ipat[i] = p;
+                    iw[i] = pcount[p]++;
+                    break;
+                }
+                h = (h + 1) & (size_t)(pcap - 1);
+            }
+            i++;
+            koff[i] = kk; eoff[i] = ee;
+        }
+    }
+    /* the patterns kept, in order of first instance, as Python objects */
+    pats = PyList_New(0);
+    if (!pats) goto done;
+    for (Py_ssize_t p = 0; p < npat; p++) {
+        pkept[p] = -1;
+        if (pcount[p] < min_calls) continue;
+        pkept[p] = nkept;
+        kfirst[nkept++] = p;
+        Py_ssize_t f = pfirst[p], cnt = pcount[p];
+        PyObject *item = Py_BuildValue("(NNNNN)", ssize_tuple(keybuf + koff[f], koff[f + 1] - koff[f]),
+                                       PyList_New(cnt), PyList_New(cnt), PyList_New(cnt), PyList_New(cnt));
+        if (!item || PyList_Append(pats, item) < 0) { Py_XDECREF(item); goto done; }
+        Py_DECREF(item);
+    }
+    for (Py_ssize_t i = 0; i < ninst; i++) {
+        Py_ssize_t kp = pkept[ipat[i]];
+        if (kp < 0) continue;
+        PyObject *item = PyList_GET_ITEM(pats, kp);
+        Py_ssize_t rk = iroot[i], w = iw[i], b = c.start[rk], e = c.start[rk + 1];
+        PyObject *r = PyLong_FromSsize_t(rk + lo), *ms = ssize_list(c.mem + b, e - b);
+        PyObject *ex = ssize_list(extbuf + eoff[i], eoff[i + 1] - eoff[i]), *sl = instance_slots(&c, data, rk);
+        if (!r || !ms || !ex || !sl) { Py_XDECREF(r); Py_XDECREF(ms); Py_XDECREF(ex); Py_XDECREF(sl); goto done; }
+        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 1), w, r);
+        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 2), w, ms);
+        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 3), w, ex);
+        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 4), w, sl);
+    }
+    /* the unit schedule: units in order of instance root (a topological order), each one
+     * level deeper than the deepest unit it reads; one group per (level, pattern) and one
+     * batch per (level, signature) of the nodes left op-level */
+    kept_inst = malloc(sizeof(Py_ssize_t) * span); level = malloc(sizeof(Py_ssize_t) * span);
+    bcache = malloc(ncache > 0 ? ncache : 1);
+    groups = malloc(sizeof(Group) * (c.np_ + 1));
+    Py_ssize_t gcap = 16;
+    while (gcap < 2 * c.np_ + 16) gcap <<= 1;
+    gtab = malloc(sizeof(Py_ssize_t) * gcap);
+    if (!kept_inst || !level || !bcache || !groups || !gtab) { PyErr_NoMemory(); goto done; }
+    memset(bcache, -1, ncache > 0 ? ncache : 1);
+    for (Py_ssize_t k = 0; k < span; k++) { kept_inst[k] = -1; level[k] = -1; }
+    for (Py_ssize_t k = 0; k < gcap; k++) gtab[k] = -1;
+    for (Py_ssize_t i = 0; i < ninst; i++)
+        if (pkept[ipat[i]] >= 0) kept_inst[iroot[i]] = i;
+    for (Py_ssize_t rk = 0; rk < span; rk++) {
+        if (!c.ispend[rk] || c.owner[rk] != rk + lo) continue;
+        Py_ssize_t i = kept_inst[rk], b = c.start[rk], e = c.start[rk + 1];
+        Py_ssize_t single = rk + lo;
+        const Py_ssize_t *nodes = &single;
+        Py_ssize_t nunits = 1;
+        if (i < 0 && e - b >= 2) { nodes = c.mem + b; nunits = e - b; }
+        for (Py_ssize_t u = 0; u < nunits; u++) {
+            Py_ssize_t n = nodes[u], lv = 0, kind, tag, payload;
+            PyObject *an = i >= 0 ? NULL : PyList_GET_ITEM(args, n);
+            Py_ssize_t ndeps = i >= 0 ? eoff[i + 1] - eoff[i] : PyTuple_GET_SIZE(an);
+            for (Py_ssize_t j = 0; j < ndeps; j++) {
+                Py_ssize_t x = i >= 0 ? extbuf[eoff[i] + j] : PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
+                Py_ssize_t q = x - lo;
+                if (q < 0 || q >= span) continue;
+                Py_ssize_t ow = c.owner[q];
+                Py_ssize_t at = (ow >= 0 && kept_inst[ow - lo] >= 0) ? ow - lo : q;
+                if (level[at] >= lv) lv = level[at] + 1;
+            }
+            if (i >= 0) {
+                level[rk] = lv; kind = 0; tag = pkept[ipat[i]]; payload = iw[i];
+            } else {
+                level[n - lo] = lv;
+                int bt = batchable_of(ops, n, c.sigv[n - lo], bcache, ncache);
+                if (bt < 0) goto done;
+                kind = bt ? 1 : 2; tag = bt ? c.sigv[n - lo] : n; payload = n;
+            }
+            /* find or open the group */
+            Py_ssize_t key3[3] = {lv, kind, tag};
+            size_t h = hash_words(key3, 3) & (size_t)(gcap - 1);
+            Py_ssize_t g;
+            for (;;) {
+                g = gtab[h];
+                if (g < 0) {
+                    g = gtab[h] = ng++;
+                    groups[g].lv = lv; groups[g].kind = (int)kind; groups[g].tag = tag;
+                    groups[g].first = i >= 0 ? rk + lo : n;
+                    groups[g].items = PyList_New(0);
+                    if (!groups[g].items) { ng--; goto done; }
+                    break;
+                }
+                if (groups[g].lv == lv && groups[g].kind == kind && groups[g].tag == tag) break;
+                h = (h + 1) & (size_t)(gcap - 1);
+            }
+            PyObject *pl = PyLong_FromSsize_t(payload);
+            if (!pl || PyList_Append(groups[g].items, pl) < 0) { Py_XDECREF(pl); goto done; }
+            Py_DECREF(pl);
+        }
+    }
+    if (PyErr_Occurred()) goto done;
+    order = malloc(sizeof(Py_ssize_t) * (ng + 1));
+    if (!order) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t g = 0; g < ng; g++) order[g] = g;
+    sort_groups = groups;   /* the GIL is held: no other thread runs this sort */
+    qsort(order, ng, sizeof(Py_ssize_t), group_order);
+    batches = PyList_New(ng);
+    if (!batches) goto done;
+    for (Py_ssize_t k = 0; k < ng; k++) {
+        Group *g = &groups[order[k]];
+        PyObject *t = Py_BuildValue("(nO)", g->kind == 0 ? g->tag : (Py_ssize_t)-1, g->items);
+        if (!t) goto done;
+        PyList_SET_ITEM(batches, k, t);
+    }
+    result = PyTuple_Pack(2, pats, batches);
+done:
+    for (Py_ssize_t g = 0; g < ng; g++) Py_XDECREF(groups[g].items);
+    Py_XDECREF(pats); Py_XDECREF(batches);
+    free(pos); free(keybuf); free(extbuf); free(koff); free(eoff); free(iroot); free(ipat); free(iw);
+    free(pfirst); free(pcount); free(pkept); free(kfirst); free(ptab);
+    free(kept_inst); free(level); free(bcache); free(groups); free(gtab); free(order);
+    cut_free(&c);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"find", find, METH_VARARGS, "find(args, sig, ops, data, pending, max_nodes, max_args, n_signatures)"},
+    {"plan", plan, METH_VARARGS,
+     "plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls) -> (patterns, batches)"},
     {NULL, NULL, 0, NULL},
 };
 
