@@ -14,35 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { Py_ssize_t root; Py_ssize_t sig; } SigKey;
-
-/* open-addressing set of (instance root, signature) pairs */
-typedef struct { SigKey *slots; Py_ssize_t cap; } SigSet;
-
-static Py_ssize_t hash_pair(Py_ssize_t r, Py_ssize_t s, Py_ssize_t cap) {
-    size_t h = (size_t)r * 0x9E3779B97F4A7C15ull ^ ((size_t)s + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull;
-    return (Py_ssize_t)(h & (size_t)(cap - 1));
-}
-
-static int sigset_has(SigSet *t, Py_ssize_t r, Py_ssize_t s) {
-    Py_ssize_t i = hash_pair(r, s, t->cap);
-    while (t->slots[i].root != -1) {
-        if (t->slots[i].root == r && t->slots[i].sig == s) return 1;
-        i = (i + 1) & (t->cap - 1);
-    }
-    return 0;
-}
-
-static void sigset_add(SigSet *t, Py_ssize_t r, Py_ssize_t s) {
-    Py_ssize_t i = hash_pair(r, s, t->cap);
-    while (t->slots[i].root != -1) {
-        if (t->slots[i].root == r && t->slots[i].sig == s) return;
-        i = (i + 1) & (t->cap - 1);
-    }
-    t->slots[i].root = r;
-    t->slots[i].sig = s;
-}
-
 static int op_flag(PyObject *op, const char *name) {
     PyObject *v = PyObject_GetAttrString(op, name);
     if (v == NULL) return -1;
@@ -83,15 +54,24 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
 typedef struct {
     Py_ssize_t lo, span, np_, nnodes, ncache;
     Py_ssize_t *owner, *cmin, *size, *sigv, *csig, *start, *mem;
+    Py_ssize_t *shape, *head, *next_in;   /* per node its one-level hash; members per root as a list */
     char *ispend, *cmulti, *excl;
     signed char *cache, *uses;
-    SigSet set, shapes;
 } Cut;
+
+/* whether the instance rooted at lo + rk already holds a member with signature sg (by_shape 0)
+ * or with one-level hash sg (by_shape 1): a walk over its members, which lie close together */
+static int holds(const Cut *c, Py_ssize_t rk, Py_ssize_t sg, int by_shape) {
+    const Py_ssize_t *v = by_shape ? c->shape : c->sigv;
+    for (Py_ssize_t k = c->head[rk]; k >= 0; k = c->next_in[k])
+        if (v[k] == sg) return 1;
+    return 0;
+}
 
 static void cut_free(Cut *c) {
     free(c->owner); free(c->cmin); free(c->size); free(c->sigv); free(c->csig); free(c->start); free(c->mem);
+    free(c->shape); free(c->head); free(c->next_in);
     free(c->ispend); free(c->cmulti); free(c->excl); free(c->cache); free(c->uses);
-    free(c->set.slots); free(c->shapes.slots);
 }
 
 /* 0 on success (the Cut filled; free it with cut_free either way), -1 with an exception set. */
@@ -115,21 +95,18 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
     c->csig = malloc(sizeof(Py_ssize_t) * span);   /* signature of the last-recorded consumer */
     c->ispend = calloc(span, 1); c->cmulti = calloc(span, 1); c->excl = calloc(span, 1);
     c->cache = malloc(ncache > 0 ? ncache : 1); c->uses = malloc(ncache > 0 ? ncache : 1);
-    Py_ssize_t cap = 16;
-    while (cap < 2 * np_ + 16) cap <<= 1;
-    c->set.slots = malloc(sizeof(SigKey) * cap); c->set.cap = cap;
-    c->shapes.slots = malloc(sizeof(SigKey) * cap); c->shapes.cap = cap;
+    c->shape = malloc(sizeof(Py_ssize_t) * span); c->head = malloc(sizeof(Py_ssize_t) * span);
+    c->next_in = malloc(sizeof(Py_ssize_t) * span);
     Py_ssize_t *owner = c->owner, *cmin = c->cmin, *size = c->size, *sigv = c->sigv, *csig = c->csig;
     char *ispend = c->ispend, *cmulti = c->cmulti, *excl = c->excl;
     if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !c->cache || !c->uses ||
-        !c->set.slots || !c->shapes.slots) {
+        !c->shape || !c->head || !c->next_in) {
         PyErr_NoMemory();
         return -1;
     }
     memset(c->cache, -1, ncache > 0 ? ncache : 1);
     memset(c->uses, 0, ncache > 0 ? ncache : 1);
-    for (Py_ssize_t i = 0; i < cap; i++) c->set.slots[i].root = c->shapes.slots[i].root = -1;
-    for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; csig[i] = -1; }
+    for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; csig[i] = -1; c->head[i] = -1; }
     for (Py_ssize_t i = 0; i < np_; i++) {
         Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
         if (n < lo || n > hi) { PyErr_SetString(PyExc_IndexError, "pending ids not ascending"); return -1; }
@@ -154,6 +131,7 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
             hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
         }
         Py_ssize_t shape_k = (Py_ssize_t)hs;
+        c->shape[k] = shape_k;
         if (!ok) {
             excl[k] = 1;
             owner[k] = r = n;
@@ -163,18 +141,18 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
                 r = n;
             } else if (!cmulti[k]) {
                 /* shaped like a member, or read like the root: the previous repetition */
-                int cut = sigset_has(&c->shapes, m, shape_k);
+                int cut = holds(c, m - lo, shape_k, 1);
                 if (!cut && sg == sigv[m - lo] && csig[m - lo] >= 0 && csig[m - lo] == csig[k]) cut = 1;
                 r = cut ? n : m;
-            } else if (!sigset_has(&c->set, m, sg)) {
+            } else if (!holds(c, m - lo, sg, 0)) {
                 r = m;
             } else {
                 r = n;
             }
             owner[k] = r;
             size[r - lo] += 1;
-            sigset_add(&c->set, r, sg);
-            sigset_add(&c->shapes, r, shape_k);
+            c->next_in[k] = c->head[r - lo];
+            c->head[r - lo] = k;
         }
         for (Py_ssize_t j = 0; j < nargs; j++) {
             Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
