@@ -79,7 +79,7 @@ def _trace(cg, p: Pattern) -> Plan:
     ops = "+".join(sorted({cg.op[n].name for n in ms}))
     # no fused chains: their C backward keeps the chain's inner gradients to itself, and
     # gradient() of every node of the group must equal op-level autodiff's
-    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, __import__("os").environ.get("XFUSE") == "1")
+    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False)
     plan.positions = [ids[n] for n in ms]           # trace id of member position m
     plan.ext_is_input = [not cg.op[a].leaf for a in ext]
     return plan
