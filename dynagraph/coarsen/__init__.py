@@ -15,10 +15,11 @@ import time
 
 from .. import engine
 from ..config import config
-from .detect import MAX_NODES, MIN_CALLS, Pattern, find_patterns, plan_native
+from .detect import MAX_NODES, MIN_CALLS, Head, Pattern, find_patterns, plan_native
 from .run import Coarsened, CoarseRecord, plan_for
 
-__all__ = ["MAX_NODES", "MIN_CALLS", "CoarseRecord", "Coarsened", "Pattern", "coarsen", "find_patterns", "plan_for"]
+__all__ = ["MAX_NODES", "MIN_CALLS", "CoarseRecord", "Coarsened", "Head", "Pattern", "coarsen", "find_patterns",
+           "plan_for"]
 
 
 def coarsen(cg, pending: list) -> Coarsened | None:

@@ -82,17 +82,45 @@ def find_patterns(cg, pending: list) -> tuple[list, list]:
     return [p for p in by_key.values() if len(p.roots) >= MIN_CALLS], owner
 
 
+class Head(NamedTuple):
+    """A pattern as running it needs it: its key, and its first instance (to trace)."""
+    key: tuple
+    members: tuple            # the first instance's node ids in id order
+    externals: tuple          # its outside arguments in first-use order
+    count: int                # instances of the pattern in the chunk
+
+
+def heads(patterns: list) -> list:
+    """find_patterns' patterns as Heads."""
+    return [Head(p.key, tuple(p.members[0]), tuple(p.externals[0]), len(p.roots)) for p in patterns]
+
+
+def payloads(patterns: list, batches: list) -> list:
+    """A unit schedule over instance indices (Coarsened.schedule_py) with each group's
+    payload as the compiled pass gives it: (per member position a tuple of node ids, per
+    outside argument a tuple of node ids, per instance its slots)."""
+    out = []
+    for pi, g in batches:
+        if pi < 0:
+            out.append((pi, g))
+            continue
+        p = patterns[pi]
+        out.append((pi, (tuple(zip(*[p.members[w] for w in g])), tuple(zip(*[p.externals[w] for w in g])),
+                         tuple(p.slots[w] for w in g))))
+    return out
+
+
 def plan_native(cg, pending: list) -> tuple[list, list] | None:
-    """(patterns, batches) from the compiled pass in one call: find_patterns and the unit
-    schedule (coarsen.run.unit_schedule, its twin) without the per-instance Python objects of
-    patterns that are not kept; None where dynagraph._coarsen is not built."""
+    """(heads, batches) from the compiled pass in one call: the patterns (as `heads` gives
+    them) and the unit schedule with each group's node ids (as `payloads` gives it), with
+    no Python object per instance; None where dynagraph._coarsen is not built."""
     if _NATIVE is None:
         return None
     if len(pending) < 2 * MIN_CALLS:
         return [], []
     pats, batches = _NATIVE.plan(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
                                  len(cg.signatures), MIN_CALLS)
-    return [Pattern(*p) for p in pats], batches
+    return [Head(*p) for p in pats], batches
 
 
 def instances_py(cg, pending: list) -> tuple[list, list]:

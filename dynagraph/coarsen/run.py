@@ -21,13 +21,13 @@ from ..ops.base import Sliced, SparseRows
 from ..program import Grads, UnitGrads
 from ..program.units import PIECES
 from ..subgraph import PLACEHOLDER, Plan
-from .detect import Pattern
+from .detect import Head, heads, payloads
 
 _PLANS: OrderedDict[tuple, Plan] = OrderedDict()   # canonical key -> compiled plan
 _MAX_PLANS = 256
 
 
-def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
+def plan_for(cg, p: Head) -> tuple[Plan, list]:
     """The compiled plan of pattern p (cached across graphs by a graph-independent key) and
     the graph's node ids of its parameters, in the plan's leaf order."""
     canon = (_canonical(cg.signatures, p.key), config.block_plan, cg.dtype.str)
@@ -53,10 +53,10 @@ def _canonical(sigs: list, key: tuple) -> tuple:
     return tuple(out)
 
 
-def _trace(cg, p: Pattern) -> Plan:
+def _trace(cg, p: Head) -> Plan:
     """Re-record the first instance into a private trace graph: outside inputs become
     placeholders (or the same parameters), per-node data becomes index slots."""
-    ms, ext = p.members[0], p.externals[0]
+    ms, ext = p.members, p.externals
     trace = ComputationGraph(scheduler="none")
     trace.tracing = True
     trace.dtype = cg.dtype
@@ -200,13 +200,15 @@ class _CapturedUnits(_Seen, UnitGrads):
         self.seen, self.seen_units = {}, {}
 
 
-def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> None:
-    """Run instances `which` (indices into p) of pattern p as one call of its plan."""
+def run_group(cg, be, plan: Plan, leaf_ids: list, payload: tuple) -> None:
+    """Run a group of instances of one pattern as one call of its plan. payload: per member
+    position the instances' node ids, per outside argument the same, per instance its
+    per-node data (detect.payloads)."""
     stats = cg.stats
     xp = be.xp
     t0 = time.perf_counter()
-    B = len(which)
-    by_position = list(zip(*[p.externals[w] for w in which]))
+    by_member, by_position, data = payload
+    B = len(data)
     cols = [ids for ids, inp in zip(by_position, plan.ext_is_input) if inp]
     xs, plans = [], []
     for ids in cols:
@@ -218,7 +220,6 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         xs.append(cg.blocks[b])
         plans.append((LEAF, b, None))
         cols.append((leaf,))
-    data = [p.slots[w] for w in which]
     t1 = time.perf_counter()
     data_of = lambda spec: plan._data(spec, data)
     if plan.program is not None:
@@ -227,7 +228,6 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         vals, saved = plan.run_steps(be, xs, data_of)
     t2 = time.perf_counter()
     steps, bids, leads = [], [], []
-    by_member = list(zip(*[p.members[w] for w in which]))
     dtype = cg.dtype
     for m, t in enumerate(plan.positions):
         v = vals.get(t)
@@ -278,29 +278,34 @@ class Coarsened:
     """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
 
     def __init__(self, cg, pending: list, patterns: list, owner: list | None, batches: list | None = None):
-        """owner: find_patterns' instance roots, from which schedule() computes the unit
-        schedule; or batches: that schedule, computed by the compiled pass (detect.plan_native)."""
-        self.cg, self.pending, self.patterns, self.owner, self.batches = cg, pending, patterns, owner, batches
+        """patterns: find_patterns' patterns with owner, its instance roots, from which
+        schedule() computes the unit schedule; or Heads with batches, that schedule with the
+        groups' node ids, from the compiled pass (detect.plan_native)."""
+        self.cg, self.pending, self.owner, self.batches = cg, pending, owner, batches
+        self.found = patterns
+        self.patterns = patterns if batches is not None else heads(patterns)
 
     def schedule(self) -> list:
-        """Batches over units by unit depth: (-1, [node ids]) or (pattern index, [instance
-        indices]). An instance's depth is one more than the deepest unit that feeds it;
-        instances of one pattern at one depth run as one group. Units are visited in the
-        order of their instance roots (a topological order, see detect.py)."""
-        if self.batches is not None:
-            return self.batches
-        return self.schedule_py()
+        """Batches over units by unit depth: (-1, [node ids]) or (pattern index, payload)
+        with the payload detect.payloads describes."""
+        if self.batches is None:
+            self.batches = payloads(self.found, self.schedule_py())
+        return self.batches
 
     def schedule_py(self) -> list:
-        """schedule() in Python: the twin of the compiled pass's (dynagraph._coarsen.plan)."""
+        """The unit schedule in Python (the compiled pass's twin), over instance indices:
+        (-1, [node ids]) or (pattern index, [instance indices]). An instance's depth is one
+        more than the deepest unit that feeds it; instances of one pattern at one depth run
+        as one group. Units are visited in the order of their instance roots (a topological
+        order, see detect.py)."""
         cg = self.cg
-        self.roots = {r for p in self.patterns for r in p.roots}   # the coarsened instances
+        self.roots = {r for p in self.found for r in p.roots}   # the coarsened instances
         args, sig, ops = cg.args, cg.sig, cg.op
         owner, lo = self.owner, self.pending[0]
         span = len(owner)
         roots = self.roots
         units = []   # (instance root, node id, pattern or -1, payload)
-        for pi, p in enumerate(self.patterns):
+        for pi, p in enumerate(self.found):
             units.extend([(r, r, pi, w) for w, r in enumerate(p.roots)])
         units.extend([(owner[n - lo], n, -1, n) for n in self.pending if owner[n - lo] not in roots])
         units.sort()
@@ -309,7 +314,7 @@ class Coarsened:
         out = []
         get = level.get
         for _, r, pi, payload in units:
-            deps = args[payload] if pi < 0 else self.patterns[pi].externals[payload]
+            deps = args[payload] if pi < 0 else self.found[pi].externals[payload]
             lv = 0
             for a in deps:
                 j = a - lo
@@ -348,6 +353,6 @@ class Coarsened:
             if compiled[pi] is None:
                 compiled[pi] = plan_for(cg, self.patterns[pi])
             plan, leaf_ids = compiled[pi]
-            run_group(cg, be, plan, leaf_ids, self.patterns[pi], g)
+            run_group(cg, be, plan, leaf_ids, g)
         if stretch:
             executor.execute(cg, be, stretch)

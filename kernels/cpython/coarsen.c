@@ -313,7 +313,7 @@ static int batchable_of(PyObject *ops, Py_ssize_t n, Py_ssize_t sg, signed char 
     return b;
 }
 
-typedef struct { Py_ssize_t lv, tag, first; int kind; PyObject *items; } Group;
+typedef struct { Py_ssize_t lv, tag, first, count, at; int kind; } Group;
 
 static Group *sort_groups;
 static int group_order(const void *x, const void *y) {
@@ -324,10 +324,13 @@ static int group_order(const void *x, const void *y) {
 
 /* plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls)
  *   -> (patterns, batches)
- * patterns: [(key, roots, members, externals, slots)] for each key held by min_calls or more
- * instances, in order of first instance (detect.find_patterns); batches: the unit schedule
- * (coarsen.run.Coarsened.schedule_py): [(pattern index, [instance indices])] for a group and
- * [(-1, [node ids])] for an op-level batch, by unit depth then first unit. */
+ * patterns: [(key, members, externals, instances)] for each key held by min_calls or more
+ * instances, in order of first instance, with that first instance's members and outside
+ * arguments (detect.find_patterns, as detect.heads gives them); batches: the unit schedule
+ * (coarsen.run.Coarsened.schedule_py, as detect.payloads gives it) by unit depth then first
+ * unit: (-1, [node ids]) for an op-level batch, (pattern index, (members, externals, slots))
+ * for a group, with per member position and per outside argument a tuple of node ids (one
+ * per instance) and per instance a tuple of its per-node data. */
 static PyObject *plan(PyObject *self, PyObject *a) {
     (void)self;
     PyObject *args, *sig, *ops, *data, *pending;
@@ -341,6 +344,7 @@ static PyObject *plan(PyObject *self, PyObject *a) {
     Py_ssize_t *pos = NULL, *keybuf = NULL, *extbuf = NULL, *koff = NULL, *eoff = NULL, *iroot = NULL;
     Py_ssize_t *ipat = NULL, *iw = NULL, *pfirst = NULL, *pcount = NULL, *pkept = NULL, *ptab = NULL;
     Py_ssize_t *kept_inst = NULL, *level = NULL, *gtab = NULL, *order = NULL, *kfirst = NULL;
+    Py_ssize_t *ugroup = NULL, *upay = NULL, *gunits = NULL;
     signed char *bcache = NULL;
     Group *groups = NULL;
     Py_ssize_t ng = 0, ninst = 0, npat = 0, nkept = 0;
@@ -396,7 +400,8 @@ static PyObject *plan(PyObject *self, PyObject *a) {
             koff[i] = kk; eoff[i] = ee;
         }
     }
-    /* the patterns kept, in order of first instance, as Python objects */
+    /* the patterns kept, in order of first instance: (key, members, externals, instances) of
+     * their first instance */
     pats = PyList_New(0);
     if (!pats) goto done;
     for (Py_ssize_t p = 0; p < npat; p++) {
@@ -404,24 +409,12 @@ static PyObject *plan(PyObject *self, PyObject *a) {
         if (pcount[p] < min_calls) continue;
         pkept[p] = nkept;
         kfirst[nkept++] = p;
-        Py_ssize_t f = pfirst[p], cnt = pcount[p];
-        PyObject *item = Py_BuildValue("(NNNNN)", ssize_tuple(keybuf + koff[f], koff[f + 1] - koff[f]),
-                                       PyList_New(cnt), PyList_New(cnt), PyList_New(cnt), PyList_New(cnt));
+        Py_ssize_t f = pfirst[p], rk = iroot[f];
+        PyObject *item = Py_BuildValue("(NNNn)", ssize_tuple(keybuf + koff[f], koff[f + 1] - koff[f]),
+                                       ssize_tuple(c.mem + c.start[rk], c.start[rk + 1] - c.start[rk]),
+                                       ssize_tuple(extbuf + eoff[f], eoff[f + 1] - eoff[f]), pcount[p]);
         if (!item || PyList_Append(pats, item) < 0) { Py_XDECREF(item); goto done; }
         Py_DECREF(item);
-    }
-    for (Py_ssize_t i = 0; i < ninst; i++) {
-        Py_ssize_t kp = pkept[ipat[i]];
-        if (kp < 0) continue;
-        PyObject *item = PyList_GET_ITEM(pats, kp);
-        Py_ssize_t rk = iroot[i], w = iw[i], b = c.start[rk], e = c.start[rk + 1];
-        PyObject *r = PyLong_FromSsize_t(rk + lo), *ms = ssize_list(c.mem + b, e - b);
-        PyObject *ex = ssize_list(extbuf + eoff[i], eoff[i + 1] - eoff[i]), *sl = instance_slots(&c, data, rk);
-        if (!r || !ms || !ex || !sl) { Py_XDECREF(r); Py_XDECREF(ms); Py_XDECREF(ex); Py_XDECREF(sl); goto done; }
-        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 1), w, r);
-        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 2), w, ms);
-        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 3), w, ex);
-        PyList_SET_ITEM(PyTuple_GET_ITEM(item, 4), w, sl);
     }
     /* the unit schedule: units in order of instance root (a topological order), each one
      * level deeper than the deepest unit it reads; one group per (level, pattern) and one
@@ -429,10 +422,11 @@ static PyObject *plan(PyObject *self, PyObject *a) {
     kept_inst = malloc(sizeof(Py_ssize_t) * span); level = malloc(sizeof(Py_ssize_t) * span);
     bcache = malloc(ncache > 0 ? ncache : 1);
     groups = malloc(sizeof(Group) * (c.np_ + 1));
-    Py_ssize_t gcap = 16;
+    ugroup = malloc(sizeof(Py_ssize_t) * (c.np_ + 1)); upay = malloc(sizeof(Py_ssize_t) * (c.np_ + 1));
+    Py_ssize_t gcap = 16, nu = 0;
     while (gcap < 2 * c.np_ + 16) gcap <<= 1;
     gtab = malloc(sizeof(Py_ssize_t) * gcap);
-    if (!kept_inst || !level || !bcache || !groups || !gtab) { PyErr_NoMemory(); goto done; }
+    if (!kept_inst || !level || !bcache || !groups || !gtab || !ugroup || !upay) { PyErr_NoMemory(); goto done; }
     memset(bcache, -1, ncache > 0 ? ncache : 1);
     for (Py_ssize_t k = 0; k < span; k++) { kept_inst[k] = -1; level[k] = -1; }
     for (Py_ssize_t k = 0; k < gcap; k++) gtab[k] = -1;
@@ -446,7 +440,7 @@ static PyObject *plan(PyObject *self, PyObject *a) {
         Py_ssize_t nunits = 1;
         if (i < 0 && e - b >= 2) { nodes = c.mem + b; nunits = e - b; }
         for (Py_ssize_t u = 0; u < nunits; u++) {
-            Py_ssize_t n = nodes[u], lv = 0, kind, tag, payload;
+            Py_ssize_t n = nodes[u], lv = 0, kind, tag;
             PyObject *an = i >= 0 ? NULL : PyList_GET_ITEM(args, n);
             Py_ssize_t ndeps = i >= 0 ? eoff[i + 1] - eoff[i] : PyTuple_GET_SIZE(an);
             for (Py_ssize_t j = 0; j < ndeps; j++) {
@@ -458,12 +452,12 @@ static PyObject *plan(PyObject *self, PyObject *a) {
                 if (level[at] >= lv) lv = level[at] + 1;
             }
             if (i >= 0) {
-                level[rk] = lv; kind = 0; tag = pkept[ipat[i]]; payload = iw[i];
+                level[rk] = lv; kind = 0; tag = pkept[ipat[i]];
             } else {
                 level[n - lo] = lv;
                 int bt = batchable_of(ops, n, c.sigv[n - lo], bcache, ncache);
                 if (bt < 0) goto done;
-                kind = bt ? 1 : 2; tag = bt ? c.sigv[n - lo] : n; payload = n;
+                kind = bt ? 1 : 2; tag = bt ? c.sigv[n - lo] : n;
             }
             /* find or open the group */
             Py_ssize_t key3[3] = {lv, kind, tag};
@@ -475,21 +469,30 @@ static PyObject *plan(PyObject *self, PyObject *a) {
                     g = gtab[h] = ng++;
                     groups[g].lv = lv; groups[g].kind = (int)kind; groups[g].tag = tag;
                     groups[g].first = i >= 0 ? rk + lo : n;
-                    groups[g].items = PyList_New(0);
-                    if (!groups[g].items) { ng--; goto done; }
+                    groups[g].count = 0;
                     break;
                 }
                 if (groups[g].lv == lv && groups[g].kind == kind && groups[g].tag == tag) break;
                 h = (h + 1) & (size_t)(gcap - 1);
             }
-            PyObject *pl = PyLong_FromSsize_t(payload);
-            if (!pl || PyList_Append(groups[g].items, pl) < 0) { Py_XDECREF(pl); goto done; }
-            Py_DECREF(pl);
+            groups[g].count++;
+            ugroup[nu] = g;
+            upay[nu++] = i >= 0 ? i : n;
         }
     }
     if (PyErr_Occurred()) goto done;
+    /* each group's units in the order they came (CSR by group) */
     order = malloc(sizeof(Py_ssize_t) * (ng + 1));
-    if (!order) { PyErr_NoMemory(); goto done; }
+    gunits = malloc(sizeof(Py_ssize_t) * (nu + 1));
+    if (!order || !gunits) { PyErr_NoMemory(); goto done; }
+    {
+        Py_ssize_t at = 0;
+        for (Py_ssize_t g = 0; g < ng; g++) { groups[g].at = at; at += groups[g].count; groups[g].count = 0; }
+        for (Py_ssize_t u = 0; u < nu; u++) {
+            Group *gr = &groups[ugroup[u]];
+            gunits[gr->at + gr->count++] = upay[u];
+        }
+    }
     for (Py_ssize_t g = 0; g < ng; g++) order[g] = g;
     sort_groups = groups;   /* the GIL is held: no other thread runs this sort */
     qsort(order, ng, sizeof(Py_ssize_t), group_order);
@@ -497,17 +500,57 @@ static PyObject *plan(PyObject *self, PyObject *a) {
     if (!batches) goto done;
     for (Py_ssize_t k = 0; k < ng; k++) {
         Group *g = &groups[order[k]];
-        PyObject *t = Py_BuildValue("(nO)", g->kind == 0 ? g->tag : (Py_ssize_t)-1, g->items);
+        const Py_ssize_t *us = gunits + g->at;
+        Py_ssize_t B = g->count;
+        PyObject *t;
+        if (g->kind != 0) {
+            t = Py_BuildValue("(nN)", (Py_ssize_t)-1, ssize_list(us, B));
+        } else {
+            /* (pattern, (per member position its B nodes, per outside input its B nodes,
+             *  per instance its slots)) */
+            Py_ssize_t f = pfirst[kfirst[g->tag]], M = c.start[iroot[f] + 1] - c.start[iroot[f]];
+            Py_ssize_t E = eoff[f + 1] - eoff[f];
+            PyObject *bm = PyTuple_New(M), *be = PyTuple_New(E), *sl = PyTuple_New(B);
+            if (!bm || !be || !sl) { Py_XDECREF(bm); Py_XDECREF(be); Py_XDECREF(sl); goto done; }
+            int err = 0;
+            for (Py_ssize_t m = 0; m < M && !err; m++) {
+                PyObject *col = PyTuple_New(B);
+                if (!col) { err = 1; break; }
+                PyTuple_SET_ITEM(bm, m, col);
+                for (Py_ssize_t w = 0; w < B; w++) {
+                    PyObject *x = PyLong_FromSsize_t(c.mem[c.start[iroot[us[w]]] + m]);
+                    if (!x) { err = 1; break; }
+                    PyTuple_SET_ITEM(col, w, x);
+                }
+            }
+            for (Py_ssize_t j = 0; j < E && !err; j++) {
+                PyObject *col = PyTuple_New(B);
+                if (!col) { err = 1; break; }
+                PyTuple_SET_ITEM(be, j, col);
+                for (Py_ssize_t w = 0; w < B; w++) {
+                    PyObject *x = PyLong_FromSsize_t(extbuf[eoff[us[w]] + j]);
+                    if (!x) { err = 1; break; }
+                    PyTuple_SET_ITEM(col, w, x);
+                }
+            }
+            for (Py_ssize_t w = 0; w < B && !err; w++) {
+                PyObject *x = instance_slots(&c, data, iroot[us[w]]);
+                if (!x) { err = 1; break; }
+                PyTuple_SET_ITEM(sl, w, x);
+            }
+            if (err) { Py_DECREF(bm); Py_DECREF(be); Py_DECREF(sl); goto done; }
+            t = Py_BuildValue("(n(NNN))", g->tag, bm, be, sl);
+        }
         if (!t) goto done;
         PyList_SET_ITEM(batches, k, t);
     }
     result = PyTuple_Pack(2, pats, batches);
 done:
-    for (Py_ssize_t g = 0; g < ng; g++) Py_XDECREF(groups[g].items);
     Py_XDECREF(pats); Py_XDECREF(batches);
     free(pos); free(keybuf); free(extbuf); free(koff); free(eoff); free(iroot); free(ipat); free(iw);
     free(pfirst); free(pcount); free(pkept); free(kfirst); free(ptab);
     free(kept_inst); free(level); free(bcache); free(groups); free(gtab); free(order);
+    free(ugroup); free(upay); free(gunits);
     cut_free(&c);
     return result;
 }
