@@ -17,6 +17,10 @@ decreasing node id):
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
   repetition: the previous step's `h` stays the root of its own step);
+* a node shaped like a repetition output cut so far anywhere in the chunk is one
+  too (the root of a tree's last cell is read by the loss, not by a parent: without
+  this rule it joined the loss's instance, and each tree's root cell became a pattern
+  of its own at every depth, with few instances per group);
 * otherwise, or when the instance is full (`MAX_NODES`), it is a root: the
   last node of a new instance.
 
@@ -137,6 +141,7 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     cmulti = [False] * span   # consumers in more than one instance
     csig = [-1] * span        # the signature of a node's last-recorded consumer
     excluded: set = set()
+    repeated: set = set()     # shapes of the repetition outputs cut so far (see the module doc)
     size: dict = {}
     sigs_of: dict = {}
     shapes_of: dict = {}
@@ -152,14 +157,17 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             owner[k] = r = n
         else:
             m = cmin[k]
-            if m < 0 or m in excluded or size[m] >= MAX_NODES:
+            shape = _shape(n, args, sig)
+            if m < 0 or m in excluded or size[m] >= MAX_NODES or shape in repeated:
                 r = n
             elif not cmulti[k]:
                 # shaped like a member (its signature, arguments of the same signatures) or
                 # read like the root: the previous repetition's output (a child's h read by its
                 # parent's concatenate), cut there
-                r = n if _shape(n, args, sig) in shapes_of[m] or (
+                r = n if shape in shapes_of[m] or (
                     sig[n] == sig[m] and 0 <= csig[m - lo] == csig[k]) else m
+                if r == n:
+                    repeated.add(shape)
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
@@ -168,11 +176,11 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             if r == n:
                 size[n] = 1
                 sigs_of[n] = {sig[n]}
-                shapes_of[n] = {_shape(n, args, sig)}
+                shapes_of[n] = {shape}
             else:
                 size[r] += 1
                 sigs_of[r].add(sig[n])
-                shapes_of[r].add(_shape(n, args, sig))
+                shapes_of[r].add(shape)
         for a in a_n:
             j = a - lo
             if j >= 0 and is_pending[j]:

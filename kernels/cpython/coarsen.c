@@ -48,6 +48,43 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
     return ok;
 }
 
+/* A growable open-addressing set of one-level shape hashes (never negative: 62 bits). */
+typedef struct { Py_ssize_t *slots; Py_ssize_t cap, used; } ShapeSet;
+
+static size_t mix64(size_t h) {
+    h ^= h >> 31; h *= 0x94D049BB133111EBull; h ^= h >> 29;
+    return h;
+}
+
+static int shapes_has(ShapeSet *t, Py_ssize_t v) {
+    if (t->cap == 0) return 0;
+    for (size_t i = mix64((size_t)v) & (size_t)(t->cap - 1);; i = (i + 1) & (size_t)(t->cap - 1)) {
+        if (t->slots[i] == v) return 1;
+        if (t->slots[i] < 0) return 0;
+    }
+}
+
+static int shapes_add(ShapeSet *t, Py_ssize_t v) {
+    if (2 * (t->used + 1) > t->cap) {   /* keep it at most half full: grow and rehash */
+        Py_ssize_t cap = t->cap ? 2 * t->cap : 64, *old = t->slots, oc = t->cap;
+        Py_ssize_t *slots = malloc(sizeof(Py_ssize_t) * cap);
+        if (!slots) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t i = 0; i < cap; i++) slots[i] = -1;
+        t->slots = slots; t->cap = cap; t->used = 0;
+        for (Py_ssize_t i = 0; i < oc; i++)
+            if (old[i] >= 0 && shapes_add(t, old[i]) < 0) { free(old); return -1; }
+        free(old);
+    }
+    size_t i = mix64((size_t)v) & (size_t)(t->cap - 1);
+    while (t->slots[i] >= 0) {
+        if (t->slots[i] == v) return 0;
+        i = (i + 1) & (size_t)(t->cap - 1);
+    }
+    t->slots[i] = v;
+    t->used++;
+    return 0;
+}
+
 /* The cut of the pending nodes into instances (the per-node pass), and the members of each
  * instance as CSR by root: members of the instance rooted at lo + rk are mem[start[rk] ..
  * start[rk + 1]) in ascending id order (instances of two or more nodes only). */
@@ -57,6 +94,7 @@ typedef struct {
     Py_ssize_t *shape, *head, *next_in;   /* per node its one-level hash; members per root as a list */
     char *ispend, *cmulti, *excl;
     signed char *cache, *uses;
+    ShapeSet repeated;   /* shapes of the repetition outputs cut so far (detect.py's module doc) */
 } Cut;
 
 /* whether the instance rooted at lo + rk already holds a member with signature sg (by_shape 0)
@@ -70,7 +108,7 @@ static int holds(const Cut *c, Py_ssize_t rk, Py_ssize_t sg, int by_shape) {
 
 static void cut_free(Cut *c) {
     free(c->owner); free(c->cmin); free(c->size); free(c->sigv); free(c->csig); free(c->start); free(c->mem);
-    free(c->shape); free(c->head); free(c->next_in);
+    free(c->shape); free(c->head); free(c->next_in); free(c->repeated.slots);
     free(c->ispend); free(c->cmulti); free(c->excl); free(c->cache); free(c->uses);
 }
 
@@ -137,13 +175,16 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
             owner[k] = r = n;
         } else {
             Py_ssize_t m = cmin[k];
-            if (m < 0 || excl[m - lo] || size[m - lo] >= max_nodes) {
+            int rep = shapes_has(&c->repeated, shape_k);
+            if (rep < 0) return -1;
+            if (m < 0 || excl[m - lo] || size[m - lo] >= max_nodes || rep) {
                 r = n;
             } else if (!cmulti[k]) {
                 /* shaped like a member, or read like the root: the previous repetition */
                 int cut = holds(c, m - lo, shape_k, 1);
                 if (!cut && sg == sigv[m - lo] && csig[m - lo] >= 0 && csig[m - lo] == csig[k]) cut = 1;
                 r = cut ? n : m;
+                if (cut && shapes_add(&c->repeated, shape_k) < 0) return -1;
             } else if (!holds(c, m - lo, sg, 0)) {
                 r = m;
             } else {
