@@ -151,8 +151,10 @@ class CoarseRecord:
                 g = whole
             elif whole is not None and t not in prog.home:  # a piece-major product read whole too
                 g = g + whole
-            if g is not None and not isinstance(g, (Sliced, SparseRows)):
-                gb[bid] = xp.ascontiguousarray(xp.broadcast_to(g, (B,) + g.shape[1:]))
+            if g is not None and type(g) is not Sliced and type(g) is not SparseRows:
+                if g.shape[0] != B:
+                    g = xp.broadcast_to(g, (B,) + g.shape[1:])
+                gb[bid] = g if g.flags.c_contiguous else xp.ascontiguousarray(g)
 
 
 def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
@@ -161,15 +163,15 @@ def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
     if home is not None:
         buf = seen_units.get(home[0])
         return None if buf is None else buf[home[1] * B:(home[1] + 1) * B]
-    for k, u in enumerate(prog.units):
-        if u.kind == PIECES and prog.plan.steps[u.steps[0]][0] == t:
-            buf = seen_units.get(k)
-            if buf is None:
-                return None
-            P = u.pieces
-            h = buf.shape[-1]
-            return xp.ascontiguousarray(buf.reshape(P, B, h).transpose(1, 0, 2)).reshape(B, P * h)
-    return None
+    k = prog.pieces_unit.get(t)
+    if k is None:
+        return None
+    buf = seen_units.get(k)
+    if buf is None:
+        return None
+    P = prog.units[k].pieces
+    h = buf.shape[-1]
+    return xp.ascontiguousarray(buf.reshape(P, B, h).transpose(1, 0, 2)).reshape(B, P * h)
 
 
 class _Seen:

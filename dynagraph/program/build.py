@@ -54,11 +54,13 @@ class Program(Forward, Backward):
             return False
         self.units = units
         self.home = {}          # var -> (unit number, member position)
+        self.pieces_unit = {}   # a piece-major product's var -> its unit number
         for k, u in enumerate(units):
             if u.kind == GROUP:
                 for m, n in enumerate(u.steps):
                     self.home[steps[n][0]] = (k, m)
             elif u.kind == PIECES:
+                self.pieces_unit[steps[u.steps[0]][0]] = k
                 for n, piece in u.piece_of.items():
                     self.home[steps[n][0]] = (k, piece)
         for u in units:
