@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - built without a compiler
 MAX_NODES = 48          # instance size cap: keeps patterns small and repeating
 MIN_CALLS = 2           # a pattern is coarsened only if it occurs at least this often
 MAX_ARGS = 8            # a wider node (the esum of a mini-batch's losses) is a reduction: op-level
+DEFER_HEIGHT = 2        # units this close to the chunk's sinks run as late as possible (run._defer)
 
 
 class Pattern(NamedTuple):
@@ -123,7 +124,7 @@ def plan_native(cg, pending: list) -> tuple[list, list] | None:
     if len(pending) < 2 * MIN_CALLS:
         return [], []
     pats, batches = _NATIVE.plan(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
-                                 len(cg.signatures), MIN_CALLS)
+                                 len(cg.signatures), MIN_CALLS, DEFER_HEIGHT)
     return [Head(*p) for p in pats], batches
 
 

@@ -21,7 +21,7 @@ from ..ops.base import Sliced, SparseRows
 from ..program import Grads, UnitGrads
 from ..program.units import PIECES
 from ..subgraph import PLACEHOLDER, Plan
-from .detect import Head, heads, payloads
+from .detect import DEFER_HEIGHT, Head, heads, payloads
 
 _PLANS: OrderedDict[tuple, Plan] = OrderedDict()   # canonical key -> compiled plan
 _MAX_PLANS = 256
@@ -276,6 +276,25 @@ def _piece_value(plan: Plan, saved: list, t: int, xp):
     raise KeyError(f"coarsened plan {plan.name}: no value for trace node {t}")
 
 
+def _defer(asap: list, readers: list) -> list:
+    """Final unit levels: as soon as possible, except the deferred units (those at most
+    DEFER_HEIGHT from a sink, read only by deferred units), which run at top - height with
+    top = the largest asap + height among them: never before their own as-soon-as-possible
+    level, always after what feeds them and before what reads them."""
+    n = len(asap)
+    height, deferred = [0] * n, [False] * n
+    for u in range(n - 1, -1, -1):
+        rs = readers[u]
+        if not rs:
+            deferred[u] = True
+            continue
+        h = 1 + max(height[c] for c in rs)
+        height[u] = h
+        deferred[u] = h <= DEFER_HEIGHT and all(deferred[c] for c in rs)
+    top = max((asap[u] + height[u] for u in range(n) if deferred[u]), default=0)
+    return [top - height[u] if deferred[u] else asap[u] for u in range(n)]
+
+
 class Coarsened:
     """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
 
@@ -296,10 +315,14 @@ class Coarsened:
 
     def schedule_py(self) -> list:
         """The unit schedule in Python (the compiled pass's twin), over instance indices:
-        (-1, [node ids]) or (pattern index, [instance indices]). An instance's depth is one
-        more than the deepest unit that feeds it; instances of one pattern at one depth run
-        as one group. Units are visited in the order of their instance roots (a topological
-        order, see detect.py)."""
+        (-1, [node ids]) or (pattern index, [instance indices]). Units are visited in the
+        order of their instance roots (a topological order, see detect.py). A unit runs one
+        level after the deepest unit that feeds it (as soon as possible), except near the
+        end: a unit at most DEFER_HEIGHT steps from the chunk's sinks, all of whose readers
+        are such units too (a tree's root cell and its loss, a tagger's per-word losses),
+        runs as late as possible, so that those of every sample share one level instead of
+        one per depth. Units of one pattern (or op-level nodes of one signature) at one
+        level run as one group."""
         cg = self.cg
         self.roots = {r for p in self.found for r in p.roots}   # the coarsened instances
         args, sig, ops = cg.args, cg.sig, cg.op
@@ -311,21 +334,27 @@ class Coarsened:
             units.extend([(r, r, pi, w) for w, r in enumerate(p.roots)])
         units.extend([(owner[n - lo], n, -1, n) for n in self.pending if owner[n - lo] not in roots])
         units.sort()
-        level: dict = {}
-        groups: dict = {}
-        out = []
-        get = level.get
-        for _, r, pi, payload in units:
+        index: dict = {}     # a unit's level key (its root, or its node) -> unit number
+        asap, readers = [], []
+        for u, (_, r, pi, payload) in enumerate(units):
             deps = args[payload] if pi < 0 else self.found[pi].externals[payload]
             lv = 0
             for a in deps:
                 j = a - lo
                 if 0 <= j < span:
-                    u = owner[j]
-                    la = get(u if u in roots else a)
-                    if la is not None and la >= lv:
-                        lv = la + 1
-            level[r] = lv
+                    o = owner[j]
+                    v = index.get(o if o in roots else a)
+                    if v is not None:
+                        readers[v].append(u)
+                        if asap[v] >= lv:
+                            lv = asap[v] + 1
+            index[r] = u
+            asap.append(lv)
+            readers.append([])
+        levels = _defer(asap, readers)
+        groups: dict = {}
+        out = []
+        for (_, r, pi, payload), lv in zip(units, levels):
             if pi < 0:
                 key = (lv, -1, sig[payload]) if ops[payload].batchable else None
             else:

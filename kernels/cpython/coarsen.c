@@ -363,7 +363,7 @@ static int group_order(const void *x, const void *y) {
     return a->first < b->first ? -1 : (a->first > b->first);
 }
 
-/* plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls)
+/* plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls, defer_height)
  *   -> (patterns, batches)
  * patterns: [(key, members, externals, instances)] for each key held by min_calls or more
  * instances, in order of first instance, with that first instance's members and outside
@@ -375,16 +375,19 @@ static int group_order(const void *x, const void *y) {
 static PyObject *plan(PyObject *self, PyObject *a) {
     (void)self;
     PyObject *args, *sig, *ops, *data, *pending;
-    Py_ssize_t max_nodes, max_args, ncache, min_calls;
-    if (!PyArg_ParseTuple(a, "O!O!O!O!O!nnnn", &PyList_Type, &args, &PyList_Type, &sig, &PyList_Type, &ops,
-                          &PyList_Type, &data, &PyList_Type, &pending, &max_nodes, &max_args, &ncache, &min_calls))
+    Py_ssize_t max_nodes, max_args, ncache, min_calls, DEFER_HEIGHT;
+    if (!PyArg_ParseTuple(a, "O!O!O!O!O!nnnnn", &PyList_Type, &args, &PyList_Type, &sig, &PyList_Type, &ops,
+                          &PyList_Type, &data, &PyList_Type, &pending, &max_nodes, &max_args, &ncache, &min_calls,
+                          &DEFER_HEIGHT))
         return NULL;
     if (PyList_GET_SIZE(pending) == 0) return Py_BuildValue("([][])");
     Cut c;
     PyObject *pats = NULL, *batches = NULL, *result = NULL;
     Py_ssize_t *pos = NULL, *keybuf = NULL, *extbuf = NULL, *koff = NULL, *eoff = NULL, *iroot = NULL;
     Py_ssize_t *ipat = NULL, *iw = NULL, *pfirst = NULL, *pcount = NULL, *pkept = NULL, *ptab = NULL;
-    Py_ssize_t *kept_inst = NULL, *level = NULL, *gtab = NULL, *order = NULL, *kfirst = NULL;
+    Py_ssize_t *kept_inst = NULL, *uindex = NULL, *gtab = NULL, *order = NULL, *kfirst = NULL;
+    Py_ssize_t *ulv = NULL, *ukind = NULL, *utag = NULL, *ufirst = NULL, *uheight = NULL, *efrom = NULL, *eto = NULL;
+    char *udefer = NULL;
     Py_ssize_t *ugroup = NULL, *upay = NULL, *gunits = NULL;
     signed char *bcache = NULL;
     Group *groups = NULL;
@@ -457,22 +460,33 @@ static PyObject *plan(PyObject *self, PyObject *a) {
         if (!item || PyList_Append(pats, item) < 0) { Py_XDECREF(item); goto done; }
         Py_DECREF(item);
     }
-    /* the unit schedule: units in order of instance root (a topological order), each one
-     * level deeper than the deepest unit it reads; one group per (level, pattern) and one
-     * batch per (level, signature) of the nodes left op-level */
-    kept_inst = malloc(sizeof(Py_ssize_t) * span); level = malloc(sizeof(Py_ssize_t) * span);
+    /* the unit schedule (run.Coarsened.schedule_py): units in order of instance root (a
+     * topological order), each one level after the deepest unit it reads, except the units
+     * near the sinks (run._defer), which run as late as possible; one group per (level,
+     * pattern) and one batch per (level, signature) of the nodes left op-level */
+    kept_inst = malloc(sizeof(Py_ssize_t) * span); uindex = malloc(sizeof(Py_ssize_t) * span);
     bcache = malloc(ncache > 0 ? ncache : 1);
-    groups = malloc(sizeof(Group) * (c.np_ + 1));
-    ugroup = malloc(sizeof(Py_ssize_t) * (c.np_ + 1)); upay = malloc(sizeof(Py_ssize_t) * (c.np_ + 1));
-    Py_ssize_t gcap = 16, nu = 0;
+    Py_ssize_t maxu = c.np_ + 1, nu = 0, ne = 0, ecap = 0;
+    groups = malloc(sizeof(Group) * maxu);
+    ugroup = malloc(sizeof(Py_ssize_t) * maxu); upay = malloc(sizeof(Py_ssize_t) * maxu);
+    ulv = malloc(sizeof(Py_ssize_t) * maxu); ukind = malloc(sizeof(Py_ssize_t) * maxu);
+    utag = malloc(sizeof(Py_ssize_t) * maxu); ufirst = malloc(sizeof(Py_ssize_t) * maxu);
+    uheight = malloc(sizeof(Py_ssize_t) * maxu); udefer = malloc(maxu);
+    for (Py_ssize_t i = 0; i < ninst; i++) if (pkept[ipat[i]] >= 0) ecap += eoff[i + 1] - eoff[i];
+    for (Py_ssize_t k = 0; k < span; k++)
+        if (c.ispend[k]) ecap += PyTuple_GET_SIZE(PyList_GET_ITEM(args, k + lo));
+    efrom = malloc(sizeof(Py_ssize_t) * (ecap + 1)); eto = malloc(sizeof(Py_ssize_t) * (ecap + 1));
+    Py_ssize_t gcap = 16;
     while (gcap < 2 * c.np_ + 16) gcap <<= 1;
     gtab = malloc(sizeof(Py_ssize_t) * gcap);
-    if (!kept_inst || !level || !bcache || !groups || !gtab || !ugroup || !upay) { PyErr_NoMemory(); goto done; }
+    if (!kept_inst || !uindex || !bcache || !groups || !gtab || !ugroup || !upay || !ulv || !ukind || !utag ||
+        !ufirst || !uheight || !udefer || !efrom || !eto) { PyErr_NoMemory(); goto done; }
     memset(bcache, -1, ncache > 0 ? ncache : 1);
-    for (Py_ssize_t k = 0; k < span; k++) { kept_inst[k] = -1; level[k] = -1; }
+    for (Py_ssize_t k = 0; k < span; k++) { kept_inst[k] = -1; uindex[k] = -1; }
     for (Py_ssize_t k = 0; k < gcap; k++) gtab[k] = -1;
     for (Py_ssize_t i = 0; i < ninst; i++)
         if (pkept[ipat[i]] >= 0) kept_inst[iroot[i]] = i;
+    /* pass 1: the units, their as-soon-as-possible levels and who reads whom */
     for (Py_ssize_t rk = 0; rk < span; rk++) {
         if (!c.ispend[rk] || c.owner[rk] != rk + lo) continue;
         Py_ssize_t i = kept_inst[rk], b = c.start[rk], e = c.start[rk + 1];
@@ -481,7 +495,7 @@ static PyObject *plan(PyObject *self, PyObject *a) {
         Py_ssize_t nunits = 1;
         if (i < 0 && e - b >= 2) { nodes = c.mem + b; nunits = e - b; }
         for (Py_ssize_t u = 0; u < nunits; u++) {
-            Py_ssize_t n = nodes[u], lv = 0, kind, tag;
+            Py_ssize_t n = nodes[u], lv = 0;
             PyObject *an = i >= 0 ? NULL : PyList_GET_ITEM(args, n);
             Py_ssize_t ndeps = i >= 0 ? eoff[i + 1] - eoff[i] : PyTuple_GET_SIZE(an);
             for (Py_ssize_t j = 0; j < ndeps; j++) {
@@ -490,38 +504,73 @@ static PyObject *plan(PyObject *self, PyObject *a) {
                 if (q < 0 || q >= span) continue;
                 Py_ssize_t ow = c.owner[q];
                 Py_ssize_t at = (ow >= 0 && kept_inst[ow - lo] >= 0) ? ow - lo : q;
-                if (level[at] >= lv) lv = level[at] + 1;
+                Py_ssize_t v = uindex[at];
+                if (v < 0) continue;
+                if (ne < ecap) { efrom[ne] = v; eto[ne++] = nu; }
+                if (ulv[v] >= lv) lv = ulv[v] + 1;
             }
             if (i >= 0) {
-                level[rk] = lv; kind = 0; tag = pkept[ipat[i]];
+                uindex[rk] = nu; ukind[nu] = 0; utag[nu] = pkept[ipat[i]]; ufirst[nu] = rk + lo; upay[nu] = i;
             } else {
-                level[n - lo] = lv;
+                uindex[n - lo] = nu;
                 int bt = batchable_of(ops, n, c.sigv[n - lo], bcache, ncache);
                 if (bt < 0) goto done;
-                kind = bt ? 1 : 2; tag = bt ? c.sigv[n - lo] : n;
+                ukind[nu] = bt ? 1 : 2; utag[nu] = bt ? c.sigv[n - lo] : n; ufirst[nu] = n; upay[nu] = n;
             }
-            /* find or open the group */
-            Py_ssize_t key3[3] = {lv, kind, tag};
-            size_t h = hash_words(key3, 3) & (size_t)(gcap - 1);
-            Py_ssize_t g;
-            for (;;) {
-                g = gtab[h];
-                if (g < 0) {
-                    g = gtab[h] = ng++;
-                    groups[g].lv = lv; groups[g].kind = (int)kind; groups[g].tag = tag;
-                    groups[g].first = i >= 0 ? rk + lo : n;
-                    groups[g].count = 0;
-                    break;
-                }
-                if (groups[g].lv == lv && groups[g].kind == kind && groups[g].tag == tag) break;
-                h = (h + 1) & (size_t)(gcap - 1);
-            }
-            groups[g].count++;
-            ugroup[nu] = g;
-            upay[nu++] = i >= 0 ? i : n;
+            ulv[nu++] = lv;
         }
     }
     if (PyErr_Occurred()) goto done;
+    /* pass 2 (run._defer): heights over the readers, in reverse; the deferred units' levels */
+    {
+        Py_ssize_t *rstart = calloc(nu + 1, sizeof(Py_ssize_t)), *rlist = malloc(sizeof(Py_ssize_t) * (ne + 1));
+        Py_ssize_t *rfill = malloc(sizeof(Py_ssize_t) * (nu + 1));
+        if (!rstart || !rlist || !rfill) { free(rstart); free(rlist); free(rfill); PyErr_NoMemory(); goto done; }
+        for (Py_ssize_t k = 0; k < ne; k++) rstart[efrom[k] + 1]++;
+        for (Py_ssize_t u = 0; u < nu; u++) rstart[u + 1] += rstart[u];
+        memcpy(rfill, rstart, sizeof(Py_ssize_t) * (nu + 1));
+        for (Py_ssize_t k = 0; k < ne; k++) rlist[rfill[efrom[k]]++] = eto[k];
+        Py_ssize_t top = 0;
+        int any = 0;
+        for (Py_ssize_t u = nu - 1; u >= 0; u--) {
+            Py_ssize_t b = rstart[u], e = rstart[u + 1], h = 0;
+            int all = 1;
+            if (b == e) { uheight[u] = 0; udefer[u] = 1; }
+            else {
+                for (Py_ssize_t t = b; t < e; t++) {
+                    if (uheight[rlist[t]] + 1 > h) h = uheight[rlist[t]] + 1;
+                    if (!udefer[rlist[t]]) all = 0;
+                }
+                uheight[u] = h;
+                udefer[u] = (char)(h <= DEFER_HEIGHT && all);
+            }
+            if (udefer[u] && (!any || ulv[u] + uheight[u] > top)) { top = ulv[u] + uheight[u]; any = 1; }
+        }
+        for (Py_ssize_t u = 0; u < nu; u++) if (udefer[u]) ulv[u] = top - uheight[u];
+        free(rstart); free(rlist); free(rfill);
+    }
+    /* pass 3: the groups, in unit order */
+    for (Py_ssize_t u = 0; u < nu; u++) {
+        Py_ssize_t g = -1;
+        if (ukind[u] != 2) {
+            Py_ssize_t key3[3] = {ulv[u], ukind[u], utag[u]};
+            size_t h = hash_words(key3, 3) & (size_t)(gcap - 1);
+            for (;;) {
+                g = gtab[h];
+                if (g < 0) break;
+                if (groups[g].lv == ulv[u] && groups[g].kind == ukind[u] && groups[g].tag == utag[u]) break;
+                h = (h + 1) & (size_t)(gcap - 1);
+            }
+            if (g < 0) g = gtab[h] = ng;
+        }
+        if (g < 0 || g == ng) {   /* opened by this unit (an unbatchable node: a batch of its own) */
+            g = ng++;
+            groups[g].lv = ulv[u]; groups[g].kind = (int)ukind[u]; groups[g].tag = utag[u];
+            groups[g].first = ufirst[u]; groups[g].count = 0;
+        }
+        groups[g].count++;
+        ugroup[u] = g;
+    }
     /* each group's units in the order they came (CSR by group) */
     order = malloc(sizeof(Py_ssize_t) * (ng + 1));
     gunits = malloc(sizeof(Py_ssize_t) * (nu + 1));
@@ -590,7 +639,8 @@ done:
     Py_XDECREF(pats); Py_XDECREF(batches);
     free(pos); free(keybuf); free(extbuf); free(koff); free(eoff); free(iroot); free(ipat); free(iw);
     free(pfirst); free(pcount); free(pkept); free(kfirst); free(ptab);
-    free(kept_inst); free(level); free(bcache); free(groups); free(gtab); free(order);
+    free(kept_inst); free(uindex); free(bcache); free(groups); free(gtab); free(order);
+    free(ulv); free(ukind); free(utag); free(ufirst); free(uheight); free(udefer); free(efrom); free(eto);
     free(ugroup); free(upay); free(gunits);
     cut_free(&c);
     return result;
@@ -599,7 +649,8 @@ done:
 static PyMethodDef methods[] = {
     {"find", find, METH_VARARGS, "find(args, sig, ops, data, pending, max_nodes, max_args, n_signatures)"},
     {"plan", plan, METH_VARARGS,
-     "plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls) -> (patterns, batches)"},
+     "plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls, defer_height)"
+     " -> (patterns, batches)"},
     {NULL, NULL, 0, NULL},
 };
 

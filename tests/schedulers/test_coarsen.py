@@ -294,7 +294,7 @@ def test_compiled_pass_rejects_bad_ids():
     with pytest.raises(IndexError):
         detect._NATIVE.find([(), (0,), (1,)], [0, 0, 0], ops, [None] * 3, [1, 5], 48, 8, 1)
     with pytest.raises(IndexError):
-        detect._NATIVE.plan([(), (0,), (7,)], [0, 0, 0], ops, [None] * 3, [1, 2], 48, 8, 1, 2)
+        detect._NATIVE.plan([(), (0,), (7,)], [0, 0, 0], ops, [None] * 3, [1, 2], 48, 8, 1, 2, 2)
 
 
 def test_check_validity_names_the_op_inside_a_group():
