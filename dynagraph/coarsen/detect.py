@@ -158,7 +158,7 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             owner[k] = r = n
         else:
             m = cmin[k]
-            shape = _shape(n, args, sig)
+            shape = _shape2(n, args, sig)
             if m < 0 or m in excluded or size[m] >= MAX_NODES or shape in repeated:
                 r = n
             elif not cmulti[k]:
@@ -220,6 +220,16 @@ def _shape(n: int, args: list, sig: list) -> int:
     h = sig[n] + 2
     for a in args[n]:
         h = (h * 1000003 + sig[a] + 2) & _MASK
+    return h
+
+
+def _shape2(n: int, args: list, sig: list) -> int:
+    """Two levels of structure: a hash of a node's one-level hash and its arguments' (so
+    that LSTM's i*u, a product of a logistic and a tanh of a gate slice, is not taken for
+    h = o*tanh(c), a product of a logistic and a tanh of the cell state)."""
+    h = _shape(n, args, sig) + 2
+    for a in args[n]:
+        h = (h * 1000003 + _shape(a, args, sig) + 2) & _MASK
     return h
 
 

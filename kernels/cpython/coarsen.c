@@ -48,6 +48,24 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
     return ok;
 }
 
+/* One level of structure: a hash of node n's signature and its arguments' signatures,
+ * exactly as detect._shape computes it; 0 on success, -1 with an exception set. */
+static int one_level(PyObject *args, PyObject *sig, Py_ssize_t n, Py_ssize_t nnodes, Py_ssize_t *out) {
+    PyObject *an = PyList_GET_ITEM(args, n);
+    if (!PyTuple_Check(an)) { PyErr_SetString(PyExc_TypeError, "args entries must be tuples"); return -1; }
+    Py_ssize_t sg = PyLong_AsSsize_t(PyList_GET_ITEM(sig, n));
+    unsigned long long hs = (unsigned long long)(sg + 2), hmask = (1ull << 62) - 1;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(an); j++) {
+        Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
+        if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); return -1; }
+        Py_ssize_t sx = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x));
+        hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
+    }
+    if (PyErr_Occurred()) return -1;
+    *out = (Py_ssize_t)hs;
+    return 0;
+}
+
 /* A growable open-addressing set of one-level shape hashes (never negative: 62 bits). */
 typedef struct { Py_ssize_t *slots; Py_ssize_t cap, used; } ShapeSet;
 
@@ -91,7 +109,7 @@ static int shapes_add(ShapeSet *t, Py_ssize_t v) {
 typedef struct {
     Py_ssize_t lo, span, np_, nnodes, ncache;
     Py_ssize_t *owner, *cmin, *size, *sigv, *csig, *start, *mem;
-    Py_ssize_t *shape, *head, *next_in;   /* per node its one-level hash; members per root as a list */
+    Py_ssize_t *shape1, *shape, *head, *next_in;  /* per node its one- and two-level hashes; members per root */
     char *ispend, *cmulti, *excl;
     signed char *cache, *uses;
     ShapeSet repeated;   /* shapes of the repetition outputs cut so far (detect.py's module doc) */
@@ -108,7 +126,7 @@ static int holds(const Cut *c, Py_ssize_t rk, Py_ssize_t sg, int by_shape) {
 
 static void cut_free(Cut *c) {
     free(c->owner); free(c->cmin); free(c->size); free(c->sigv); free(c->csig); free(c->start); free(c->mem);
-    free(c->shape); free(c->head); free(c->next_in); free(c->repeated.slots);
+    free(c->shape1); free(c->shape); free(c->head); free(c->next_in); free(c->repeated.slots);
     free(c->ispend); free(c->cmulti); free(c->excl); free(c->cache); free(c->uses);
 }
 
@@ -133,12 +151,13 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
     c->csig = malloc(sizeof(Py_ssize_t) * span);   /* signature of the last-recorded consumer */
     c->ispend = calloc(span, 1); c->cmulti = calloc(span, 1); c->excl = calloc(span, 1);
     c->cache = malloc(ncache > 0 ? ncache : 1); c->uses = malloc(ncache > 0 ? ncache : 1);
+    c->shape1 = malloc(sizeof(Py_ssize_t) * span);
     c->shape = malloc(sizeof(Py_ssize_t) * span); c->head = malloc(sizeof(Py_ssize_t) * span);
     c->next_in = malloc(sizeof(Py_ssize_t) * span);
     Py_ssize_t *owner = c->owner, *cmin = c->cmin, *size = c->size, *sigv = c->sigv, *csig = c->csig;
     char *ispend = c->ispend, *cmulti = c->cmulti, *excl = c->excl;
     if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !c->cache || !c->uses ||
-        !c->shape || !c->head || !c->next_in) {
+        !c->shape1 || !c->shape || !c->head || !c->next_in) {
         PyErr_NoMemory();
         return -1;
     }
@@ -152,6 +171,10 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
         sigv[n - lo] = PyLong_AsSsize_t(PyList_GET_ITEM(sig, n));
     }
     if (PyErr_Occurred()) return -1;
+    for (Py_ssize_t i = 0; i < np_; i++) {   /* one level of structure per pending node */
+        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
+        if (one_level(args, sig, n, nnodes, &c->shape1[n - lo]) < 0) return -1;
+    }
     for (Py_ssize_t i = np_ - 1; i >= 0; i--) {
         Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i)), k = n - lo, r;
         PyObject *an = PyList_GET_ITEM(args, n);
@@ -159,13 +182,14 @@ static int cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObj
         Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = sigv[k];
         int ok = can_join(ops, an, nargs, n, sg, c->cache, ncache, max_args, nnodes, c->uses);
         if (ok < 0) return -1;
-        /* one level of structure, hashed exactly as detect._shape does */
+        /* two levels of structure, hashed exactly as detect._shape2 does */
         unsigned long long hmask = (1ull << 62) - 1;
-        unsigned long long hs = (unsigned long long)(sg + 2);
+        unsigned long long hs = (unsigned long long)(c->shape1[k] + 2);
         for (Py_ssize_t j = 0; j < nargs; j++) {
-            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
+            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)), sx;
             if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); return -1; }
-            Py_ssize_t sx = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x));
+            if (x >= lo && x <= hi && ispend[x - lo]) sx = c->shape1[x - lo];
+            else if (one_level(args, sig, x, nnodes, &sx) < 0) return -1;
             hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
         }
         Py_ssize_t shape_k = (Py_ssize_t)hs;
