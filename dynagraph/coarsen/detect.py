@@ -6,21 +6,23 @@ pending nodes are cut into *instances*, and instances with the same canonical ke
 *pattern*: each pattern runs through the compiled-block machinery of `dy.block`.
 
 How nodes become instances (one pass, consumers before producers, so in
-decreasing node id):
+decreasing node id; the compiled pass `dynagraph._coarsen.plan` also groups the
+instances into patterns and computes the unit schedule, see run.Coarsened):
 
 * a node whose consumers all belong to one instance joins it (a fan-in cone:
   the gate slices of an LSTM join the products that read them), unless it is
-  shaped like a member (same signature, arguments of the same signatures) or
-  has the root's signature and a consumer of the same signature as the root's:
-  then it is the previous repetition's output (a child's `h` read by its
-  parent's `concatenate`) and starts an instance of its own;
+  shaped like a member (the same structure two levels deep: signature, the
+  arguments' signatures and theirs) or has the root's signature and a consumer
+  of the same signature as the root's: then it is the previous repetition's
+  output (a child's `h` read by its parent's `concatenate`) and starts an
+  instance of its own;
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
   repetition: the previous step's `h` stays the root of its own step);
-* a node shaped like a repetition output cut so far anywhere in the chunk is one
-  too (the root of a tree's last cell is read by the loss, not by a parent: without
-  this rule it joined the loss's instance, and each tree's root cell became a pattern
-  of its own at every depth, with few instances per group);
+* a node shaped like a repetition output cut so far anywhere in the chunk starts
+  one too (the root of a tree's last cell is read by the loss, not by a parent:
+  without this rule it joined the loss's instance, and each tree's root cell became
+  a pattern of its own at every depth, with few instances per group);
 * otherwise, or when the instance is full (`MAX_NODES`), it is a root: the
   last node of a new instance.
 
