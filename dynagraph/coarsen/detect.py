@@ -18,7 +18,10 @@ instances into patterns and computes the unit schedule, see run.Coarsened):
   instance of its own;
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
-  repetition: the previous step's `h` stays the root of its own step);
+  repetition: the previous step's `h` stays the root of its own step; shaped like
+  one of its members too, it is a repetition output, see below) or it reads no
+  node of the chunk (a word's embedding read by both directions of a BiLSTM: kept
+  op-level, it does not tie one direction's steps to the other's levels);
 * a node shaped like a repetition output cut so far anywhere in the chunk starts
   one too (the root of a tree's last cell is read by the loss, not by a parent:
   without this rule it joined the loss's instance, and each tree's root cell became
@@ -171,10 +174,14 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
                     sig[n] == sig[m] and 0 <= csig[m - lo] == csig[k]) else m
                 if r == n:
                     repeated.add(shape)
+            elif not any(0 <= a - lo < span and is_pending[a - lo] for a in a_n):
+                r = n   # an input read by several instances (a word's embedding): op-level, level 0
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
                 r = n
+                if shape in shapes_of[m]:   # shaped like a member of the next repetition too
+                    repeated.add(shape)
             owner[k] = r
             if r == n:
                 size[n] = 1

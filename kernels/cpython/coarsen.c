@@ -157,7 +157,7 @@ static int two_level(Cut *c, PyObject *args, PyObject *sig, PyObject *an, Py_ssi
 
 /* The instance root of coarsenable node n (span index k), per the rules in detect.py's doc;
  * -1 with an exception set. */
-static Py_ssize_t root_of(Cut *c, Py_ssize_t n, Py_ssize_t k, Py_ssize_t max_nodes) {
+static Py_ssize_t root_of(Cut *c, Py_ssize_t n, Py_ssize_t k, Py_ssize_t max_nodes, int inner) {
     Py_ssize_t lo = c->lo, m = c->cmin[k], sg = c->sigv[k], shape_k = c->shape[k];
     int rep = shapes_has(&c->repeated, shape_k);
     if (m < 0 || c->excl[m - lo] || c->size[m - lo] >= max_nodes || rep) return n;
@@ -168,7 +168,11 @@ static Py_ssize_t root_of(Cut *c, Py_ssize_t n, Py_ssize_t k, Py_ssize_t max_nod
         if (cut && shapes_add(&c->repeated, shape_k) < 0) return -1;
         return cut ? n : m;
     }
-    return holds(c, m - lo, sg, 0) ? n : m;
+    if (!inner) return n;   /* an input read by several instances (a word's embedding): op-level, level 0 */
+    if (!holds(c, m - lo, sg, 0)) return m;
+    /* shaped like a member of the next repetition too: a repetition output */
+    if (holds(c, m - lo, shape_k, 1) && shapes_add(&c->repeated, shape_k) < 0) return -1;
+    return n;
 }
 
 /* members per instance, in id order: count, then fill (CSR by root) */
@@ -219,7 +223,12 @@ int dgc_cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObject
             c->excl[k] = 1;
             c->owner[k] = n;
         } else {
-            if ((r = root_of(c, n, k, max_nodes)) < 0) return -1;
+            int inner = 0;   /* reads a node of this chunk */
+            for (Py_ssize_t j = 0; j < nargs && !inner; j++) {
+                Py_ssize_t q = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)) - lo;
+                inner = q >= 0 && q < c->span && c->ispend[q];
+            }
+            if ((r = root_of(c, n, k, max_nodes, inner)) < 0) return -1;
             c->owner[k] = r;
             c->size[r - lo] += 1;
             c->next_in[k] = c->head[r - lo];
