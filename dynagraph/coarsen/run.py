@@ -78,11 +78,30 @@ def _trace(cg, p: Head) -> Plan:
         ids[n] = trace.add(op, tuple(ids[a] for a in cg.args[n]), cg.attrs[n], d)
     ops = "+".join(sorted({cg.op[n].name for n in ms}))
     # no fused chains: their C backward keeps the chain's inner gradients to itself, and
-    # gradient() of every node of the group must equal op-level autodiff's
-    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False)
+    # gradient() of every node of the group must equal op-level autodiff's; no piece-major
+    # products: every member, the sliced product too, keeps its own (B, n) value, and a
+    # product that is a single step hands its weight gradient to autodiff's one GEMM
+    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False, piece_major=False)
     plan.positions = [ids[n] for n in ms]           # trace id of member position m
     plan.ext_is_input = [not cg.op[a].leaf for a in ext]
+    plan.weight_products = _weight_products(plan, trace)
     return plan
+
+
+def _weight_products(plan: Plan, trace) -> dict:
+    """step index -> [(W position, x position, leaf number)] for the products W x of a step
+    with W one of the plan's parameters and x a vector per instance: their weight gradient
+    is left to autodiff, which sums G^T X over every batch and group in one GEMM."""
+    leaf_at = {i: k for k, i in enumerate(plan.leaves)}
+    out: dict = {}
+    for n, (i, op, args, a, spec, shape) in enumerate(plan.steps):
+        if op.weight_products is None or len(shape) != 1:
+            continue
+        found = [(w, x, leaf_at[args[w]]) for w, x in op.weight_products(len(args))
+                 if args[w] in leaf_at and len(trace.shape[args[w]]) == 2 and len(trace.shape[args[x]]) == 1]
+        if found:
+            out[n] = found
+    return out
 
 
 class CoarseRecord:
@@ -99,8 +118,10 @@ class CoarseRecord:
         """Every member node (what revert() and set_data() look at)."""
         return [n for s in self.steps for n in s]
 
-    def grad(self, cg, be, gb, full: bool, grad_block) -> None:
-        """Replay the plan in reverse from the gradients in the members' blocks."""
+    def grad(self, cg, be, gb, full: bool, grad_block, deferred: dict | None = None) -> None:
+        """Replay the plan in reverse from the gradients in the members' blocks. With
+        `deferred` (autodiff's parameter block -> [(G, X)]), the weight gradients of the
+        plan's single-step products go there instead of being computed per group."""
         t0 = time.perf_counter()
         plan, B, xp = self.plan, self.B, be.xp
         gs = [gb[b] for b in self.bids]
@@ -119,10 +140,11 @@ class CoarseRecord:
         for t, g, lead in zip(plan.positions, gs, self.leads):
             if g is not None:
                 acc.add(t, g, (lead,) + shapes[t] if lead == 1 else g.shape)
+        divert = self._divert(deferred) if deferred is not None and plan.weight_products else None
         if prog is not None:
-            gxs = prog.grad(be, acc, self.saved, need)
+            gxs = prog.grad(be, acc, self.saved, need, divert)
         else:
-            gxs = plan.grad_steps(be, acc, self.saved, need)
+            gxs = plan.grad_steps(be, acc, self.saved, need, divert)
         self._node_grads(gb, acc, B, xp)
         t1 = time.perf_counter()
         stats = cg.stats
@@ -139,6 +161,23 @@ class CoarseRecord:
                 gx = xp.broadcast_to(gx, (B,) + gx.shape[1:])
             scatter(cg, be, gb, pl, gx, stats)
         stats.t_memory += time.perf_counter() - t1
+
+    def _divert(self, deferred: dict):
+        """program.step_backward's divert: (G, X) of each parameter product to `deferred`,
+        under the conditions of autodiff._defer_weight_grads (a shared (1, n, m) weight, a
+        (B, m) input, a (B, n) output gradient)."""
+        products = self.plan.weight_products
+        first_leaf = len(self.plan.inputs)
+        plans = self.plans
+
+        def divert(n, args, ins, gi, want):
+            for w, x, k in products.get(n, ()):
+                W, X = ins[w], ins[x]
+                if want[w] and W.ndim == 3 and W.shape[0] == 1 and X.ndim == 2 and gi.ndim == 2 and \
+                        X.shape[0] == gi.shape[0] and gi.shape[1] == W.shape[1] and X.shape[1] == W.shape[2]:
+                    want[w] = False
+                    deferred.setdefault(plans[first_leaf + k][1], []).append((gi, X))
+        return divert
 
     def _node_grads(self, gb, acc, B: int, xp) -> None:
         """Each member's total gradient into its block's gradient, as op-level autodiff
