@@ -167,7 +167,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     for record in reversed(cg.executed):
         if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
             if hasattr(record, "grad"):  # a coarsened group (dynagraph/coarsen) replays itself
-                record.grad(cg, be, gb, full, grad_block)
+                record.grad(cg, be, gb, full, grad_block, deferred)
                 continue
             backward_run(cg, be, gb, record, full, grad_block)
             continue
