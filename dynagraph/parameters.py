@@ -47,8 +47,10 @@ class _Tracked(overlap.Synced):
     compiled update holds pointers into the old array)."""
 
     def __set__(self, obj, value) -> None:
+        same = obj.__dict__.get(self.slot) is value  # `p.grad += g` stores the same array back
         super().__set__(obj, value)
-        _bump()
+        if not same:
+            _bump()
 
 
 # ------------------------------------------------------------------ initialisers

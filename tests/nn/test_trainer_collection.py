@@ -147,3 +147,21 @@ def test_collection_step_checks_its_arrays():
         optim.CollectionStep("sgd", [(w, np.zeros((3, 2)), (), np.zeros(2, bool), optim.ROWS)])
     with pytest.raises(ValueError, match="contiguous"):
         optim.CollectionStep("sgd", [(w, np.zeros((2, 3)).T, (), None, optim.DENSE)])
+
+
+def test_training_steps_reuse_one_compiled_step():
+    """backward() accumulates into the same gradient arrays (`p.grad += g` stores the array
+    back): that must not count as a new layout, or every update() would rebuild the step."""
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((3, 4))
+    E = pc.add_lookup_parameters((10, 4))
+    t = dy.SimpleSGDTrainer(pc)
+    steps = set()
+    for w in (1, 2, 3):
+        dy.renew_cg()
+        loss = dy.pickneglogsoftmax(W * dy.lookup(E, w), 1)
+        loss.value()
+        loss.backward()
+        t.update()
+        steps.add(id(t._collection[1]))
+    assert len(steps) == 1
