@@ -9,6 +9,15 @@ from refcheck import using
 
 pytestmark = pytest.mark.skipif(unavailable("cpu") is not None, reason="compiled kernels not built")
 
+
+@pytest.fixture(autouse=True)
+def _cpu_backend():
+    """Parameters made here live on the cpu backend, whatever an earlier test left selected."""
+    saved = dy.config.config.backend
+    dy.config.set(backend="cpu")
+    yield
+    dy.config.set(backend=saved)
+
 KINDS = {"sgd": lambda pc: dy.SimpleSGDTrainer(pc, 0.05),
          "momentum": lambda pc: dy.MomentumSGDTrainer(pc, 0.05, mom=0.8),
          "adagrad": lambda pc: dy.AdagradTrainer(pc, 0.05),
