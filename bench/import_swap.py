@@ -366,9 +366,6 @@ def main(argv=None) -> list[dict]:
     for kv in args.baseline_env:
         var, _, value = kv.partition("=")
         BASELINE_ENV[var] = value
-    if args.data is None:  # resolved here, once: a --baseline package elsewhere (/tmp) would look for
-        from dynagraph.datasets import shared_data_path  # ../shared/data beside itself and fall back
-        args.data = shared_data_path()                    # to synthetic data, unlike this checkout
     rows = []
     for threads in args.threads:
         rows += measure(args, threads)
