@@ -9,7 +9,9 @@ ancestor of one) reaches "all run" at the same moment, so the count |P(n)| decre
 executed member gives the same F_a counts however P(n) was pruned. Per type a, one pass in
 recording order computes near(v), the nearest type-a nodes at or above v, as sorted arrays
 in a pool, shared between a node and its single contributing argument; a union drops the
-members that are G_a parents of other members (which keeps an LSTM's cell chain linear).
+members that are G_a ancestors of other members, found by walking the parent sets (which keeps
+an LSTM's cell chain linear: with parents only, the cell state's near set grew by one candidate
+gate per step, 158k G_a edges on 32 NER lattices instead of 59k).
 */
 #include "typewise.h"
 
@@ -175,16 +177,33 @@ static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssi
     }
     for (Py_ssize_t k = 0; k < m; k++)
         s->stamp[out[k]] = mark;
-    Py_ssize_t dropped = 0;
-    for (Py_ssize_t k = 0; k < m; k++) {
+    /* drop every member that is a type-a ancestor of another: walk up the G_a parent sets from
+       each member through nodes recorded after the first member (no earlier node can lead to one).
+       stamp: mark = live member, mark - 1 = dropped member, mark + 1 = visited non-member. The
+       walk is capped; a capped union keeps a few ancestors, a larger cover that counts down to
+       zero at the same moment. */
+    Py_ssize_t dropped = 0, lo = out[0], top = 0, budget = 8 * m + 64;
+    for (Py_ssize_t k = m - 1; k >= 0 && budget > 0; k--) {
         Py_ssize_t q = out[k];
-        for (Py_ssize_t e = 0; e < s->pset_len[q]; e++) {
-            Py_ssize_t r = s->pool[s->pset_off[q] + e];
-            if (s->stamp[r] == mark) {
-                s->stamp[r] = mark - 1;  /* mark - 1 never names a live set: drop r */
-                dropped = 1;
+        for (;;) {
+            for (Py_ssize_t e = 0; e < s->pset_len[q]; e++) {
+                Py_ssize_t r = s->pool[s->pset_off[q] + e];
+                if (r < lo)
+                    continue;
+                Py_ssize_t st = s->stamp[r];
+                if (st == mark) {
+                    s->stamp[r] = mark - 1;
+                    dropped = 1;
+                } else if (st != mark - 1 && st != mark + 1) {
+                    s->stamp[r] = mark + 1;
+                    s->walk[top++] = r;
+                }
             }
+            if (top == 0 || --budget <= 0)
+                break;
+            q = s->walk[--top];
         }
+        top = 0;
     }
     if (dropped) {
         Py_ssize_t w = 0;
@@ -287,7 +306,7 @@ static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len
                 ul = pl;
                 continue;
             }
-            *mark += 2;
+            *mark += 3;
             if (near_union(s, uo, ul, po, pl, *mark, &uo, &ul) < 0)
                 return -1;
         }
@@ -341,7 +360,8 @@ int tw_type_graph(TW *s) {
     uint64_t *above = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
     Py_ssize_t *tstart = tw_alloc(s, T + 1), *tlist = NULL, *near_tag = tw_alloc(s, n);
     int rc = -1;
-    if (!above || !tstart || !near_tag) {
+    s->walk = tw_alloc_raw(s, n);
+    if (!above || !tstart || !near_tag || !s->walk) {
         PyErr_NoMemory();
         goto done;
     }
