@@ -243,6 +243,10 @@ def test_faster_baseline_is_the_measured_rule():
     assert fsm.faster_baseline(est(10.0, 12.0, 15.0)) is None
     assert fsm.faster_baseline(est(10.0, 9.0, 15.0)) == "agenda"
     assert fsm.faster_baseline(est(10.0, 9.0, 8.0)) == "depth"
+    # within the margin (a share of the policy's step) the policy is kept: noise does not flip it
+    assert fsm.faster_baseline(est(10.0, 9.6, 15.0)) is None
+    assert fsm.faster_baseline(est(10.0, 9.6, 15.0), margin=0.0) == "agenda"
+    assert fsm.faster_baseline(est(10.0, 10.0 * (1 - fsm.DEFER_MARGIN) - 0.01, 15.0)) == "agenda"
     assert fsm.faster_baseline({"fsm": {"sched_ms": 1.0}, "agenda": {"sched_ms": 0.5},
                                 "depth": {"sched_ms": 0.4}}) is None  # steps not timed: no decision
 
