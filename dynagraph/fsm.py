@@ -76,8 +76,8 @@ try:
 except ImportError:  # pragma: no cover - tqdm is a dependency
     tqdm = None
 
-__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step", "DEFER_MARGIN",
-           "faster_baseline"]
+__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
+           "faster_baseline", "DEFER_MARGIN"]
 
 Scheduler = FSMScheduler
 
