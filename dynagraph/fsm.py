@@ -162,7 +162,7 @@ class Trainer:
         ready = sim.ready
         S, A, R = [], [], []
         while self._decide():
-            s = encode(enc, ready, vmap)
+            s = encode(enc, ready, vmap, sim.fcount)
             if eps > 0.0 and rng.random() < eps:
                 a = rng.choice(list(ready))
             else:
@@ -179,7 +179,7 @@ class Trainer:
         sim.reset(record=False)
         ready = sim.ready
         while self._decide():
-            a = table.get(encode(enc, ready, vmap))
+            a = table.get(encode(enc, ready, vmap, sim.fcount))
             sim.step(a if a in ready else most_common(ready))
         return sim.n_batches
 

@@ -145,7 +145,8 @@ static int item_cmp(const void *a, const void *b) {  /* (-len, v) ascending */
     return (x->v > y->v) - (x->v < y->v);
 }
 
-/* fsm.encode: the frontier's state tuple, Py_None when a ready type is outside the vocabulary. */
+/* fsm.encode: the frontier's state tuple, Py_None when a ready type is outside the vocabulary.
+   encoding 0 base, 1 max, 2 sort, 3 ratio (base of 2 v + [2 |ready| >= |F_a|]; needs the F_a counts). */
 static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item *items) {
     Py_ssize_t k = 0;
     for (Py_ssize_t t = 0; t < s->T; t++) {
@@ -154,7 +155,7 @@ static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item 
         if (vmap[t] < 0)
             Py_RETURN_NONE;
         items[k].len = s->blen[t];
-        items[k++].v = vmap[t];
+        items[k++].v = encoding == 3 ? 2 * vmap[t] + (2 * s->blen[t] >= s->fcount[t]) : vmap[t];
     }
     Py_ssize_t extra = -1;
     if (encoding == 2) {
@@ -237,8 +238,8 @@ static int parse_policy(PyObject *policy, Fsm *f) {
     if (!PyArg_ParseTuple(policy, "O!O!nlp|p", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
                           &f->settle, &f->hold_tail))
         return -1;
-    if (e < 0 || e > 2 || f->V < 0) {
-        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1 or 2");
+    if (e < 0 || e > 3 || f->V < 0) {
+        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1, 2 or 3");
         return -1;
     }
     f->encoding = (int)e;
@@ -414,7 +415,7 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
 }
 
 /* typewise_batches(args, sig, batchable, nodes, policy): the typewise heuristic (policy None) or
-   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2, settle)). Returns
+   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2/3, settle)). Returns
    (batches, hits, misses), or None when Python must decide (a signature outside the tables,
    a chain of unbatchable nodes too deep). Twins: TypewiseBatching / FSMScheduler.schedule_py. */
 PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -450,7 +451,7 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     Py_ssize_t hits = 0, misses = 0;
     Py_ssize_t *sig_type = PyMem_Malloc(((size_t)s.S + 1) * sizeof(Py_ssize_t));
     PyObject *out = NULL;
-    int typewise = !f.on || f.settle, rc = -1;
+    int typewise = !f.on || f.settle || f.encoding == 3, rc = -1;
     if (!sig_type)
         PyErr_NoMemory();
     else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&

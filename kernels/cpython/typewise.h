@@ -20,7 +20,8 @@ typedef struct {
     /* ready buckets */
     Py_ssize_t *bstart, *blen, *bucket, *lone, ltop;
     /* near sets */
-    Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp, *walk;
+    Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp, *walk, *chain_top;
+    uint64_t *chain_types;
     uint64_t *below;
     Py_ssize_t W, depth, steps, unbatchable;
     /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */

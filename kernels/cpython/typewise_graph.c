@@ -102,6 +102,8 @@ static void *tw_get(TW *s, size_t bytes, int zero) {
 
 void *tw_zalloc(TW *s, size_t bytes) { return tw_get(s, bytes, 1); }
 
+static void *tw_get_raw(TW *s, size_t bytes) { return tw_get(s, bytes, 0); }
+
 Py_ssize_t *tw_alloc(TW *s, Py_ssize_t n) { return tw_get(s, ((size_t)n + 1) * sizeof(Py_ssize_t), 1); }
 
 /* n + 1 entries the caller writes before reading (CSR lists, buckets): no zeroing. */
@@ -294,8 +296,16 @@ static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len
         Py_ssize_t v = list[k], uo = 0, ul = 0;
         for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
             Py_ssize_t p = s->argv[e];
-            while (near_tag[p] != t + 1 && s->typ[p] != t && s->argstart[p + 1] - s->argstart[p] == 1)
-                p = s->argv[s->argstart[p]];  /* a left-out node: its near set is its argument's */
+            while (near_tag[p] != t + 1 && s->typ[p] != t && s->argstart[p + 1] - s->argstart[p] == 1) {
+                /* a left-out node: its near set is its argument's; a chain without a type-t node
+                   (none of it is tagged: one-argument nodes are listed only for their own type)
+                   is crossed in one jump */
+                if (!(s->chain_types[p] >> (t & 63) & 1)) {
+                    p = s->chain_top[p];
+                    break;
+                }
+                p = s->argv[s->argstart[p]];
+            }
             if (near_tag[p] != t + 1)
                 continue;
             Py_ssize_t po = s->near_off[p], pl = s->near_len[p];
@@ -354,6 +364,25 @@ static int children(TW *s) {
     return 0;
 }
 
+/* For each one-argument node, the first node up its chain of one-argument nodes that has another
+   argument count (chain_top) and the bit mask of the types on the way, itself included
+   (chain_types; all bits when types do not fit one word). near_pass crosses such chains. */
+static void one_arg_chains(TW *s) {
+    for (Py_ssize_t v = 0; v < s->n; v++) {
+        if (s->argstart[v + 1] - s->argstart[v] != 1)
+            continue;
+        Py_ssize_t a = s->argv[s->argstart[v]];
+        uint64_t own = s->W > 1 ? ~(uint64_t)0 : s->typ[v] >= 0 ? (uint64_t)1 << s->typ[v] : 0;
+        if (s->argstart[a + 1] - s->argstart[a] == 1) {
+            s->chain_top[v] = s->chain_top[a];
+            s->chain_types[v] = s->chain_types[a] | own;
+        } else {
+            s->chain_top[v] = a;
+            s->chain_types[v] = own;
+        }
+    }
+}
+
 /* G_a of every type: parent sets (pset), then gpar counts, gch and the F_a counts. */
 int tw_type_graph(TW *s) {
     Py_ssize_t n = s->n, T = s->T, mark = 2;
@@ -361,11 +390,14 @@ int tw_type_graph(TW *s) {
     Py_ssize_t *tstart = tw_alloc(s, T + 1), *tlist = NULL, *near_tag = tw_alloc(s, n);
     int rc = -1;
     s->walk = tw_alloc_raw(s, n);
-    if (!above || !tstart || !near_tag || !s->walk) {
+    s->chain_top = tw_alloc_raw(s, n);  /* read only at one-argument nodes, which one_arg_chains writes */
+    s->chain_types = tw_get_raw(s, ((size_t)n + 1) * sizeof(uint64_t));
+    if (!above || !tstart || !near_tag || !s->walk || !s->chain_top || !s->chain_types) {
         PyErr_NoMemory();
         goto done;
     }
     type_masks(s, above);
+    one_arg_chains(s);
     if (type_lists(s, above, tstart, &tlist) < 0)
         goto done;
     for (Py_ssize_t t = 0; t < T; t++)

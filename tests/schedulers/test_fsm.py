@@ -52,6 +52,11 @@ def test_encodings():
     assert encode("base", READY, [5, -1, 7]) is None         # a type outside the vocabulary
     with pytest.raises(ValueError):
         encode("nope", READY, vmap)
+    # ratio: 2 id + (at least half of the G_a frontier ready); F_a sizes 3, 3, 5
+    assert encode("ratio", READY, vmap, [3, 3, 5]) == (6, 11, 14)
+    assert encode("ratio", READY, [5, -1, 7], [3, 3, 5]) is None
+    with pytest.raises(ValueError, match="fcount"):
+        encode("ratio", READY, vmap)
 
 
 def test_fallback_is_the_most_common_type():
