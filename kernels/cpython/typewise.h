@@ -18,7 +18,7 @@ typedef struct {
     /* type graph */
     Py_ssize_t *gpar, *gstart, *gch, *fcount;
     /* ready buckets */
-    Py_ssize_t *bstart, *blen, *bucket, *lone, ltop;
+    Py_ssize_t *bstart, *blen, *bucket, *lone, ltop, *rlist, *rpos, rn;
     /* near sets */
     Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp, *walk, *chain_top;
     uint64_t *chain_types;
@@ -43,5 +43,6 @@ void tw_free_all(TW *s);
 int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                Py_ssize_t lo, Py_ssize_t *sig_type);
 int tw_type_graph(TW *s);
+void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m); /* schedule.c: ascending, fast when nearly sorted */
 
 #endif
