@@ -375,14 +375,12 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     if (!typewise)
         return 0;
     s->below = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
-    s->near_off = tw_alloc_raw(s, n);  /* read only where near_tag says written */
-    s->near_len = tw_alloc_raw(s, n);
     s->pset_off = tw_alloc(s, n);
     s->pset_len = tw_alloc(s, n);
     s->stamp = tw_alloc(s, n);
     s->gpar = tw_alloc(s, n);
     s->gstart = tw_alloc(s, n + 1);
-    if (!s->below || !s->near_off || !s->near_len || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
+    if (!s->below || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
         !s->gstart) {
         PyErr_NoMemory();
         return -1;

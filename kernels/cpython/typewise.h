@@ -20,8 +20,7 @@ typedef struct {
     /* ready buckets */
     Py_ssize_t *bstart, *blen, *bucket, *lone, ltop, *rlist, *rpos, rn;
     /* near sets */
-    Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp, *walk, *chain_top;
-    uint64_t *chain_types;
+    Py_ssize_t *pool, pool_len, pool_cap, *pset_off, *pset_len, *stamp, *walk;
     uint64_t *below;
     Py_ssize_t W, depth, steps, unbatchable;
     /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */

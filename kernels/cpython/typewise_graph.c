@@ -288,27 +288,41 @@ static int type_lists(TW *s, const uint64_t *above, Py_ssize_t *tstart, Py_ssize
     return 0;
 }
 
-/* near(v) for type t along its node list, and pset(v) of its type-t nodes. near_tag[v] == t + 1
+/* What near_pass reads about an argument p, in one place (one cache line rather than five arrays):
+   its pending argument count, first argument, type, and for a one-argument node the top of its
+   chain and the types on it (one_arg_chains). */
+typedef struct {
+    Py_ssize_t nargs, arg0, typ, top;
+    uint64_t types;
+} Hop;
+
+/* A node's near set in the current pass: tag == t + 1 when computed for type t, then the pool range. */
+typedef struct {
+    Py_ssize_t tag, off, len;
+} Near;
+
+/* near(v) for type t along its node list, and pset(v) of its type-t nodes. near[v].tag == t + 1
    marks a near(v) computed in this pass; any other node has none for t. */
-static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, Py_ssize_t *near_tag,
+static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, const Hop *hop, Near *near,
                      Py_ssize_t *mark) {
+    uint64_t bit = (uint64_t)1 << (t & 63);
     for (Py_ssize_t k = 0; k < len; k++) {
         Py_ssize_t v = list[k], uo = 0, ul = 0;
         for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
             Py_ssize_t p = s->argv[e];
-            while (near_tag[p] != t + 1 && s->typ[p] != t && s->argstart[p + 1] - s->argstart[p] == 1) {
+            while (near[p].tag != t + 1 && hop[p].typ != t && hop[p].nargs == 1) {
                 /* a left-out node: its near set is its argument's; a chain without a type-t node
                    (none of it is tagged: one-argument nodes are listed only for their own type)
                    is crossed in one jump */
-                if (!(s->chain_types[p] >> (t & 63) & 1)) {
-                    p = s->chain_top[p];
+                if (!(hop[p].types & bit)) {
+                    p = hop[p].top;
                     break;
                 }
-                p = s->argv[s->argstart[p]];
+                p = hop[p].arg0;
             }
-            if (near_tag[p] != t + 1)
+            if (near[p].tag != t + 1)
                 continue;
-            Py_ssize_t po = s->near_off[p], pl = s->near_len[p];
+            Py_ssize_t po = near[p].off, pl = near[p].len;
             if (pl == 0 || (po == uo && pl == ul))
                 continue;
             if (ul == 0) {
@@ -320,18 +334,18 @@ static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len
             if (near_union(s, uo, ul, po, pl, *mark, &uo, &ul) < 0)
                 return -1;
         }
-        near_tag[v] = t + 1;
-        if (s->typ[v] == t) {
+        near[v].tag = t + 1;
+        if (hop[v].typ == t) {
             s->pset_off[v] = uo;
             s->pset_len[v] = ul;
             if (pool_reserve(s, 1) < 0)
                 return -1;
             s->pool[s->pool_len] = v;
-            s->near_off[v] = s->pool_len++;
-            s->near_len[v] = 1;
+            near[v].off = s->pool_len++;
+            near[v].len = 1;
         } else {
-            s->near_off[v] = uo;
-            s->near_len[v] = ul;
+            near[v].off = uo;
+            near[v].len = ul;
         }
     }
     return 0;
@@ -364,21 +378,27 @@ static int children(TW *s) {
     return 0;
 }
 
-/* For each one-argument node, the first node up its chain of one-argument nodes that has another
-   argument count (chain_top) and the bit mask of the types on the way, itself included
-   (chain_types; all bits when types do not fit one word). near_pass crosses such chains. */
-static void one_arg_chains(TW *s) {
+/* Each node's Hop; for a one-argument node, the first node up its chain of one-argument nodes
+   that has another argument count (top) and the bit mask of the types on the way, itself
+   included (types; all bits when types do not fit one word). near_pass crosses such chains. */
+static void one_arg_chains(TW *s, Hop *hop) {
     for (Py_ssize_t v = 0; v < s->n; v++) {
-        if (s->argstart[v + 1] - s->argstart[v] != 1)
+        Hop *h = &hop[v];
+        h->nargs = s->argstart[v + 1] - s->argstart[v];
+        h->typ = s->typ[v];
+        h->arg0 = h->nargs ? s->argv[s->argstart[v]] : -1;
+        h->top = -1;
+        h->types = 0;
+        if (h->nargs != 1)
             continue;
-        Py_ssize_t a = s->argv[s->argstart[v]];
+        Py_ssize_t a = h->arg0;
         uint64_t own = s->W > 1 ? ~(uint64_t)0 : s->typ[v] >= 0 ? (uint64_t)1 << s->typ[v] : 0;
-        if (s->argstart[a + 1] - s->argstart[a] == 1) {
-            s->chain_top[v] = s->chain_top[a];
-            s->chain_types[v] = s->chain_types[a] | own;
+        if (hop[a].nargs == 1) {
+            h->top = hop[a].top;
+            h->types = hop[a].types | own;
         } else {
-            s->chain_top[v] = a;
-            s->chain_types[v] = own;
+            h->top = a;
+            h->types = own;
         }
     }
 }
@@ -387,21 +407,21 @@ static void one_arg_chains(TW *s) {
 int tw_type_graph(TW *s) {
     Py_ssize_t n = s->n, T = s->T, mark = 2;
     uint64_t *above = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
-    Py_ssize_t *tstart = tw_alloc(s, T + 1), *tlist = NULL, *near_tag = tw_alloc(s, n);
+    Py_ssize_t *tstart = tw_alloc(s, T + 1), *tlist = NULL;
+    Hop *hop = tw_get_raw(s, ((size_t)n + 1) * sizeof(Hop));  /* every entry written by one_arg_chains */
+    Near *near = tw_zalloc(s, ((size_t)n + 1) * sizeof(Near));
     int rc = -1;
     s->walk = tw_alloc_raw(s, n);
-    s->chain_top = tw_alloc_raw(s, n);  /* read only at one-argument nodes, which one_arg_chains writes */
-    s->chain_types = tw_get_raw(s, ((size_t)n + 1) * sizeof(uint64_t));
-    if (!above || !tstart || !near_tag || !s->walk || !s->chain_top || !s->chain_types) {
+    if (!above || !tstart || !hop || !near || !s->walk) {
         PyErr_NoMemory();
         goto done;
     }
     type_masks(s, above);
-    one_arg_chains(s);
+    one_arg_chains(s, hop);
     if (type_lists(s, above, tstart, &tlist) < 0)
         goto done;
     for (Py_ssize_t t = 0; t < T; t++)
-        if (near_pass(s, t, tlist + tstart[t], tstart[t + 1] - tstart[t], near_tag, &mark) < 0)
+        if (near_pass(s, t, tlist + tstart[t], tstart[t + 1] - tstart[t], hop, near, &mark) < 0)
             goto done;
     rc = children(s);
 done:
