@@ -51,7 +51,8 @@ Deferring (`defer`, on by default). A policy with fewer batches can still lose e
 end: computing G_a costs a few times agenda's scheduling, and on trees settling already
 leaves nothing to decide. When `graph` is a callable, train ends by timing whole steps
 (record, forward, backward) under the policy, agenda and depth, interleaved, best of
-5 rounds; if the policy's step is slower than the better of the other two, the policy
+5 rounds, in CPU time (wall time on a loaded machine flipped the choice); if the better of
+the other two is faster by more than DEFER_MARGIN (5%) of the policy's step, the policy
 stores that one's name in `defer_to` and the FSM scheduler runs it instead, and train
 says so. The rule is the measurement on this machine and model, not a fixed choice.
 
@@ -76,7 +77,7 @@ except ImportError:  # pragma: no cover - tqdm is a dependency
     tqdm = None
 
 __all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
-           "faster_baseline"]
+           "faster_baseline", "DEFER_MARGIN"]
 
 Scheduler = FSMScheduler
 
@@ -161,7 +162,7 @@ class Trainer:
         ready = sim.ready
         S, A, R = [], [], []
         while self._decide():
-            s = encode(enc, ready, vmap)
+            s = encode(enc, ready, vmap, sim.fcount)
             if eps > 0.0 and rng.random() < eps:
                 a = rng.choice(list(ready))
             else:
@@ -178,7 +179,7 @@ class Trainer:
         sim.reset(record=False)
         ready = sim.ready
         while self._decide():
-            a = table.get(encode(enc, ready, vmap))
+            a = table.get(encode(enc, ready, vmap, sim.fcount))
             sim.step(a if a in ready else most_common(ready))
         return sim.n_batches
 
@@ -269,25 +270,31 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     return policy
 
 
-def faster_baseline(est: dict) -> str | None:
-    """The baseline (agenda or depth) whose timed step beat the policy's, the faster one; None
-    when the policy's step is the fastest or steps were not timed (expected_step's result)."""
+DEFER_MARGIN = 0.05  # a baseline must beat the policy's step by more than this share to be deferred to
+
+
+def faster_baseline(est: dict, margin: float = DEFER_MARGIN) -> str | None:
+    """The baseline (agenda or depth) whose timed step beat the policy's by more than `margin`
+    (a share of the policy's step), the faster one; None when no baseline is that much faster or
+    steps were not timed (expected_step's result). Steps are CPU time, and the margin keeps a
+    policy that ties with a baseline from flipping between runs on noise."""
     if "step_ms" not in est.get("fsm", {}):
         return None
     best = min((k for k in est if k != "fsm"), key=lambda k: est[k]["step_ms"])
-    return best if est[best]["step_ms"] < est["fsm"]["step_ms"] else None
+    return best if est[best]["step_ms"] < (1.0 - margin) * est["fsm"]["step_ms"] else None
 
 
 def _time_step(record: Callable[[], ComputationGraph], sched) -> tuple[float, float, int]:
-    """Seconds of one record + forward (+ backward when the last node is a scalar) under `sched`,
-    the seconds of its scheduling call, and its batch count."""
-    t0 = time.perf_counter()
+    """CPU seconds of one record + forward (+ backward when the last node is a scalar) under `sched`,
+    the CPU seconds of its scheduling call, and its batch count. CPU time (time.process_time), not
+    wall time: on a loaded machine wall time measures the neighbours and flipped the deferral."""
+    t0 = time.process_time()
     cg = _graph_of(record)
     cg._sync_values()
     nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     n_batches = len(sched.schedule(cg, nodes)) if nodes else 0
-    t_sched = time.perf_counter() - t1
+    t_sched = time.process_time() - t1
     cg.scheduler = sched
     last = len(cg.op) - 1
     if last >= 0:
@@ -295,14 +302,15 @@ def _time_step(record: Callable[[], ComputationGraph], sched) -> tuple[float, fl
             cg.backward(Expression(cg, last))
         else:
             cg.forward_to(last)
-    return time.perf_counter() - t0 - t_sched, t_sched, n_batches
+    return time.process_time() - t0 - t_sched, t_sched, n_batches
 
 
 def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
     """What a training step is expected to cost under the policy against agenda's.
 
     With a callable (it records a fresh graph), each scheduler runs whole steps (record, forward,
-    backward of the last node when it is a scalar), rounds interleaved, best kept. With a recorded
+    backward of the last node when it is a scalar), rounds interleaved, best kept; all times are
+    CPU time of this process (time.process_time). With a recorded
     graph nothing may run: only scheduling is timed and batches counted.
     """
     from .schedulers import get
@@ -326,9 +334,9 @@ def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
     for name, sched in scheds.items():
         t = []
         for _ in range(rounds):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             nb = len(sched.schedule(cg, nodes)) if nodes else 0
-            t.append(time.perf_counter() - t0)
+            t.append(time.process_time() - t0)
         out[name] = {"sched_ms": 1e3 * min(t), "batches": nb}
     return out
 

@@ -20,11 +20,11 @@ and misses are counted on the scheduler (`hits`, `misses`) and added to
 
 Policy file (JSON, written by Policy.save):
     {"format": "dynagraph.fsm.policy", "version": 1,
-     "encoding": "base" | "max" | "sort",
+     "encoding": "base" | "max" | "sort" | "ratio",
      "settle": true,                               # run ratio-1 types outside the policy
      "hold_tail": true,                            # optional: hold tail types back (typewise.py)
      "types":  [stable type key, ...],             # vocabulary; a type is its index
-     "states": [{"s": [type, ...],                 # the encoded state
+     "states": [{"s": [type, ...],                 # the encoded state (ratio: 2 type + h)
                  "a": type,                        # the action: the type to run
                  "q": {"type": value, ...}}, ...], # Q-values of the actions tried
      "defer_to": "agenda",                         # optional: see below
@@ -47,17 +47,20 @@ from ..recording import NATIVE
 from .base import get, register
 from .typewise import Simulation, base_key, batchable_by_sig, param_names, stable_keys
 
-ENCODINGS = ("base", "max", "sort")
+ENCODINGS = ("base", "max", "sort", "ratio")
 FORMAT = "dynagraph.fsm.policy"
 
 
 # ------------------------------------------------------------------ encodings
-def encode(encoding: str, ready: dict, vmap: Sequence[int]) -> tuple | None:
+def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int] | None = None) -> tuple | None:
     """The state of a frontier: ready maps a type to its ready nodes, vmap a type to its vocabulary id.
 
-    base: the sorted set of frontier types.
-    max:  base plus the type with the most ready nodes (ties: lower id).
-    sort: the frontier types ordered by ready count, descending (ties: lower id).
+    base:  the sorted set of frontier types.
+    max:   base plus the type with the most ready nodes (ties: lower id).
+    sort:  the frontier types ordered by ready count, descending (ties: lower id).
+    ratio: base with each type v written 2v + h, h = 1 when at least half of its G_a frontier is
+           ready (2 |ready| >= |F_a|; fcount[t] = |F_a|, typewise.Simulation.fcount): the typewise
+           heuristic's signal, coarse enough that states recur across graphs.
     None when a frontier type is outside the vocabulary (the state cannot be seen).
     """
     items = []
@@ -69,6 +72,10 @@ def encode(encoding: str, ready: dict, vmap: Sequence[int]) -> tuple | None:
     if encoding == "sort":
         items.sort()
         return tuple([v for _, v in items])
+    if encoding == "ratio":
+        if fcount is None:
+            raise ValueError("the ratio encoding needs the G_a frontier counts (fcount)")
+        return tuple(sorted([2 * vmap[t] + (2 * len(b) >= fcount[t]) for t, b in ready.items()]))
     base = tuple(sorted([v for _, v in items]))
     if encoding == "base":
         return base
@@ -259,7 +266,7 @@ class FSMScheduler:
         if not nodes:
             return []
         pol = self.policy
-        sim = Simulation(cg, nodes, typewise=pol.settle, hold_tail=pol.hold_tail)
+        sim = Simulation(cg, nodes, typewise=pol.settle or pol.encoding == "ratio", hold_tail=pol.hold_tail)
         sim.reset()
         keys = stable_keys(cg, sim.type_sig)
         vmap = [pol.index.get(keys[s], -1) for s in sim.type_sig]
@@ -271,7 +278,7 @@ class FSMScheduler:
                 sim.settle()
                 if not ready:
                     break
-            state = encode(enc, ready, vmap)
+            state = encode(enc, ready, vmap, sim.fcount if sim.typewise else None)
             t = inv.get(table.get(state, -1), -1) if state is not None else -1
             if t in ready:
                 hits += 1

@@ -6,6 +6,7 @@ recording), but a Python dict keyed by (depth, signature) still cost about 3 ms 
 Twins: DepthBatching.schedule_py (dynagraph/schedulers/simple.py), engine._pending_py.
 */
 #include "bookkeeping.h"
+#include "typewise.h"  /* dg_sort_ids, shared with the typewise simulation */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -270,7 +271,7 @@ static int cmp_ssize(const void *a, const void *b) {
 /* Sort node ids ascending. A bucket mostly fills in recording order already (nodes become
    ready as their arguments' batches run, in order), so one pass checks that first: qsort's
    comparison calls were most of the agenda's time on a 28k-node mini-batch. */
-static void sort_ids(Py_ssize_t *v, Py_ssize_t m) {
+void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m) {
     Py_ssize_t k = 1;
     while (k < m && v[k - 1] <= v[k])
         k++;
@@ -462,7 +463,7 @@ PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t na
         Py_ssize_t *batch = a.bucket + a.bucket_start[s], m = a.bucket_len[s];
         a.bucket_start[s] += m;  /* the range is used up: later arrivals go after it */
         a.bucket_len[s] = 0;
-        sort_ids(batch, m);  /* recording order */
+        dg_sort_ids(batch, m);  /* recording order */
         /* one list of m nodes, or m lists of one (not batchable), each filled at its final size */
         Py_ssize_t per = a.batchable[s] ? m : 1;
         for (Py_ssize_t k = 0; k < m; k += per) {

@@ -14,15 +14,21 @@ the same decisions (tests/schedulers/test_compiled_typewise.py).
 
 #define TW_MAX_DEPTH 20000  /* chains of unbatchable nodes deeper than this: Python decides */
 
-static int cmp_ssize_tw(const void *a, const void *b) {
-    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Whether type t has ready nodes the decision may see: a tail type's are held while other
    batchable nodes are pending (Simulation.held). */
 static inline int shown(const TW *s, Py_ssize_t t) {
     return s->blen[t] > 0 && !(s->nontail > 0 && s->tail && s->tail[t]);
+}
+
+/* Local node v of type t becomes ready: it joins t's bucket, and t the list of ready types
+   (rlist, rpos: an unordered set kept so that the decisions look at the ready types only,
+   not all T). */
+static inline void join(TW *s, Py_ssize_t t, Py_ssize_t v) {
+    if (s->blen[t] == 0) {
+        s->rpos[t] = s->rn;
+        s->rlist[s->rn++] = t;
+    }
+    s->bucket[s->bstart[t] + s->blen[t]++] = v;
 }
 
 /* Append [node ids of local nodes ns[0..m)] to the schedule. */
@@ -51,7 +57,7 @@ static int tw_release(TW *s, const Py_ssize_t *batch, Py_ssize_t m) {
             if (--s->indeg[u] == 0) {
                 Py_ssize_t t = s->typ[u];
                 if (t >= 0)
-                    s->bucket[s->bstart[t] + s->blen[t]++] = u;
+                    join(s, t, u);
                 else
                     s->lone[s->ltop++] = u;
             }
@@ -75,7 +81,10 @@ static int tw_step(TW *s, Py_ssize_t t, int typewise) {
     Py_ssize_t *batch = s->bucket + s->bstart[t], m = s->blen[t];
     s->bstart[t] += m;
     s->blen[t] = 0;
-    qsort(batch, (size_t)m, sizeof(Py_ssize_t), cmp_ssize_tw);
+    Py_ssize_t last = s->rlist[--s->rn];  /* t leaves the ready types */
+    s->rlist[s->rpos[t]] = last;
+    s->rpos[last] = s->rpos[t];
+    dg_sort_ids(batch, m);
     if (typewise) {
         s->fcount[t] -= m;
         for (Py_ssize_t k = 0; k < m; k++)
@@ -95,11 +104,14 @@ static int tw_step(TW *s, Py_ssize_t t, int typewise) {
 static int tw_settle(TW *s, Py_ssize_t *full) {
     for (;;) {
         Py_ssize_t k = 0;
-        for (Py_ssize_t t = 0; t < s->T; t++)
+        for (Py_ssize_t i = 0; i < s->rn; i++) {
+            Py_ssize_t t = s->rlist[i];
             if (shown(s, t) && s->blen[t] == s->fcount[t])
                 full[k++] = t;
+        }
         if (k == 0)
             return 0;
+        dg_sort_ids(full, k);  /* in type order */
         for (Py_ssize_t i = 0; i < k; i++) {
             int rc = tw_step(s, full[i], 1);
             if (rc)
@@ -112,12 +124,10 @@ static int tw_settle(TW *s, Py_ssize_t *full) {
 static Py_ssize_t choose_typewise(TW *s) {
     Py_ssize_t best = -1;
     double br = 0.0;
-    for (Py_ssize_t t = 0; t < s->T; t++) {
-        Py_ssize_t m = s->blen[t];
-        if (m == 0)
-            continue;
+    for (Py_ssize_t i = 0; i < s->rn; i++) {
+        Py_ssize_t t = s->rlist[i], m = s->blen[t];
         double r = (double)m / (double)s->fcount[t];
-        if (best < 0 || r > br || (r == br && m > s->blen[best])) {
+        if (best < 0 || r > br || (r == br && (m > s->blen[best] || (m == s->blen[best] && t < best)))) {
             best = t;
             br = r;
         }
@@ -128,9 +138,11 @@ static Py_ssize_t choose_typewise(TW *s) {
 /* The fallback rule (fsm.most_common): most ready nodes, then lower type. */
 static Py_ssize_t most_common_c(TW *s) {
     Py_ssize_t best = -1;
-    for (Py_ssize_t t = 0; t < s->T; t++)
-        if (shown(s, t) && (best < 0 || s->blen[t] > s->blen[best]))
+    for (Py_ssize_t i = 0; i < s->rn; i++) {
+        Py_ssize_t t = s->rlist[i];
+        if (shown(s, t) && (best < 0 || s->blen[t] > s->blen[best] || (s->blen[t] == s->blen[best] && t < best)))
             best = t;
+    }
     return best;
 }
 
@@ -145,16 +157,18 @@ static int item_cmp(const void *a, const void *b) {  /* (-len, v) ascending */
     return (x->v > y->v) - (x->v < y->v);
 }
 
-/* fsm.encode: the frontier's state tuple, Py_None when a ready type is outside the vocabulary. */
+/* fsm.encode: the frontier's state tuple, Py_None when a ready type is outside the vocabulary.
+   encoding 0 base, 1 max, 2 sort, 3 ratio (base of 2 v + [2 |ready| >= |F_a|]; needs the F_a counts). */
 static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item *items) {
     Py_ssize_t k = 0;
-    for (Py_ssize_t t = 0; t < s->T; t++) {
+    for (Py_ssize_t i = 0; i < s->rn; i++) {  /* any order: the items are sorted below */
+        Py_ssize_t t = s->rlist[i];
         if (!shown(s, t))
             continue;
         if (vmap[t] < 0)
             Py_RETURN_NONE;
         items[k].len = s->blen[t];
-        items[k++].v = vmap[t];
+        items[k++].v = encoding == 3 ? 2 * vmap[t] + (2 * s->blen[t] >= s->fcount[t]) : vmap[t];
     }
     Py_ssize_t extra = -1;
     if (encoding == 2) {
@@ -237,8 +251,8 @@ static int parse_policy(PyObject *policy, Fsm *f) {
     if (!PyArg_ParseTuple(policy, "O!O!nlp|p", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
                           &f->settle, &f->hold_tail))
         return -1;
-    if (e < 0 || e > 2 || f->V < 0) {
-        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1 or 2");
+    if (e < 0 || e > 3 || f->V < 0) {
+        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1, 2 or 3");
         return -1;
     }
     f->encoding = (int)e;
@@ -326,7 +340,10 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     s->bstart = tw_alloc(s, T);
     s->blen = tw_alloc(s, T);
     s->fcount = tw_alloc(s, T);
-    if (!f->vmap || !f->inv || !f->full || !f->items || !s->bstart || !s->blen || !s->fcount) {
+    s->rlist = tw_alloc(s, T);
+    s->rpos = tw_alloc(s, T);
+    if (!f->vmap || !f->inv || !f->full || !f->items || !s->bstart || !s->blen || !s->fcount || !s->rlist ||
+        !s->rpos) {
         PyErr_NoMemory();
         return -1;
     }
@@ -358,14 +375,12 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     if (!typewise)
         return 0;
     s->below = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
-    s->near_off = tw_alloc_raw(s, n);  /* read only where near_tag says written */
-    s->near_len = tw_alloc_raw(s, n);
     s->pset_off = tw_alloc(s, n);
     s->pset_len = tw_alloc(s, n);
     s->stamp = tw_alloc(s, n);
     s->gpar = tw_alloc(s, n);
     s->gstart = tw_alloc(s, n + 1);
-    if (!s->below || !s->near_off || !s->near_len || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
+    if (!s->below || !s->pset_off || !s->pset_len || !s->stamp || !s->gpar ||
         !s->gstart) {
         PyErr_NoMemory();
         return -1;
@@ -380,7 +395,7 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
         if (!s->pending[v] || s->indeg[v] != 0)
             continue;
         if (s->typ[v] >= 0) {
-            s->bucket[s->bstart[s->typ[v]] + s->blen[s->typ[v]]++] = v;
+            join(s, s->typ[v], v);
         } else {
             s->unbatchable++;
             rc = emit(s, &v, 1);
@@ -414,7 +429,7 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
 }
 
 /* typewise_batches(args, sig, batchable, nodes, policy): the typewise heuristic (policy None) or
-   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2, settle)). Returns
+   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2/3, settle)). Returns
    (batches, hits, misses), or None when Python must decide (a signature outside the tables,
    a chain of unbatchable nodes too deep). Twins: TypewiseBatching / FSMScheduler.schedule_py. */
 PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -450,7 +465,7 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     Py_ssize_t hits = 0, misses = 0;
     Py_ssize_t *sig_type = PyMem_Malloc(((size_t)s.S + 1) * sizeof(Py_ssize_t));
     PyObject *out = NULL;
-    int typewise = !f.on || f.settle, rc = -1;
+    int typewise = !f.on || f.settle || f.encoding == 3, rc = -1;
     if (!sig_type)
         PyErr_NoMemory();
     else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&

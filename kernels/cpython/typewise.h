@@ -18,9 +18,9 @@ typedef struct {
     /* type graph */
     Py_ssize_t *gpar, *gstart, *gch, *fcount;
     /* ready buckets */
-    Py_ssize_t *bstart, *blen, *bucket, *lone, ltop;
+    Py_ssize_t *bstart, *blen, *bucket, *lone, ltop, *rlist, *rpos, rn;
     /* near sets */
-    Py_ssize_t *pool, pool_len, pool_cap, *near_off, *near_len, *pset_off, *pset_len, *stamp;
+    Py_ssize_t *pool, pool_len, pool_cap, *pset_off, *pset_len, *stamp, *walk;
     uint64_t *below;
     Py_ssize_t W, depth, steps, unbatchable;
     /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */
@@ -42,5 +42,6 @@ void tw_free_all(TW *s);
 int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                Py_ssize_t lo, Py_ssize_t *sig_type);
 int tw_type_graph(TW *s);
+void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m); /* schedule.c: ascending, fast when nearly sorted */
 
 #endif

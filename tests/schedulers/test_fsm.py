@@ -52,6 +52,11 @@ def test_encodings():
     assert encode("base", READY, [5, -1, 7]) is None         # a type outside the vocabulary
     with pytest.raises(ValueError):
         encode("nope", READY, vmap)
+    # ratio: 2 id + (at least half of the G_a frontier ready); F_a sizes 3, 3, 5
+    assert encode("ratio", READY, vmap, [3, 3, 5]) == (6, 11, 14)
+    assert encode("ratio", READY, [5, -1, 7], [3, 3, 5]) is None
+    with pytest.raises(ValueError, match="fcount"):
+        encode("ratio", READY, vmap)
 
 
 def test_fallback_is_the_most_common_type():
@@ -243,6 +248,10 @@ def test_faster_baseline_is_the_measured_rule():
     assert fsm.faster_baseline(est(10.0, 12.0, 15.0)) is None
     assert fsm.faster_baseline(est(10.0, 9.0, 15.0)) == "agenda"
     assert fsm.faster_baseline(est(10.0, 9.0, 8.0)) == "depth"
+    # within the margin (a share of the policy's step) the policy is kept: noise does not flip it
+    assert fsm.faster_baseline(est(10.0, 9.6, 15.0)) is None
+    assert fsm.faster_baseline(est(10.0, 9.6, 15.0), margin=0.0) == "agenda"
+    assert fsm.faster_baseline(est(10.0, 10.0 * (1 - fsm.DEFER_MARGIN) - 0.01, 15.0)) == "agenda"
     assert fsm.faster_baseline({"fsm": {"sched_ms": 1.0}, "agenda": {"sched_ms": 0.5},
                                 "depth": {"sched_ms": 0.4}}) is None  # steps not timed: no decision
 
