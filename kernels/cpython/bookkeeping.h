@@ -8,6 +8,7 @@ Each function here has a pure-Python twin that is the reference and the fallback
   leaves.c     expression._expression_of
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
   batch_run.c  executor.run_batch (run_batch_native: one batch per call)
+  backward_batch.c  autodiff.backward's step for one batch (backward_batch_native)
   run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
@@ -46,6 +47,7 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) */
