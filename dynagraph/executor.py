@@ -232,9 +232,12 @@ def _execute(cg, be, batches: Sequence[Sequence[int]], run_one) -> None:
 _MISSING = object()
 
 
+RUN_MIN_STEPS = 3  # shorter stretches run batch by batch: a run's fixed cost (~20 us) exceeds two batches'
+
+
 def _flush(cg, be, stretch: list, specs: list, run_one) -> None:
     # a lone batch gains nothing from a run: numpy's ufuncs are as fast for one op
-    if len(stretch) > 1 and runs.execute_run(cg, be, stretch, place, specs):
+    if len(stretch) >= RUN_MIN_STEPS and runs.execute_run(cg, be, stretch, place, specs):
         return
     for nodes in stretch:
         run_one(nodes)

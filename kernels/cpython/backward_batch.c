@@ -78,6 +78,40 @@ static int c_contiguous(const Py_buffer *v) {
     return 1;
 }
 
+/* Block b's borrowed gradient g plus gx, as the block's own new array, where gx covers the whole
+   block with g's exact shape; 1: done, 0: not this case, -1: error. */
+static int borrowed_add(PyObject *ctx, Py_ssize_t b, PyObject *g, PyObject *gx, const Py_buffer *x, Py_ssize_t r0,
+                        Py_ssize_t B, Py_ssize_t vrows) {
+    if (r0 != 0 || B != vrows)
+        return 0;
+    Py_INCREF(g);
+    Py_buffer d;
+    int fits = array_view(ctx, g, &d);
+    if (fits) {
+        fits = d.ndim == x->ndim;
+        for (int i = 0; fits && i < d.ndim; i++)
+            fits = d.shape[i] == x->shape[i];
+        PyBuffer_Release(&d);
+    }
+    PyObject *sum = fits ? PyNumber_Add(g, gx) : NULL;
+    Py_DECREF(g);
+    if (!fits)
+        return 0;
+    if (!sum)
+        return -1;
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB), *bkey = dg_int(b);
+    int bad = !bkey || PySet_Discard(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0 || b >= PyList_GET_SIZE(gb);
+    Py_XDECREF(bkey);
+    if (bad) {
+        Py_DECREF(sum);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "backward_batch_native: gradient block out of range");
+        return -1;
+    }
+    PyList_SetItem(gb, b, sum);  /* steals; drops the borrowed array (an ndarray: no Python code runs) */
+    return 1;
+}
+
 /* The scatter cases done here; 1: done, 0: not a case of ours (the caller asks scatter_fn), -1: error.
      LEAF, a dense ndarray shaped like the block's rows: kept in leaf_sums (autodiff.scatter's first case);
      SLICE, no gradient yet, gx exactly the block's shape from row 0: adopted, borrowed (its second);
@@ -161,7 +195,13 @@ static int scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t 
         rc = -1;
         goto out;
     }
-    if (borrowed || !c_contiguous(&x))
+    if (borrowed) {
+        /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
+           block's own array in one pass (g + gx: the values of the reference's copy, then add) */
+        rc = borrowed_add(ctx, b, g, gx, &x, r0, B, vrows);
+        goto out;
+    }
+    if (!c_contiguous(&x))
         goto out;
     Py_INCREF(g);
     Py_buffer d;
