@@ -184,9 +184,6 @@ class _NativeBackward:
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc)
 
-    def step(self, record) -> None:
-        _backward_native(self.ctx, record)
-
     def close(self) -> None:
         stats = self.stats
         for name, v in zip(_ACC, memoryview(self.acc).cast("d")):
@@ -224,21 +221,32 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     leaf_sums: dict = {}  # parameter block -> [its dense gradient per batch], summed at the end
     native = _NativeBackward(cg, be, gb, full, deferred, leaf_sums) if _backward_native is not None else None
     try:
-        for record in reversed(cg.executed):
-            if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
-                if hasattr(record, "grad"):  # a coarsened group (dynagraph/coarsen) replays itself
-                    record.grad(cg, be, gb, full, grad_block)
-                    continue
-                backward_run(cg, be, gb, record, full, grad_block)
-                continue
-            if native is not None:
-                native.step(record)
-            else:
-                _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
+        if native is not None:
+            step, ctx = _backward_native, native.ctx
+            for record in reversed(cg.executed):
+                if type(record) is ExecutedBatch:
+                    step(ctx, record)
+                else:
+                    _other_record(cg, be, gb, record, full, grad_block)
+        else:
+            for record in reversed(cg.executed):
+                if type(record) is ExecutedBatch:
+                    _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
+                else:
+                    _other_record(cg, be, gb, record, full, grad_block)
     finally:
         if native is not None:
             native.close()
     _finish(cg, be, gb, deferred, leaf_sums)
+
+
+def _other_record(cg, be, gb: Grads, record, full: bool, grad_block) -> None:
+    """A record that is not one batch: a coarsened group (dynagraph/coarsen) replays itself;
+    anything else is a run of elementwise batches (runs.py)."""
+    if hasattr(record, "grad"):
+        record.grad(cg, be, gb, full, grad_block)
+    else:
+        backward_run(cg, be, gb, record, full, grad_block)
 
 
 def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: dict, leaf_sums: dict) -> None:

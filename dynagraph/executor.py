@@ -7,6 +7,7 @@ other argument is brought together by one gather call.
 from __future__ import annotations
 
 import time
+from functools import partial
 from operator import itemgetter
 from typing import NamedTuple, Sequence
 
@@ -177,9 +178,6 @@ class _NativeBatches:
                     _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc)
         self.stats = stats
 
-    def run(self, nodes: Sequence[int]) -> None:
-        _run_batch_native(self.ctx, nodes)
-
     def close(self) -> None:
         stats = self.stats
         for name, v in zip(_ACC, memoryview(self.acc).cast("d")):
@@ -194,7 +192,7 @@ def _batch_runner(cg, be):
     if _run_batch_native is None or cg.check_validity:
         return (lambda nodes: run_batch(cg, be, nodes)), (lambda: None)
     native = _NativeBatches(cg, be)
-    return native.run, native.close
+    return partial(_run_batch_native, native.ctx), native.close  # partial: no Python frame per batch
 
 
 def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
