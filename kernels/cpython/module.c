@@ -18,6 +18,8 @@ static PyMethodDef functions[] = {
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "
                     "reads its arguments; see dynagraph/runs.py."),
+    FAST(block_table, "block_table(arrays, shapes, format, writable, avoid): the row movers' checked block "
+                      "addresses, or None; see run_tables.c."),
     FAST(addresses, "addresses(arrays, format): int64 data address of each C-contiguous array (0 for None)."),
     FAST(grad_addresses, "grad_addresses(grads, values, format[, pair_slot, pair_off]): checked gradient block "
                          "addresses, or per-pair row addresses; see dynagraph/runs.py."),

@@ -377,3 +377,76 @@ done:
     PyMem_Free(len);
     return out;
 }
+
+/* block_table(arrays, shapes, format, writable, avoid): the row movers' table of block addresses
+   (backends/cpu/rows.py, gather_indexed and scatter_indexed). Each arrays[k] must be a C-contiguous
+   buffer of `format` elements ('f' or 'd') shaped exactly shapes[k] (writable if asked). Returns
+   None when one is not (the caller's Python path converts it or reports it), else
+   (bytearray of int64 addresses, whether any block's bytes overlap those of `avoid`, a buffer or None). */
+PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyList_CheckExact(argv[0]) || !PyTuple_CheckExact(argv[1]) || !PyUnicode_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "block_table(arrays: list, shapes: tuple, format: str, writable, avoid)");
+        return NULL;
+    }
+    const char *format = PyUnicode_AsUTF8(argv[2]);
+    int writable = PyObject_IsTrue(argv[3]);
+    if (!format || writable < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
+    if (PyTuple_GET_SIZE(argv[1]) != n) {
+        PyErr_SetString(PyExc_ValueError, "block_table: one shape per array");
+        return NULL;
+    }
+    const char *lo = NULL, *hi = NULL;  /* avoid's bytes */
+    if (argv[4] != Py_None) {
+        Py_buffer a;
+        if (PyObject_GetBuffer(argv[4], &a, PyBUF_RECORDS_RO) < 0)
+            return NULL;
+        /* the bytes spanned, whatever the strides */
+        const char *first = a.buf, *last = a.buf;
+        int empty = 0;
+        for (int i = 0; i < a.ndim; i++) {
+            if (a.shape[i] == 0)
+                empty = 1;
+            Py_ssize_t span = (a.shape[i] - 1) * (a.strides ? a.strides[i] : 0);
+            if (span < 0)
+                first += span;
+            else
+                last += span;
+        }
+        if (!empty) {
+            lo = first;
+            hi = last + a.itemsize;
+        }
+        PyBuffer_Release(&a);
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (!out)
+        return NULL;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    int overlaps = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *arr = PyList_GET_ITEM(argv[0], k), *shape = PyTuple_GET_ITEM(argv[1], k);
+        Py_buffer v;
+        if (!PyTuple_CheckExact(shape)
+            || PyObject_GetBuffer(arr, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+            PyErr_Clear();
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        int ok = v.format && !strcmp(v.format, format) && v.ndim == PyTuple_GET_SIZE(shape);
+        for (int i = 0; ok && i < v.ndim; i++)
+            ok = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) == v.shape[i];
+        PyErr_Clear();
+        o[k] = (int64_t)(intptr_t)v.buf;
+        if (lo && (const char *)v.buf < hi && lo < (const char *)v.buf + v.len)
+            overlaps = 1;
+        PyBuffer_Release(&v);
+        if (!ok) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+    }
+    return Py_BuildValue("(NO)", out, overlaps ? Py_True : Py_False);
+}
