@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, example, given, settings
 
 import dynagraph as dy
 from dynagraph import autodiff, executor, recording
+from dynagraph.backends import to_numpy
 from dynagraph.config import config as dynagraph_config
+from backend_params import BACKENDS, use_backend
 from refcheck import run_graph, using
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
@@ -42,7 +44,9 @@ def _run(monkeypatch, spec, scheduler: str, dtype: str, native: bool, fuse: bool
             dy.config.set(fuse=old)
 
 
-def _same(a, b) -> None:
+def _same(a, b, host: bool = False) -> None:
+    """host: arrays may live on a device (checked, cuda): compared through explicit host copies."""
+    h = to_numpy if host else (lambda x: x)
     for x, y in zip(a.values, b.values):
         np.testing.assert_array_equal(x, y)
     assert a.grads.keys() == b.grads.keys()
@@ -52,7 +56,7 @@ def _same(a, b) -> None:
     assert len(a.cg.blocks) == len(b.cg.blocks)
     for x, y in zip(a.cg.blocks, b.cg.blocks):
         assert type(x) is type(y) and x.shape == y.shape and x.dtype == y.dtype
-        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(h(x), h(y))
     ra = [r for r in a.cg.executed if type(r) is executor.ExecutedBatch]
     rb = [r for r in b.cg.executed if type(r) is executor.ExecutedBatch]
     assert len(ra) == len(rb)
@@ -63,7 +67,7 @@ def _same(a, b) -> None:
             if pl[0] != executor.MANY:  # MANY holds a backend row index (an array)
                 assert pl == ql
         for x, y in zip(p.xs, q.xs):
-            np.testing.assert_array_equal(x, y)
+            np.testing.assert_array_equal(h(x), h(y))
     sa, sb = a.cg.stats, b.cg.stats
     for k in ("batches", "nodes", "kernel_calls", "gathers", "gather_bytes", "runs", "scatters", "scatter_bytes"):
         assert getattr(sa, k) == getattr(sb, k), k
@@ -78,6 +82,21 @@ def test_native_batches_match_run_batch(monkeypatch, scheduler, spec):
     for dtype, fuse in (("float64", True), ("float32", False)):
         _same(_run(monkeypatch, spec, scheduler, dtype, True, fuse),
               _run(monkeypatch, spec, scheduler, dtype, False, fuse))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    yield from use_backend(request.param)
+
+
+@needs_native
+@settings(**{**_SETTINGS, "max_examples": 8})
+@given(spec=rg.graph_spec)
+def test_native_batches_match_run_batch_on_every_backend(monkeypatch, backend, spec):
+    """The compiled steps ask nothing of a backend but its kernels and xp: on numpy, checked
+    (a device boundary) and cuda they leave what the reference leaves."""
+    _same(_run(monkeypatch, spec, "agenda", "float64", True, True),
+          _run(monkeypatch, spec, "agenda", "float64", False, True), host=backend != "cpu")
 
 
 @needs_native
