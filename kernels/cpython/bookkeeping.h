@@ -9,8 +9,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
   batch_run.c  executor.run_batch (run_batch_native: one batch per call)
   backward_batch.c  autodiff.backward's step for one batch (backward_batch_native)
-  run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses); block_table for
-               backends/cpu/rows.py (its Python path is the twin)
+  run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses); block_table and
+               row_index_small for backends/cpu/rows.py (its Python paths are the twins)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
 */
@@ -51,6 +51,7 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) */
 PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

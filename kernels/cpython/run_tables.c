@@ -450,3 +450,106 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
     }
     return Py_BuildValue("(NO)", out, overlaps ? Py_True : Py_False);
 }
+
+/* row_index_small(blocks, blks, rows): the cpu backend's row index for a few rows of Python ints
+   (the executor's per-sentence gathers; backends/cpu/rows.py _row_index_small is the twin and
+   reports every error). Returns None unless every value is an int, every block id is in range,
+   every block's .shape is a tuple with the first one's row shape and every row is within its
+   block; else (ids: sorted distinct block ids, local: int64 bytes, each row's position in ids,
+   rows: int64 bytes, shapes: each id's shape). At most 64 rows. */
+PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyList_CheckExact(argv[0]) || !PyTuple_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "row_index_small(blocks: list, blks: tuple, rows: tuple)");
+        return NULL;
+    }
+    enum { MAX = 64 };
+    PyObject *blocks = argv[0];
+    Py_ssize_t n = PyTuple_GET_SIZE(argv[1]), nb = PyList_GET_SIZE(blocks);
+    if (n == 0 || n > MAX || PyTuple_GET_SIZE(argv[2]) != n)
+        Py_RETURN_NONE;
+    int64_t b[MAX], r[MAX], ids[MAX], local[MAX];
+    Py_ssize_t nid = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *bo = PyTuple_GET_ITEM(argv[1], j), *ro = PyTuple_GET_ITEM(argv[2], j);
+        if (!PyLong_CheckExact(bo) || !PyLong_CheckExact(ro))
+            Py_RETURN_NONE;
+        b[j] = PyLong_AsLongLong(bo);
+        r[j] = PyLong_AsLongLong(ro);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (b[j] < 0 || b[j] >= nb)
+            Py_RETURN_NONE;
+        Py_ssize_t at = 0;  /* insertion into the sorted distinct ids */
+        while (at < nid && ids[at] < b[j])
+            at++;
+        if (at == nid || ids[at] != b[j]) {
+            memmove(&ids[at + 1], &ids[at], (size_t)(nid - at) * sizeof(int64_t));
+            ids[at] = b[j];
+            nid++;
+        }
+    }
+    PyObject *shapes = PyTuple_New(nid), *idt = PyTuple_New(nid), *res = NULL;
+    Py_ssize_t nrows[MAX];
+    if (!shapes || !idt)
+        goto done;
+    for (Py_ssize_t k = 0; k < nid; k++) {
+        PyObject *io = PyLong_FromLongLong(ids[k]);
+        if (!io)
+            goto done;
+        PyTuple_SET_ITEM(idt, k, io);
+        if (ids[k] >= PyList_GET_SIZE(blocks)) {  /* a shape getter below may have changed the list */
+            res = Py_None;
+            goto done;
+        }
+        PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
+        Py_INCREF(blk);
+        PyObject *sh = PyObject_GetAttrString(blk, "shape");
+        Py_DECREF(blk);
+        if (!sh) {
+            PyErr_Clear();
+            res = Py_None;
+            goto done;
+        }
+        PyTuple_SET_ITEM(shapes, k, sh);
+        Py_ssize_t d = PyTuple_CheckExact(sh) ? PyTuple_GET_SIZE(sh) : 0;
+        int ok = d >= 1;
+        if (ok && k > 0) {  /* one row shape for all */
+            PyObject *s0 = PyTuple_GET_ITEM(shapes, 0);
+            ok = PyTuple_GET_SIZE(s0) == d;
+            for (Py_ssize_t i = 1; ok && i < d; i++) {
+                PyObject *x = PyTuple_GET_ITEM(sh, i), *y = PyTuple_GET_ITEM(s0, i);
+                ok = PyLong_CheckExact(x) && PyLong_CheckExact(y) && PyLong_AsSsize_t(x) == PyLong_AsSsize_t(y);
+            }
+        }
+        nrows[k] = ok && PyLong_CheckExact(PyTuple_GET_ITEM(sh, 0)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : -1;
+        if (!ok || nrows[k] < 0) {
+            PyErr_Clear();
+            res = Py_None;
+            goto done;
+        }
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t k = 0;
+        while (ids[k] != b[j])
+            k++;
+        if (r[j] < 0 || r[j] >= nrows[k]) {
+            res = Py_None;
+            goto done;
+        }
+        local[j] = k;
+    }
+    res = Py_BuildValue("(Ny#y#O)", idt, (const char *)local, n * (Py_ssize_t)sizeof(int64_t), (const char *)r,
+                        n * (Py_ssize_t)sizeof(int64_t), shapes);
+    idt = NULL;  /* stolen by N */
+    Py_DECREF(shapes);
+    return res;
+done:
+    Py_XDECREF(shapes);
+    Py_XDECREF(idt);
+    if (res == Py_None)
+        Py_RETURN_NONE;
+    return NULL;
+}

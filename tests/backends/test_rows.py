@@ -294,3 +294,42 @@ def test_block_table_path_matches_the_per_block_path(monkeypatch, dt, B):
     frozen[blks[0]].flags.writeable = False
     with pytest.raises(ValueError):  # a read-only target: the Python path's error
         cpu.scatter_indexed(frozen.__getitem__, ix, np.ones((B, 3), dt))
+
+
+@pytest.mark.parametrize("B", [1, 3, 64, 65])
+def test_row_index_small_matches_the_python_index(monkeypatch, B):
+    """cpu row_index for the executor's (block, row) tuples: the compiled small index
+    (rows._row_index_c) is the Python one's ids, local positions, rows and shapes; anything
+    out of range or odd (bools, a row shape that differs) goes to the Python checks and errors."""
+    from dynagraph.backends.cpu import rows as rows_mod
+    if rows_mod._row_index_c is None:
+        pytest.skip("dynagraph._bookkeeping is not built")
+    rng = np.random.default_rng(B)
+    blocks = [rng.standard_normal((n, 3)) for n in (4, 9, 2, 6, 1)]
+    blks = tuple(int(b) for b in rng.integers(0, 5, B))
+    rows = tuple(int(rng.integers(0, len(blocks[b]))) for b in blks)
+    be = cpu.CpuBackend()
+    fast = be.row_index(blocks, blks, rows)
+    monkeypatch.setattr(rows_mod, "_row_index_c", None)
+    slow = be.row_index(blocks, blks, rows)
+    monkeypatch.undo()
+    assert fast.ids == slow.ids and fast.shapes == slow.shapes
+    np.testing.assert_array_equal(fast.local, slow.local)
+    np.testing.assert_array_equal(fast.rows, slow.rows)
+    assert not fast.rows.flags.writeable and not fast.local.flags.writeable
+    with pytest.raises(ValueError):
+        fast.rows.flags.writeable = True  # immutable memory: the kernels trust these rows
+    np.testing.assert_array_equal(be.gather_indexed(blocks, fast), np.stack([blocks[b][r] for b, r in zip(blks, rows)]))
+    for bad_b, bad_r, err in (((0, 7), (0, 0), IndexError), ((0, 1), (0, 9), IndexError), ((0, -1), (0, 0), IndexError),
+                              ((0, 1), (0, -2), IndexError), ((True, 1), (0, 0), None)):
+        if err is None:
+            be.row_index(blocks, bad_b, bad_r)  # a bool id: the Python path takes it
+            continue
+        with pytest.raises(err):
+            be.row_index(blocks, bad_b, bad_r)
+    odd = blocks + [np.zeros((3, 4))]
+    with pytest.raises(ValueError, match="rows of shape"):
+        be.row_index(odd, (0, 5), (0, 0))
+    assert rows_mod._row_index_c(blocks, (), ()) is None
+    with pytest.raises(TypeError):
+        rows_mod._row_index_c(tuple(blocks), (0,), (0,))

@@ -13,9 +13,9 @@ from .ffi import F32, F64, _PTRS, _fn, _in, _index, _out, _p, _pi, _real_of, _ro
 try:  # optional, compiled beside _kernels (kernels/cpython/run_tables.c); DYNAGRAPH_BOOKKEEPING=python: not used
     if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
         raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
-    from ..._bookkeeping import block_table as _block_table
+    from ..._bookkeeping import block_table as _block_table, row_index_small as _row_index_c
 except ImportError:
-    _block_table = None
+    _block_table = _row_index_c = None
 _FMT = {F32: "f", F64: "d"}
 _PTR = {F32: "float **", F64: "double **"}
 
@@ -59,6 +59,25 @@ def _row_index_checked(ids, local, rows, shapes) -> RowIndex:
                         ("shapes", tuple(shapes))):
         object.__setattr__(ix, name, value)
     return ix
+
+
+def _row_index_frozen(ids: tuple, local: np.ndarray, rows: np.ndarray, shapes: tuple) -> RowIndex:
+    """_row_index_checked for arrays that already view immutable bytes (row_index_small's)."""
+    ix = object.__new__(RowIndex)
+    for name, value in (("ids", ids), ("local", local), ("rows", rows), ("shapes", shapes)):
+        object.__setattr__(ix, name, value)
+    return ix
+
+
+def row_index_of_blocks(blocks: list, blks: Sequence[int], rows: Sequence[int]) -> RowIndex:
+    """row_index over a list of blocks for the executor's (block, row) tuples: a few rows in one C
+    call (row_index_small) where every value is in range, else the checks and errors below."""
+    if _row_index_c is not None and type(blks) is tuple and type(rows) is tuple and type(blocks) is list:
+        got = _row_index_c(blocks, blks, rows)
+        if got is not None:
+            ids, local, r, shapes = got
+            return _row_index_frozen(ids, np.frombuffer(local, np.int64), np.frombuffer(r, np.int64), shapes)
+    return row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows", ints=True)
 
 
 def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
