@@ -160,6 +160,7 @@ def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
 _backward_native = getattr(NATIVE, "backward_batch_native", None)
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 _ACC = ("kernel_calls", "t_backward", "t_memory")  # backward_batch_native's accumulator
+_PRODUCTS: dict = {}  # (weight_products, number of arguments) -> its pairs, for backward_batch_native
 
 
 class _NativeBackward:
@@ -180,9 +181,10 @@ class _NativeBackward:
 
         self.ctx = (cg.op, cg.needs_grad, cg.data, cg.attrs, cg.blocks, gb, gb.borrowed, {},
                     lambda op: (op.backward is not None, op.uses_data, op.saves_ctx, op.inner_kernels,
-                                be.backward_kernels.get(op.name, op.backward), op.weight_products is not None),
+                                be.backward_kernels.get(op.name, op.backward), op.weight_products),
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
-                    one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc)
+                    one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
+                    deferred, _PRODUCTS)
 
     def close(self) -> None:
         stats = self.stats

@@ -11,7 +11,7 @@ back to Python through the callables of its context, so each ends in the referen
 The context (autodiff._NativeBackward builds it once per backward pass) is a tuple:
    0 op   1 needs_grad   2 data   3 attrs   4 blocks (lists of the graph)
    5 gb (autodiff.Grads)   6 gb.borrowed (set)
-   7 infos: dict op -> (has_backward, uses_data, saves_ctx, inner_kernels, kernel, weight_products)
+   7 infos: dict op -> (has_backward, uses_data, saves_ctx, inner_kernels, kernel, weight_products or None)
    8 info_fn(op)   9 xp   10 full (bool)
   11 defer_fn(op, xs, plans, g, need) -> need     (autodiff._defer_weight_grads)
   12 one_row_fn(plans, gxs, need, B) -> bool      (autodiff._one_row_run and its add)
@@ -19,13 +19,15 @@ The context (autodiff._NativeBackward builds it once per backward pass) is a tup
   14 leaf_sums: dict block -> list of dense parameter gradients
   15 ndarray   16 format of the graph's dtype ('f' or 'd')
   17 acc: bytearray of 3 doubles the caller adds to stats (kernel_calls, t_backward, t_memory)
+  18 deferred: dict block -> list of (g, x), autodiff._defer_weight_grads's (done here for ndarrays)
+  19 products: dict (weight_products, nargs) -> its pairs, a cache
 */
 #include <time.h>
 
 #include "bookkeeping.h"
 
 enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_INFO_FN, B_XP, B_FULL, B_DEFER,
-       B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_SIZE };
+       B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS, B_SIZE };
 enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SIZE };
 enum { LEAF = 0, SLICE = 1 };
 
@@ -243,6 +245,123 @@ out:
     return rc;
 }
 
+/* The shape of an exact ndarray (ndim, dims into shape[4]); 0 for anything else or ndim > 4. */
+static int shape_of(PyObject *ctx, PyObject *a, Py_ssize_t *shape) {
+    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int nd = v.ndim <= 4 ? v.ndim : 0;
+    for (int i = 0; i < nd; i++)
+        shape[i] = v.shape[i];
+    PyBuffer_Release(&v);
+    return nd;
+}
+
+/* autodiff._defer_weight_grads for a batch whose operands are exact ndarrays: each product W x
+   with W a parameter's one row and x a batch of vectors keeps (g, x) in deferred and drops W from
+   *need (a new tuple). 1: done, 0: not ndarrays (the caller asks defer_fn; nothing was changed),
+   -1: error. */
+static int defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
+                      PyObject **need) {
+    enum { MAXP = 8 };
+    Py_ssize_t gs[4], ws[4], xsh[4], k = PyList_GET_SIZE(xs), np_, w_of[MAXP], x_of[MAXP];
+    int gnd = shape_of(ctx, g, gs), take[MAXP];
+    if (!gnd)
+        return 0;
+    if (gnd != 2)
+        return 1;  /* as the reference: only (B, rows) gradients */
+    PyObject *cache = PyTuple_GET_ITEM(ctx, B_PRODUCTS), *key = Py_BuildValue("(On)", products_fn, k);
+    if (!key)
+        return -1;
+    PyObject *pairs = PyDict_GetItemWithError(cache, key);
+    if (pairs)
+        Py_INCREF(pairs);
+    else if (!PyErr_Occurred() && (pairs = PyObject_CallFunction(products_fn, "n", k))) {
+        PyObject *t = PySequence_Tuple(pairs);
+        Py_SETREF(pairs, t);
+        if (pairs && PyDict_SetItem(cache, key, pairs) < 0)
+            Py_CLEAR(pairs);
+    }
+    Py_DECREF(key);
+    if (!pairs)
+        return -1;
+    np_ = PyTuple_GET_SIZE(pairs);
+    int rc = np_ <= MAXP;
+    /* first every pair checked, nothing changed: anything unusual is the reference's */
+    for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, p);
+        Py_ssize_t w = -1, x = -1;
+        if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2) {
+            w = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+            x = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
+            PyErr_Clear();
+        }
+        if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(*need) != k) {
+            rc = 0;
+            break;
+        }
+        int wnd = shape_of(ctx, PyList_GET_ITEM(xs, w), ws), xnd = shape_of(ctx, PyList_GET_ITEM(xs, x), xsh);
+        if (!wnd || !xnd) {
+            rc = 0;
+            break;
+        }
+        PyObject *plan = PyList_GET_ITEM(plans, w), *kind = PyTuple_CheckExact(plan) && PyTuple_GET_SIZE(plan) == 3
+                                                             ? PyTuple_GET_ITEM(plan, 0) : NULL;
+        take[p] = PyTuple_GET_ITEM(*need, w) == Py_True && kind && PyLong_CheckExact(kind)
+                  && PyLong_AsLong(kind) == LEAF && wnd == 3 && ws[0] == 1 && xnd == 2 && xsh[0] == gs[0]
+                  && gs[1] == ws[1] && xsh[1] == ws[2];
+        w_of[p] = w;
+        x_of[p] = x;
+    }
+    PyObject *out = NULL;
+    for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
+        if (!take[p])
+            continue;
+        PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED), *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
+        PyObject *lst = PyDict_GetItemWithError(deferred, b);
+        if (!lst) {
+            if (PyErr_Occurred() || !(lst = PyList_New(0)) || PyDict_SetItem(deferred, b, lst) < 0) {
+                Py_XDECREF(lst);
+                rc = -1;
+                break;
+            }
+            Py_DECREF(lst);  /* the dict holds it */
+        }
+        PyObject *entry = PyTuple_Pack(2, g, PyList_GET_ITEM(xs, x_of[p]));
+        if (!entry || PyList_Append(lst, entry) < 0) {
+            Py_XDECREF(entry);
+            rc = -1;
+            break;
+        }
+        Py_DECREF(entry);
+        if (!out) {  /* a new tuple: the caller's need may be shared */
+            if (!(out = PyTuple_New(k))) {
+                rc = -1;
+                break;
+            }
+            for (Py_ssize_t c = 0; c < k; c++) {
+                PyObject *v = PyTuple_GET_ITEM(*need, c);
+                Py_INCREF(v);
+                PyTuple_SET_ITEM(out, c, v);
+            }
+        }
+        PyObject *old = PyTuple_GET_ITEM(out, w_of[p]);
+        Py_INCREF(Py_False);
+        PyTuple_SET_ITEM(out, w_of[p], Py_False);
+        Py_DECREF(old);
+    }
+    Py_DECREF(pairs);
+    if (rc == 1 && out)
+        Py_SETREF(*need, out);
+    else
+        Py_XDECREF(out);
+    return rc;
+}
+
 /* Whether flags[i] is True for some i in ids (autodiff's need; ids checked). */
 static int any_flag(PyObject *flags, PyObject *ids) {
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ids); j++) {
@@ -313,20 +432,25 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
     Py_ssize_t n0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, 0));
     if (n0 == -1 && PyErr_Occurred())
         goto done;
-    if (PyTuple_GET_ITEM(info, 5) == Py_True) {  /* weight products: deferred to one GEMM per parameter */
-        PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_OP), n0);  /* n0 checked by the caller */
-        PyObject *dargv[5] = {op, xs, plans, g, need};
-        Py_INCREF(op);
-        PyObject *got = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_DEFER), dargv, 5, NULL);
-        Py_DECREF(op);
-        if (!got)
+    if (PyTuple_GET_ITEM(info, 5) != Py_None) {  /* weight products: deferred to one GEMM per parameter */
+        int here = defer_here(ctx, PyTuple_GET_ITEM(info, 5), xs, plans, g, &need);
+        if (here < 0)
             goto done;
-        if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != k) {
-            Py_DECREF(got);
-            PyErr_SetString(PyExc_TypeError, "backward_batch_native: defer_fn must return the need tuple");
-            goto done;
+        if (!here) {
+            PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_OP), n0);  /* n0 checked by the caller */
+            PyObject *dargv[5] = {op, xs, plans, g, need};
+            Py_INCREF(op);
+            PyObject *got = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_DEFER), dargv, 5, NULL);
+            Py_DECREF(op);
+            if (!got)
+                goto done;
+            if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != k) {
+                Py_DECREF(got);
+                PyErr_SetString(PyExc_TypeError, "backward_batch_native: defer_fn must return the need tuple");
+                goto done;
+            }
+            Py_SETREF(need, got);
         }
-        Py_SETREF(need, got);
         if (!has_true(need)) {
             acc[ACC_BACKWARD] += now() - t0;
             rc = 0;
@@ -454,6 +578,7 @@ PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssi
     PyObject *acc_b = PyTuple_GET_ITEM(ctx, B_ACC);
     if (!PySet_Check(PyTuple_GET_ITEM(ctx, B_BORROWED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_INFOS))
         || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS)) || !PyType_Check(PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_DEFERRED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_PRODUCTS))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, B_FORMAT)) || !PyByteArray_CheckExact(acc_b)
         || PyByteArray_GET_SIZE(acc_b) != ACC_SIZE * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: malformed context");
