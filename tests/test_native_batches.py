@@ -171,3 +171,34 @@ def test_native_batch_hands_odd_outputs_to_finish():
             blk = cg.blocks[cg.blk[ta.i]]
             assert blk.shape == (2, 2) and blk.dtype == want and blk.flags.c_contiguous
             assert (cg.row[ta.i], cg.row[tb.i]) == (0, 1)
+
+
+@needs_native
+def test_native_backward_rejects_malformed_input():
+    """backward_batch_native checks its context and record; a bad one is a Python error, and
+    a batch whose gradient is absent is skipped without touching anything."""
+    from dynagraph.backends import get_backend
+    with using("float64", 0):
+        dy.renew_cg()
+        pc = dy.ParameterCollection()
+        W = dy.parameter(pc.add_parameters((2, 2)))
+        y = dy.sum_elems(dy.tanh(W * dy.inputVector([1.0, 2.0])))
+        cg = dy.cg()
+        y.value()
+        be = get_backend()
+        gb = autodiff.Grads(len(cg.blocks))
+        deferred, sums = {}, {}
+        ctx = autodiff._NativeBackward(cg, be, gb, False, deferred, sums).ctx
+        record = next(r for r in cg.executed if type(r) is executor.ExecutedBatch)
+        run = autodiff._backward_native
+        with pytest.raises(TypeError):
+            run(ctx[:-1], record)
+        with pytest.raises(TypeError):
+            run(ctx, tuple(record)[:5])
+        with pytest.raises(TypeError):
+            run(ctx[:14] + (None,) + ctx[15:], record)  # leaf_sums must be a dict
+        bad = tuple(record)
+        with pytest.raises(IndexError):
+            run(ctx, bad[:2] + (len(gb) + 3,) + bad[3:])
+        run(ctx, record)  # no gradient for its block yet: nothing to do
+        assert all(g is None for g in gb) and not deferred and not sums
