@@ -31,8 +31,11 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None, max_examples=25
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
-def _run(monkeypatch, spec, scheduler: str, dtype: str, native: bool, fuse: bool):
+def _run(monkeypatch, spec, scheduler: str, dtype: str, native: bool, fuse: bool, backend: str | None = "cpu"):
+    """backend None: the one configured (the every-backend test sets it)."""
     with monkeypatch.context() as m:
+        if backend is not None:
+            m.setattr(dynagraph_config, "backend", backend)
         if not native:
             m.setattr(executor, "_run_batch_native", None)
             m.setattr(autodiff, "_backward_native", None, raising=False)
@@ -95,8 +98,8 @@ def backend(request):
 def test_native_batches_match_run_batch_on_every_backend(monkeypatch, backend, spec):
     """The compiled steps ask nothing of a backend but its kernels and xp: on numpy, checked
     (a device boundary) and cuda they leave what the reference leaves."""
-    _same(_run(monkeypatch, spec, "agenda", "float64", True, True),
-          _run(monkeypatch, spec, "agenda", "float64", False, True), host=backend != "cpu")
+    _same(_run(monkeypatch, spec, "agenda", "float64", True, True, None),
+          _run(monkeypatch, spec, "agenda", "float64", False, True, None), host=backend != "cpu")
 
 
 @needs_native
