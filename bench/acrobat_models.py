@@ -92,7 +92,9 @@ class Model:
             if depth < 4 and rng.random() < 0.75:
                 for side in ("l", "r")[:rng.randint(1, 2)]:
                     frontier.append((dy.tanh(self.W[side] * h + self.b), depth + 1))
-        return dy.esum(losses) if train else losses[-1]
+        # inference reads every node's scores too (summed): with only the last one read, phase 1
+        # would let dynagraph skip the others' output layers, which DyNet computes at each read
+        return dy.esum(losses)
 
     def _earlyexit(self, s, train):
         dy, rng = self.dy, random.Random(s)

@@ -3,9 +3,9 @@
 For each mini-batched workload of bench/import_swap.py (one graph of --batch-size samples,
 recorded by the DyNet program text with dynagraph swapped in), prints the pending nodes,
 the patterns found, the share of nodes they cover, the instances of the three largest
-patterns, and the detection cost per node of the compiled pass (dynagraph._coarsen) and of
-its pure-Python twin (best of --repeat). Timing the coarsened run against op-level runs is
-bench/import_swap.py's job:
+patterns, and the cost per node of detection, patterns and the unit schedule: the compiled
+pass (dynagraph._coarsen.plan) and its pure-Python twins (best of --repeat). Timing the
+coarsened run against op-level runs is bench/import_swap.py's job:
 
     DYNAGRAPH_COARSEN=1 python bench/import_swap.py --suite minibatch --baseline . \\
         --baseline-env DYNAGRAPH_COARSEN=0 --threads 1
@@ -46,6 +46,13 @@ def _best(fn, repeat: int) -> float:
     return best
 
 
+def _twins(cg, pending: list) -> list:
+    """What the compiled pass does, in Python: patterns, then the unit schedule with payloads."""
+    from dynagraph.coarsen import Coarsened, detect
+    patterns, owner = detect.find_patterns(cg, pending)
+    return Coarsened(cg, pending, patterns, owner).schedule() if patterns else []
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="treelstm,treefc,bilstm,mvrnn")
@@ -67,10 +74,11 @@ def main(argv=None) -> list[dict]:
         patterns, _ = detect.find_patterns(cg, pending)
         covered = sum(len(ms) for p in patterns for ms in p.members)
         top = sorted(patterns, key=lambda p: -len(p.roots) * len(p.members[0]))[:3]
-        native = _best(lambda cg=cg, pending=pending: detect.find_patterns(cg, pending), args.repeat) if detect._NATIVE else float("nan")
+        native = _best(lambda cg=cg, pending=pending: detect.plan_native(cg, pending), args.repeat) \
+            if detect._NATIVE else float("nan")
         saved, detect._NATIVE = detect._NATIVE, None
         try:
-            python = _best(lambda cg=cg, pending=pending: detect.find_patterns(cg, pending), args.repeat)
+            python = _best(lambda cg=cg, pending=pending: _twins(cg, pending), args.repeat)
         finally:
             detect._NATIVE = saved
         row = {"workload": name, "nodes": len(pending), "patterns": len(patterns), "coarse": covered / len(pending),

@@ -343,6 +343,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.rounds = args.rounds or (1 if quick else 2)
     args.batches = args.batches or (2 if quick else 3)
     args.sentences = args.sentences or (100 if quick else 300)
+    if args.data is None and args.baseline:
+        # one data folder for every worker: a baseline elsewhere (git archive into /tmp) would
+        # otherwise look for ../shared/data next to its own copy and time another data set
+        from dynagraph import datasets
+        found = datasets.shared_data_path("sst") or datasets.shared_data_path("wikiner")
+        args.data = os.path.dirname(found) if found else ROOT  # ROOT holds no sst/, wikiner/: synthetic for all
     if args.workloads is None:
         args.workloads = ([*MINIBATCH] if args.suite != "sentence" else []) + \
                          ([*SENTENCE] if args.suite != "minibatch" else [])

@@ -229,24 +229,24 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
                 if type(record) is ExecutedBatch:
                     step(ctx, record)
                 else:
-                    _other_record(cg, be, gb, record, full, grad_block)
+                    _other_record(cg, be, gb, record, full, grad_block, deferred)
         else:
             for record in reversed(cg.executed):
                 if type(record) is ExecutedBatch:
                     _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
                 else:
-                    _other_record(cg, be, gb, record, full, grad_block)
+                    _other_record(cg, be, gb, record, full, grad_block, deferred)
     finally:
         if native is not None:
             native.close()
     _finish(cg, be, gb, deferred, leaf_sums)
 
 
-def _other_record(cg, be, gb: Grads, record, full: bool, grad_block) -> None:
-    """A record that is not one batch: a coarsened group (dynagraph/coarsen) replays itself;
-    anything else is a run of elementwise batches (runs.py)."""
+def _other_record(cg, be, gb: Grads, record, full: bool, grad_block, deferred: dict) -> None:
+    """A record that is not one batch: a coarsened group (dynagraph/coarsen) replays itself
+    (its weight products join `deferred`); anything else is a run of elementwise batches (runs.py)."""
     if hasattr(record, "grad"):
-        record.grad(cg, be, gb, full, grad_block)
+        record.grad(cg, be, gb, full, grad_block, deferred)
     else:
         backward_run(cg, be, gb, record, full, grad_block)
 

@@ -20,13 +20,22 @@ and gradients equal running the samples one by one (`concurrent=False`).
 from __future__ import annotations
 
 import functools
+import threading
+from bisect import bisect_left
 from contextvars import copy_context
+from itertools import chain, compress, filterfalse
+from operator import not_
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
 from .ghosts import align_depths, groups_by_depth
 from .graph import SAMPLE, current
+
+try:
+    from greenlet import getcurrent, greenlet
+except ImportError:  # a dependency (setup.py); concurrent=False runs without it
+    getcurrent = greenlet = None
 
 __all__ = ["autobatch_map", "phase"]
 
@@ -46,27 +55,122 @@ def _mix(z: int) -> int:
 class _Sample:
     """What graph.py sees of a running sample: park(cg, nid) and next_key(); plus its dy.phase
     (phase > 0: nodes recorded since `since` in graph `graph` are deferred)."""
-    __slots__ = ("index", "park", "key_base", "count", "phase", "since", "graph", "deferred", "ghosts", "arms")
+    __slots__ = ("index", "park", "seed", "key_base", "count", "phase", "since", "graph", "deferred",
+                 "ghosts", "arms")
 
     def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None,
                  arms: dict | None = None):
-        self.index, self.park, self.count = index, park, 0
+        self.index, self.park, self.seed, self.key_base, self.count = index, park, seed, -1, 0
         self.phase, self.since, self.graph, self.deferred = 0, 0, None, deferred
         self.ghosts: list = []  # open dy.ghost blocks: their arms pause at every park
         self.arms = arms        # graph -> the map's dy.ghost arms not evaluated yet
-        self.key_base = (_mix(seed ^ _mix(index)) >> (64 - 63 + _STREAM_BITS)) << _STREAM_BITS
 
     def next_key(self) -> int:
+        if self.key_base < 0:  # on first use: most samples draw no random numbers
+            self.key_base = (_mix(self.seed ^ _mix(self.index)) >> (64 - 63 + _STREAM_BITS)) << _STREAM_BITS
         self.count += 1
         return self.key_base + (self.count & ((1 << _STREAM_BITS) - 1))
 
 
     def close_phase(self) -> None:
         """The nodes this sample recorded in its current phase (none of another sample's: only a
-        park switches samples, and a park closes the segment) join the map's deferred set."""
-        if self.phase > 0 and self.graph is not None and self.deferred is not None:
-            self.deferred.setdefault(self.graph, set()).update(range(self.since, len(self.graph)))
-            self.since = len(self.graph)
+        park switches samples, and a park closes the segment) join the map's deferred nodes."""
+        graph = self.graph
+        if self.phase > 0 and graph is not None and self.deferred is not None:
+            n = len(graph)
+            if n > self.since:
+                d = self.deferred.get(graph)
+                if d is None:
+                    d = self.deferred[graph] = _Deferred()
+                d.add(self.since, n)
+            self.since = n
+
+
+class _Deferred:
+    """The nodes of one graph that dy.phase defers, and the split of each chunk into nodes to
+    evaluate and nodes left pending, kept from round to round: a round classifies only the nodes
+    recorded since the last one, instead of every node left pending so far (engine's stateless
+    _split_deferred, the reference, walks them all again each round: quadratic in the rounds).
+
+    Left pending: the deferred nodes and every pending node that reads one, unless a node being
+    waited for needs it. A node stays left pending once left (a user of a deferred node that a
+    later read needed is not pulled into that read's chunk); the values are the same either way."""
+    __slots__ = ("nodes", "cut", "left", "tainted", "seen")
+
+    def __init__(self):
+        self.nodes: list = []   # deferred node ids, ascending (dy.phase adds each block's range)
+        self.cut = 0            # nodes[cut:] were deferred since the last split
+        self.left: list = []    # nodes left pending by the last split, ascending
+        self.tainted: set = set()  # the same, as a set
+        self.seen = 0           # nodes below were classified by an earlier split
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes)
+
+    def add(self, lo: int, hi: int) -> None:
+        self.nodes.extend(range(lo, hi))
+
+    def ids(self) -> set:
+        """Every deferred node id (the stateless reference and the bench's bound use it)."""
+        return set(self.nodes)
+
+    def _users(self, cand: list, args) -> None:
+        """Taint the nodes of `cand` (ascending) that read a tainted node: one pass in C per link
+        of a chain of such users, then one node at a time for a long chain."""
+        tainted = self.tainted
+        for _ in range(4):
+            free = list(map(tainted.isdisjoint, map(args.__getitem__, cand)))
+            try:
+                j = free.index(False)
+            except ValueError:
+                return
+            tainted.update(compress(cand[j:], map(not_, free[j:])))
+            cand = list(filterfalse(tainted.__contains__, cand[j + 1:]))  # only later nodes can read a hit
+            if not cand:
+                return
+        for n in cand:
+            if not tainted.isdisjoint(args[n]):
+                tainted.add(n)
+
+    def split(self, cg, pending: list, targets) -> tuple[list, list]:
+        """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending)."""
+        k = bisect_left(pending, self.seen)
+        nodes = self.nodes
+        if pending[:k] != self.left:  # something else evaluated nodes left pending: start over
+            k, self.left, self.tainted = 0, [], set()
+            self.cut = bisect_left(nodes, pending[0]) if pending else len(nodes)
+        tainted, args = self.tainted, cg.args
+        new = pending[k:]
+        fresh, self.cut = nodes[self.cut:], len(nodes)
+        run, new_left = new, []
+        if new:
+            deferred = set(fresh).intersection(new) if fresh else ()
+            if deferred:
+                tainted.update(deferred)
+            if tainted:
+                run = list(filterfalse(tainted.__contains__, new))  # in C, as every pass below
+                if run and not tainted.isdisjoint(chain.from_iterable(map(args.__getitem__, run))):
+                    self._users(run, args)  # some new node reads a tainted one: which, one by one
+                    run = list(filterfalse(tainted.__contains__, new))
+                    new_left = list(filter(tainted.__contains__, new))
+                elif deferred:  # the common round: only this round's deferred nodes are left
+                    new_left = sorted(deferred)
+        if pending:
+            self.seen = max(self.seen, pending[-1] + 1)
+        left = self.left + new_left if new_left else self.left
+        if not tainted.isdisjoint(targets):  # the deferred nodes a read needs, walked back
+            needed = {t for t in targets if t in tainted}
+            stack = list(needed)
+            while stack:
+                for a in args[stack.pop()]:
+                    if a in tainted and a not in needed:
+                        needed.add(a)
+                        stack.append(a)
+            tainted -= needed
+            left = list(filterfalse(needed.__contains__, left))
+            run = sorted(run + list(needed))
+        self.left = left
+        return run, left
 
 
 class phase:
@@ -90,9 +194,9 @@ class phase:
         self.sample = sample
         if sample.phase:
             sample.close_phase()
+        graph = current()
         self.outer = sample.phase, sample.graph
-        sample.phase, sample.graph = self.k, current()
-        sample.since = len(sample.graph)
+        sample.phase, sample.graph, sample.since = self.k, graph, len(graph.op)  # op: a list, len in C
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,11 +204,16 @@ class phase:
         if sample is None:
             return
         self.sample = None
-        if sample.phase:
-            sample.close_phase()
+        graph = sample.graph
+        n = len(graph.op)
+        if sample.phase > 0 and n > sample.since and sample.deferred is not None:  # close_phase, inline
+            d = sample.deferred.get(graph)
+            if d is None:
+                d = sample.deferred[graph] = _Deferred()
+            d.nodes.extend(range(sample.since, n))
         sample.phase, sample.graph = self.outer
         if sample.graph is not None:
-            sample.since = len(sample.graph)
+            sample.since = len(sample.graph.op) if sample.graph is not graph else n
 
 
 def _seed() -> int:
@@ -154,41 +263,100 @@ def _one(fn: Callable, x, sample: _Sample):
         raise
 
 
-def _body(fn: Callable, x) -> tuple:
-    return _DONE, fn(x)
+_IDLE, _RAISED = object(), object()  # what a worker greenlet reports: ready for a sample, or it raised
+_POOL_MAX = 4096                     # idle workers kept per thread
+
+
+class _Pool(threading.local):
+    """Idle worker greenlets of this thread. A fresh greenlet costs 15-17 us to create, start and
+    end (greenlet 3.x, measured), a switch about 1 us: a worker runs sample after sample, map
+    after map, so a step of 64 samples does not pay 1 ms for greenlets."""
+    def __init__(self):
+        self.idle: list = []
+
+
+_pool = _Pool()
+
+
+def _worker() -> None:
+    """A worker greenlet: runs one sample (m, i, fn, x, ctx) per task, stores its result or
+    exception in the map, and reports to its parent (the map's driver), holding nothing of the
+    sample while idle. Ends when killed idle (GreenletExit at garbage collection)."""
+    me = getcurrent()
+    task = me.parent.switch(_IDLE)
+    while True:
+        m, i, fn, x, ctx = task
+        task = None
+        try:
+            m.results[i] = ctx.run(fn, x)
+            kind = _DONE
+        except BaseException as e:  # GreenletExit too: a stopped sample's worker stays usable
+            m.error = e
+            kind = _RAISED
+        m = fn = x = ctx = None
+        task = me.parent.switch(kind)
+
+
+def _workers(n: int, driver) -> list:
+    """n idle workers reporting to `driver`, from this thread's pool, new ones started by the
+    driver itself (a greenlet starts on the stack of whoever switches to it first)."""
+    idle = _pool.idle
+    take = idle[len(idle) - min(n, len(idle)):]
+    del idle[len(idle) - len(take):]
+    for w in take:
+        w.parent = driver
+    while len(take) < n:
+        w = greenlet(_worker, parent=driver)
+        w.switch()  # runs to its first report, _IDLE
+        take.append(w)
+    return take
+
+
+def _release(w) -> None:
+    if len(_pool.idle) < _POOL_MAX:
+        _pool.idle.append(w)
 
 
 class _Map:
-    """One concurrent map: the calling greenlet (the driver) drives one greenlet per sample.
+    """One concurrent map: the calling greenlet (the driver) drives one worker greenlet per
+    started, unfinished sample.
 
     A round runs every live sample in order until it parks or finishes. A parking sample
-    switches straight to the next (started) sample of the round, not back to the driver: one
-    greenlet switch per park instead of two. The driver takes over after the round's last
-    sample, when a sample finishes (its greenlet returns to its parent, the driver), and to
-    start a sample (starting it from another sample would nest the stacks, sample on sample)."""
+    switches straight to the next sample of the round (resuming it, or handing its worker the
+    sample to start), not back to the driver: one greenlet switch per park instead of two. The
+    driver takes over after the round's last sample and when a sample finishes or raises (its
+    worker reports to its parent, the driver), and then gives the worker back to the pool."""
 
     def __init__(self, fn: Callable, samples: Sequence, seed: int):
-        try:
-            from greenlet import getcurrent, greenlet
-        except ImportError:  # a dependency (setup.py); say what is missing rather than fail obscurely
+        if greenlet is None:  # a dependency (setup.py); say what is missing rather than fail obscurely
             raise DynagraphError("dy.autobatch_map(concurrent=True) needs the greenlet package "
-                                 "(pip install greenlet); concurrent=False runs without it") from None
+                                 "(pip install greenlet); concurrent=False runs without it")
         self.driver = getcurrent()
-        self.results: list = [None] * len(samples)
-        self.lets = []
-        self.deferred: dict = {}  # graph -> node ids recorded in a phase > 0 (dy.phase)
+        n = len(samples)
+        self.results: list = [None] * n
+        self.error: BaseException | None = None
+        self.deferred: dict = {}  # graph -> _Deferred: nodes recorded in a phase > 0 (dy.phase)
         self.arms: dict = {}      # graph -> dy.ghost arms whose outputs are not evaluated yet
         self.round: list = []     # the live samples of the round being run, in order
         self.pos = 0              # round[pos] is the sample running now
         self.parked: list = []    # samples of this round that parked
         self.graphs: list = []    # graphs that parked samples wait on, first-parked first
         self.targets: dict = {}   # graph -> the node ids being waited for
+        self.lets: list = _workers(n, self.driver)  # sample i's worker; None once it finished
+        self.tasks: list = []     # sample i's task until its worker starts it, then None
+        park = self._park
         for i, x in enumerate(samples):
-            let = greenlet(functools.partial(_body, fn, x), parent=self.driver)
             ctx = copy_context()  # the caller's graph stack and default graph, plus this sample
-            ctx.run(SAMPLE.set, _Sample(i, seed, self._park, self.deferred, self.arms))
-            let.gr_context = ctx
-            self.lets.append(let)
+            ctx.run(SAMPLE.set, _Sample(i, seed, park, self.deferred, self.arms))
+            self.tasks.append((self, i, fn, x, ctx))
+
+    def _switch_to(self, i: int):
+        """Start or resume sample i on its worker."""
+        task = self.tasks[i]
+        if task is None:
+            return self.lets[i].switch()
+        self.tasks[i] = None
+        return self.lets[i].switch(task)
 
     def _park(self, cg, nid: int) -> None:
         """Called by graph.forward_to inside a sample: hand over to the next sample of the round
@@ -205,14 +373,19 @@ class _Map:
             self.targets[cg] = [nid]
         else:
             waiting.append(nid)
-        self.pos += 1
-        nxt = self.lets[self.round[self.pos]] if self.pos < len(self.round) else None
-        if nxt:  # started and parked: resume it directly
-            nxt.switch()
-        else:  # end of the round, or a sample not started yet: a greenlet starts on the stack
-            self.driver.switch(_PARK)  # of the one that switches to it, so the driver starts it
+        pos = self.pos = self.pos + 1
+        if pos < len(self.round):  # _switch_to, inline: on the path of every read
+            i = self.round[pos]
+            task = self.tasks[i]
+            if task is None:
+                self.lets[i].switch()
+            else:
+                self.tasks[i] = None
+                self.lets[i].switch(task)
+        else:  # end of the round
+            self.driver.switch(_PARK)
         if sample.graph is not None:
-            sample.since = len(sample.graph)
+            sample.since = len(sample.graph.op)
         for g in sample.ghosts:
             g.resume()
 
@@ -220,15 +393,20 @@ class _Map:
         """Run every sample of `live` until it parks or finishes."""
         self.round, self.pos, self.parked, self.graphs, self.targets = live, 0, [], [], {}
         while self.pos < len(live):
-            i = live[self.pos]
             try:
-                msg = self.lets[i].switch()
-            except BaseException as e:
-                _tag(e, live[self.pos])  # the sample that raised is the one running
+                msg = self._switch_to(live[self.pos])
+            except BaseException as e:  # from the switch itself (a KeyboardInterrupt)
+                _tag(e, live[self.pos])
                 raise
             if msg is _PARK:  # the samples before round[pos] parked
                 continue
-            self.results[live[self.pos]] = msg[1]  # a sample finished: go on with the next one
+            i = live[self.pos]  # the sample running last finished or raised: its worker is idle
+            _release(self.lets[i])
+            self.lets[i] = None
+            if msg is _RAISED:
+                e, self.error = self.error, None
+                _tag(e, i)
+                raise e
             self.pos += 1
 
     def _evaluate(self) -> None:
@@ -260,8 +438,13 @@ class _Map:
                 self._run_round(live)
                 self._evaluate()
                 live = self.parked
-        finally:
-            for let in self.lets:  # stopped (GreenletExit) after an error; their finally blocks run
-                if not let.dead:
-                    let.throw()
+        finally:  # after an error: the parked samples are stopped (GreenletExit), their finally blocks run
+            for i, let in enumerate(self.lets):
+                if let is None:
+                    continue
+                if self.tasks[i] is not None:  # never started: its worker is idle
+                    _release(let)
+                elif let.throw() is not _PARK:  # a sample that reads on after GreenletExit keeps its worker
+                    _release(let)
+            self.lets = self.error = None
         return self.results

@@ -50,8 +50,9 @@ class Engine:
         stats.t_record += t0 - cg._t_last
         pending = _pending(cg.blk, cg.done, upto + 1)
         left = []
-        if defer:
-            pending, left = _split_deferred(cg, pending, defer, targets)
+        if defer:  # a splitter that keeps its state across chunks (dy.autobatch_map's) splits itself
+            split = getattr(defer, "split", None)
+            pending, left = split(cg, pending, targets) if split else _split_deferred(cg, pending, defer, targets)
         coarse = _coarsener(cg, pending) if _coarsener is not None and config.coarsen else None
         if coarse is not None:
             batches = coarse.schedule()

@@ -81,8 +81,9 @@ _NDARRAY = np.ndarray
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
-def gather(cg, be, ids: Sequence[int], stats) -> tuple:
-    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan."""
+def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
+    """The batch's argument list `ids` as one (B, ...) array (or (1, ...) if shared), and its plan.
+    in_place: rows from several blocks may stay where they are, as the backend's rows_operand."""
     first = ids[0]
     if cg.op[first].leaf:
         b = cg.blk[first]
@@ -94,6 +95,10 @@ def gather(cg, be, ids: Sequence[int], stats) -> tuple:
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
         index = be.row_index(cg.blocks, b, rows)  # checked once: backward scatters with it
+        if in_place:
+            out = be.rows_operand(cg.blocks, index)
+            if out is not None:
+                return out, (MANY, index, None)
         out, plan = be.gather_indexed(cg.blocks, index), (MANY, index, None)
     stats.gathers += 1
     stats.gather_bytes += out.nbytes
@@ -109,13 +114,15 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     cols = columns(cg.args, nodes)
     xs, plans = [], []
     ops, blocks = cg.op, cg.blocks
+    in_place = op.rows_args if be.rows_operand is not None else ()  # OpDef.rows_args (per-sample matrices)
     for ids in cols:
         if ops[ids[0]].leaf:  # a shared parameter, as in gather(), without the call
             b = cg.blk[ids[0]]
             xs.append(blocks[b])
             plans.append((LEAF, b, None))
             continue
-        x, plan = gather(cg, be, ids, stats)
+        x, plan = gather(cg, be, ids, stats, in_place is True or len(xs) in in_place) if in_place \
+            else gather(cg, be, ids, stats)
         xs.append(x)
         plans.append(plan)
     data = list(pick(cg.data, nodes)) if op.uses_data else None
@@ -151,6 +158,13 @@ def _op_info(be, op) -> tuple:
             op.name)
 
 
+def _gather_arg(cg, be, ids: Sequence[int], k: int, op, stats) -> tuple:
+    """gather() of argument k of a batch of `op`, as run_batch does it (rows in place where the
+    backend reads them so and the op takes them: OpDef.rows_args)."""
+    in_place = op.rows_args if be.rows_operand is not None else ()
+    return gather(cg, be, ids, stats, in_place is True or k in in_place) if in_place else gather(cg, be, ids, stats)
+
+
 def _finish(cg, be, y, nodes: Sequence[int]):
     """run_batch's output block from a kernel's result that is not already one (run_batch_native's
     uncommon case: broadcast from shared arguments, reshaped, cast or made contiguous)."""
@@ -173,7 +187,7 @@ class _NativeBatches:
         self.acc = bytearray(8 * len(_ACC))
         infos: dict = {}
         self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
-                    lambda op: _op_info(be, op), be.xp, lambda ids: gather(cg, be, ids, stats),
+                    lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
                     _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc)
         self.stats = stats

@@ -38,6 +38,10 @@ class Expression(ExprBase):
         return np.array(to_numpy(self.cg.value(self.i)), dtype=self.cg.dtype).reshape(self.cg.shape[self.i])
 
     def value(self, recalculate: bool = False):
+        cg, i = self.cg, self.i
+        if cg.shape[i] == (1,) and not recalculate:  # a loss: one float, without the array copy
+            cg.forward_to(i)
+            return float(to_numpy(cg.value(i)).reshape(-1)[0])
         v = self.npvalue(recalculate)
         if v.shape == (1,):
             return float(v[0])

@@ -24,7 +24,7 @@ from .errors import DynagraphError, as_index, user_line
 from .expression import Expression, expression_of
 from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
-from .parameters import LookupParameters
+from .parameters import LookupParameters, Parameters
 from .recording import INTS, LIST, ONE, TWO, recorder
 
 _O = OPS
@@ -112,6 +112,8 @@ def _list(xs, what: str) -> list:
 # ------------------------------------------------------------------ parameters
 def parameter(*ps):
     """DyNet's dy.parameter(p): the expression for a parameter (several -> list)."""
+    if len(ps) == 1 and type(ps[0]) is Parameters:  # the common call, once per weight per graph
+        return expression_of(ps[0], True)
     out = [p.expr(True) for p in ps]
     return out[0] if len(out) == 1 else out
 

@@ -205,11 +205,11 @@ class ComputationGraph(GraphBase):
         if nid is not None:
             return nid
         nid = len(self.op)
-        blk = self.blk
+        blk, row = self.blk, self.row
         k = nid - len(blk)
         if k:  # _sync_values(), inline
             blk.extend([-1] * k)
-            self.row.extend([0] * k)
+            row.extend([0] * k)
         values = overlap.storage(p, "values")  # a view; no wait for a step still updating it
         shape = values.shape
         self.op.append(LOOKUP_TABLE if p.is_lookup else PARAMETER)
@@ -222,9 +222,10 @@ class ComputationGraph(GraphBase):
         self.sig_part.append(("shared", id(p), update))  # shared arguments batch by identity and mode
         self.needs_grad.append(update and p.updated)
         blocks = self.blocks
-        self._block_param[len(blocks)] = p
-        blk.append(len(blocks))
-        self.row.append(0)
+        b = len(blocks)
+        self._block_param[b] = p
+        blk.append(b)
+        row.append(0)
         blocks.append(values[None])
         self._leaves[key] = nid
         return nid

@@ -28,6 +28,29 @@ expression_hook: Callable | None = None
 # Installed by expressions.py: E.batch(ids) as DyNet's lookup_batch.
 batch_hook: Callable | None = None
 _creation = itertools.count()  # DyNet lists parameters in creation order, across sub-collections
+# Bumped whenever any collection gains a parameter or a sub-collection, a parameter's storage is
+# replaced, or its updated flag changes: what a trainer and ParameterCollection._all cache on.
+_layout = [0]
+
+
+def layout_version() -> int:
+    """Changes whenever the set of parameters, their arrays or their updated flags may have."""
+    return _layout[0]
+
+
+def _bump() -> None:
+    _layout[0] += 1
+
+
+class _Tracked(overlap.Synced):
+    """A Synced storage attribute whose replacement bumps the layout version (a trainer's
+    compiled update holds pointers into the old array)."""
+
+    def __set__(self, obj, value) -> None:
+        same = obj.__dict__.get(self.slot) is value  # `p.grad += g` stores the same array back
+        super().__set__(obj, value)
+        if not same:
+            _bump()
 
 
 # ------------------------------------------------------------------ initialisers
@@ -139,8 +162,8 @@ class _Stored:
     """Shared parts of Parameters and LookupParameters."""
     is_lookup = False
     # Reads wait for a backward()/update() still running on the overlap thread (overlap.py).
-    values = overlap.Synced()
-    grad = overlap.Synced()
+    values = _Tracked()
+    grad = _Tracked()
 
     def __init__(self, pc: "ParameterCollection", name: str, values: np.ndarray):
         self._pc, self._name = pc, name
@@ -149,7 +172,16 @@ class _Stored:
         host = np.array(values, dtype=config.np_dtype, order="C")  # a copy, as DyNet makes
         self.values = host if be.xp is np else be.to_device(host)
         self.grad = be.xp.zeros_like(self.values)
-        self.updated = True
+        self._updated = True
+
+    @property
+    def updated(self) -> bool:
+        return self._updated
+
+    @updated.setter
+    def updated(self, b: bool) -> None:
+        self._updated = bool(b)
+        _bump()
 
     def name(self) -> str:
         return self._name
@@ -239,7 +271,7 @@ class Parameters(_Stored):
 class LookupParameters(_Stored):
     """Embedding table of shape (rows, *dim). Gradients are tracked per touched row."""
     is_lookup = True
-    touched = overlap.Synced()
+    touched = _Tracked()
 
     def __init__(self, pc, name, values):
         super().__init__(pc, name, values)
@@ -351,6 +383,7 @@ class ParameterCollection:
         shape = as_shape(dim)
         p = Parameters(self, self._fresh(name), make_initializer(init, scale)(shape))
         self._params.append(p)
+        _bump()
         return p
 
     def parameters_from_numpy(self, array, name: str = "", device: str = "") -> Parameters:
@@ -364,6 +397,7 @@ class ParameterCollection:
         init = GlorotInitializer(gain=scale) if init is None else make_initializer(init, scale)  # DyNet: all dims
         p = LookupParameters(self, self._fresh(name), init(shape))
         self._params.append(p)
+        _bump()
         return p
 
     def lookup_parameters_from_numpy(self, array, name: str = "", device: str = "") -> LookupParameters:
@@ -375,6 +409,7 @@ class ParameterCollection:
     def add_subcollection(self, name: str | None = None) -> "ParameterCollection":
         sub = ParameterCollection(self._name + self._sub_names.fresh(name or "") + "/", self)
         self._subs.append(sub)
+        _bump()
         return sub
 
     def name(self) -> str:
@@ -409,12 +444,20 @@ class ParameterCollection:
         self._subs.extend(scratch._subs)
         self._param_names, self._sub_names = scratch._param_names, scratch._sub_names
         scratch._params, scratch._subs, scratch._staged_for = [], [], None
+        _bump()
 
     def _all(self) -> list[_Stored]:
+        """Every parameter of this collection and its sub-collections, in creation order (a
+        fresh list: the sorted one is cached until any collection changes)."""
+        cached = self.__dict__.get("_all_cache")
+        if cached is not None and cached[0] == _layout[0]:
+            return list(cached[1])
         out = list(self._params)
         for s in self._subs:
             out.extend(s._all())
-        return sorted(out, key=lambda p: p._order)
+        out.sort(key=lambda p: p._order)
+        self._all_cache = (_layout[0], out)
+        return list(out)
 
     def parameters_list(self) -> list[Parameters]:
         return [p for p in self._all() if not p.is_lookup]

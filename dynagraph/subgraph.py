@@ -61,7 +61,7 @@ class Plan:
     """One traced block for one argument signature: the steps, run over a whole batch."""
 
     def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int],
-                 mode: str | None = None, fuse: bool = False):
+                 mode: str | None = None, fuse: bool = False, piece_major: bool = True):
         self.name = name
         self.inputs = inputs
         self.in_shapes = [trace.shape[i] for i in inputs]  # lets dynagraph.memory plan a layout
@@ -94,6 +94,7 @@ class Plan:
         self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
         self._leaf_cache = None
         self._needs_memo: dict = {}
+        self.piece_major = piece_major   # see program.Program
         self.set_mode(mode, fuse)
 
     def set_mode(self, mode: str | None, fuse: bool = False) -> None:
@@ -105,7 +106,8 @@ class Plan:
             raise DynagraphError(f"block {self.name}: plan must be one of {MODES}, got {mode!r}")
         self.mode = mode
         self.layout = plan_layout(self) if mode == "planned" else None
-        self.program = Program(self, mode, self.layout, fuse and mode == "planned") if mode is not None else None
+        self.program = Program(self, mode, self.layout, fuse and mode == "planned",
+                               self.piece_major) if mode is not None else None
         kernels = len(self.program.units) if self.program is not None else len(self.steps)
         self.op = OpDef(f"block:{self.name}", lambda a, *s: (self.total,), self.forward, self.backward,
                         uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, kernels))

@@ -190,6 +190,25 @@ void dg_adam_f32(float *w, const float *g, float *m, float *v, const int64_t *ro
 void dg_adam_f64(double *w, const double *g, double *m, double *v, const int64_t *rows, int64_t nrows,
                  int64_t width, double beta1, double beta2, double eps, double lr_t, double gscale);
 
+/* One trainer update() of a whole collection in one call: n parameters, parameter k being
+ * w[k], g[k] (and optimizer states s0[k], s1[k], NULL where the rule keeps fewer), nrows[k]
+ * rows of width[k]. touched[k]: a lookup table's touched-row mask (NULL for parameters);
+ * its norm counts touched rows only. mode[k]: DG_MODE_FROZEN (counted in the norm, left
+ * alone), DG_MODE_DENSE (every element; the gradient, and a mask, cleared after) or
+ * DG_MODE_ROWS (touched rows only, each cleared after). First the global squared norm
+ * (in double), then clipping (clip <= 0: off), then the rule of each parameter.
+ * hp: SGD {lr}; momentum {lr, mom}; Adagrad {lr, 0, eps}; Adam {0, 0, eps, beta1, beta2, lr_t}.
+ * out: {squared norm, gradient scale, 1 if clipped else 0}. Returns 1, having written nothing, if the norm
+ * is not finite (the caller names the bad parameters), else 0. */
+enum dg_rule { DG_RULE_SGD = 0, DG_RULE_MOMENTUM = 1, DG_RULE_ADAGRAD = 2, DG_RULE_ADAM = 3 };
+enum dg_mode { DG_MODE_FROZEN = 0, DG_MODE_DENSE = 1, DG_MODE_ROWS = 2 };
+int dg_optim_step_f32(int64_t n, float *const *w, float *const *g, float *const *s0, float *const *s1,
+                      const int64_t *nrows, const int64_t *width, uint8_t *const *touched, const int64_t *mode,
+                      int rule, const double *hp, double clip, double *out);
+int dg_optim_step_f64(int64_t n, double *const *w, double *const *g, double *const *s0, double *const *s1,
+                      const int64_t *nrows, const int64_t *width, uint8_t *const *touched, const int64_t *mode,
+                      int rule, const double *hp, double clip, double *out);
+
 /* ---------------------------------------------------------------- fused.c
  * A straight-line elementwise program (a chain of elementwise ops of a static
  * subgraph) run over B rows of n elements in one call, forward and backward.
@@ -259,5 +278,31 @@ void dg_run_bwd_f64(const int64_t *code, const double *consts, int64_t nsteps, c
                     const int64_t *width, const double *const *out, double *const *gout,
                     const double *const *src, double *const *gsrc, const unsigned char *need,
                     const int64_t *zero_at, double *work);
+
+/* ---------------------------------------------------------------- rowmm.c
+ * Per-sample matrix-vector products, matrices read in place through (block, row) tables:
+ * A_j = bases[src[j]] + rows[j] * r * c, an (r, c) row-major matrix; x_j = x + j * xstride.
+ * matvec:     y[j] = A_j x_j                         (y: (n, r))
+ * tgrad:      gx[j] = A_j^T g_j                      (gx: (n, c), overwritten)
+ * outer_add:  A_j += g_j x_j^T into gradient rows    (sequential: repeats add up)
+ * copy_into:  out[j * ostride ...] = bases[src[j]][rows[j]] (width elements: a slice of an output)
+ */
+void dg_rows_matvec_f32(float *y, const float *const *bases, const int64_t *src, const int64_t *rows,
+                        const float *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+void dg_rows_matvec_f64(double *y, const double *const *bases, const int64_t *src, const int64_t *rows,
+                        const double *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+void dg_rows_matvec_tgrad_f32(float *gx, const float *const *bases, const int64_t *src, const int64_t *rows,
+                              const float *g, int64_t n, int64_t r, int64_t c);
+void dg_rows_matvec_tgrad_f64(double *gx, const double *const *bases, const int64_t *src, const int64_t *rows,
+                              const double *g, int64_t n, int64_t r, int64_t c);
+void dg_rows_outer_add_f32(float *const *bases, const int64_t *src, const int64_t *rows, const float *g,
+                           const float *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+void dg_rows_outer_add_f64(double *const *bases, const int64_t *src, const int64_t *rows, const double *g,
+                           const double *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
+
+void dg_rows_copy_into_f32(float *out, int64_t ostride, const float *const *bases, const int64_t *src,
+                           const int64_t *rows, int64_t n, int64_t width);
+void dg_rows_copy_into_f64(double *out, int64_t ostride, const double *const *bases, const int64_t *src,
+                           const int64_t *rows, int64_t n, int64_t width);
 
 #endif

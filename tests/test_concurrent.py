@@ -155,6 +155,50 @@ def test_exception_names_the_sample_and_stops_the_others():
     assert sorted(stopped) == [0, 1, 2, 3, 4]  # every sample's finally ran
 
 
+def test_workers_are_reused_across_maps_errors_and_threads(monkeypatch):
+    """Samples run on pooled worker greenlets: a second map starts none; a sample that raised, or
+    was stopped, leaves its worker usable; each thread has its own pool."""
+    import threading
+
+    from dynagraph import concurrent
+
+    def f(i):
+        x = dy.inputVector([float(i)])
+        for _ in range(i % 3):
+            x = x * 2
+            x.value()
+        return float(x)
+
+    expected = [float(i) * 2 ** (i % 3) for i in range(40)]
+    assert dy.autobatch_map(f, range(40)) == expected
+    made = []
+    real = concurrent.greenlet
+    monkeypatch.setattr(concurrent, "greenlet", lambda *a, **k: made.append(1) or real(*a, **k))
+    assert dy.autobatch_map(f, range(40)) == expected and not made
+
+    stopped = []
+
+    def g(i):
+        try:
+            dy.inputVector([1.0]).value()
+            if i == 3:
+                raise KeyError(i)
+            dy.inputVector([2.0]).value()
+        finally:
+            stopped.append(i)
+
+    with pytest.raises(KeyError):
+        dy.autobatch_map(g, range(8))
+    assert sorted(stopped) == list(range(8))
+    assert dy.autobatch_map(f, range(40)) == expected and not made
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(dy.autobatch_map(f, range(5))))
+    t.start()
+    t.join()
+    assert out == [expected[:5]]
+
+
 def test_record_time_error_in_one_sample_keeps_its_type(pc):
     W = pc.add_parameters((3, 4))
 
@@ -433,4 +477,55 @@ def test_acrobat_bench_driver_prints_its_table(capsys):
                         "--systems", "concurrent,one-by-one", "--hidden", "8"])
     out = capsys.readouterr().out
     row = [line for line in out.splitlines() if line.startswith("earlyexit")]
-    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 7, out  # 3 keys, 2 systems, ratios and bounds
+    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 1 + 5, out  # 3 keys, 2 systems, 1 ratio, bounds
+
+
+class _Nodes:
+    """What _Deferred.split reads of a graph: each node's argument ids."""
+
+    def __init__(self):
+        self.args = []
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.lists(st.tuples(st.booleans(), st.lists(st.integers(1, 40), max_size=3),
+                                          st.booleans()), min_size=1, max_size=12), min_size=1, max_size=8),
+       poke=st.booleans())
+def test_incremental_phase_split_keeps_the_chunk_contract(rounds, poke):
+    """dy.phase's split, kept from round to round, against engine's stateless one: run and left
+    partition the chunk; nothing run reads a node left; every read's value and what it needs run;
+    every deferred node no read needs is left; it leaves at least what the stateless split leaves.
+    `poke`: something else evaluates a left node between rounds (the split starts over)."""
+    from dynagraph.concurrent import _Deferred
+    from dynagraph.engine import _split_deferred
+    g, d = _Nodes(), _Deferred()
+    done, left = set(), []
+    for nodes in rounds:
+        new, targets = [], []
+        for deferred, back, read in nodes:
+            n = len(g.args)
+            g.args.append(tuple(sorted({n - b for b in back if n - b >= 0})))
+            if deferred:
+                d.add(n, n + 1)
+            if read:
+                targets.append(n)
+            new.append(n)
+        pending = left + new
+        ids = d.ids()
+        ref_run, ref_left = _split_deferred(g, list(pending), ids, targets)
+        run, left = d.split(g, list(pending), targets)
+        assert run == sorted(run) and left == sorted(left) and sorted(run + left) == pending
+        assert set(ref_left) <= set(left) and set(run) <= set(ref_run)
+        assert not any(set(g.args[n]) & set(left) for n in run)
+        needed, stack = set(), list(targets)
+        while stack:
+            n = stack.pop()
+            if n not in done and n not in needed:
+                needed.add(n)
+                stack.extend(g.args[n])
+        assert needed <= set(run)
+        assert {n for n in pending if n in ids} - needed <= set(left)
+        done |= set(run)
+        if poke and left:  # e.g. a nested map's own evaluation
+            done.add(left[0])
+            left = left[1:]

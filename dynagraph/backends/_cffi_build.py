@@ -21,7 +21,7 @@ from cffi import FFI
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
 HEADER = KERNELS / "dg_kernels.h"
-FAMILIES = ["rows", "elementwise", "reduce", "softmax", "gates", "optim", "fused"]
+FAMILIES = ["rows", "elementwise", "reduce", "softmax", "gates", "optim", "fused", "rowmm"]
 
 # -O3 vectorizes the kernels; -fno-trapping-math lets GCC turn their branch-free
 # selects into blends (it will not otherwise); -ffp-contract=off keeps a*b+c as two

@@ -109,6 +109,9 @@ class Backend(Protocol):
     fused_cells: Optional[FusedCells]
     row_add: Optional[Callable[[Any, Sequence[int], Any], None]]
     optimizer_rules: Optional[OptimizerRules]
+    # (blocks, row index) -> an argument left in place that an op reading OpDef.rows_args may
+    # take instead of the gathered copy (cpu/rowmm.py), or None where it cannot
+    rows_operand: Optional[Callable[[list, Any], Any]]
 
 
-CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules")
+CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand")

@@ -18,6 +18,7 @@ class NumpyBackend:
     fused_cells = None
     row_add = None
     optimizer_rules = None
+    rows_operand = None
 
     def __init__(self, xp=np):
         self.xp = xp

@@ -15,10 +15,11 @@ import time
 
 from .. import engine
 from ..config import config
-from .detect import MAX_NODES, MIN_CALLS, Pattern, find_patterns
+from .detect import MAX_NODES, MIN_CALLS, Head, Pattern, find_patterns, plan_native
 from .run import Coarsened, CoarseRecord, plan_for
 
-__all__ = ["MAX_NODES", "MIN_CALLS", "CoarseRecord", "Coarsened", "Pattern", "coarsen", "find_patterns", "plan_for"]
+__all__ = ["MAX_NODES", "MIN_CALLS", "CoarseRecord", "Coarsened", "Head", "Pattern", "coarsen", "find_patterns",
+           "plan_for"]
 
 
 def coarsen(cg, pending: list) -> Coarsened | None:
@@ -29,14 +30,19 @@ def coarsen(cg, pending: list) -> Coarsened | None:
     collecting = gc.isenabled()
     gc.disable()  # the pass allocates a few small objects per node, all live: nothing to collect
     try:
-        patterns, owner = find_patterns(cg, pending)
+        found = plan_native(cg, pending)   # patterns and their unit schedule in one compiled pass
+        if found is None:
+            patterns, owner = find_patterns(cg, pending)
+            batches = None
+        else:
+            (patterns, batches), owner = found, None
     finally:
         if collecting:
             gc.enable()
     cg.stats.t_coarsen += time.perf_counter() - t0
     if not patterns:
         return None
-    return Coarsened(cg, pending, patterns, owner)
+    return Coarsened(cg, pending, patterns, owner, batches)
 
 
 engine.set_coarsener(coarsen)

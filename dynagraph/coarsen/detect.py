@@ -6,17 +6,26 @@ pending nodes are cut into *instances*, and instances with the same canonical ke
 *pattern*: each pattern runs through the compiled-block machinery of `dy.block`.
 
 How nodes become instances (one pass, consumers before producers, so in
-decreasing node id):
+decreasing node id; the compiled pass `dynagraph._coarsen.plan` also groups the
+instances into patterns and computes the unit schedule, see run.Coarsened):
 
 * a node whose consumers all belong to one instance joins it (a fan-in cone:
   the gate slices of an LSTM join the products that read them), unless it is
-  shaped like a member (same signature, arguments of the same signatures) or
-  has the root's signature and a consumer of the same signature as the root's:
-  then it is the previous repetition's output (a child's `h` read by its
-  parent's `concatenate`) and starts an instance of its own;
+  shaped like a member (the same structure two levels deep: signature, the
+  arguments' signatures and theirs) or has the root's signature and a consumer
+  of the same signature as the root's: then it is the previous repetition's
+  output (a child's `h` read by its parent's `concatenate`) and starts an
+  instance of its own;
 * a node read by several instances joins the one with the smallest root id,
   unless that instance already holds a node of its signature (that is the next
-  repetition: the previous step's `h` stays the root of its own step);
+  repetition: the previous step's `h` stays the root of its own step; shaped like
+  one of its members too, it is a repetition output, see below) or it reads no
+  node of the chunk (a word's embedding read by both directions of a BiLSTM: kept
+  op-level, it does not tie one direction's steps to the other's levels);
+* a node shaped like a repetition output cut so far anywhere in the chunk starts
+  one too (the root of a tree's last cell is read by the loss, not by a parent:
+  without this rule it joined the loss's instance, and each tree's root cell became
+  a pattern of its own at every depth, with few instances per group);
 * otherwise, or when the instance is full (`MAX_NODES`), it is a root: the
   last node of a new instance.
 
@@ -39,6 +48,7 @@ except ImportError:  # pragma: no cover - built without a compiler
 MAX_NODES = 48          # instance size cap: keeps patterns small and repeating
 MIN_CALLS = 2           # a pattern is coarsened only if it occurs at least this often
 MAX_ARGS = 8            # a wider node (the esum of a mini-batch's losses) is a reduction: op-level
+DEFER_HEIGHT = 2        # units this close to the chunk's sinks run as late as possible (run._defer)
 
 
 class Pattern(NamedTuple):
@@ -82,6 +92,47 @@ def find_patterns(cg, pending: list) -> tuple[list, list]:
     return [p for p in by_key.values() if len(p.roots) >= MIN_CALLS], owner
 
 
+class Head(NamedTuple):
+    """A pattern as running it needs it: its key, and its first instance (to trace)."""
+    key: tuple
+    members: tuple            # the first instance's node ids in id order
+    externals: tuple          # its outside arguments in first-use order
+    count: int                # instances of the pattern in the chunk
+
+
+def heads(patterns: list) -> list:
+    """find_patterns' patterns as Heads."""
+    return [Head(p.key, tuple(p.members[0]), tuple(p.externals[0]), len(p.roots)) for p in patterns]
+
+
+def payloads(patterns: list, batches: list) -> list:
+    """A unit schedule over instance indices (Coarsened.schedule_py) with each group's
+    payload as the compiled pass gives it: (per member position a tuple of node ids, per
+    outside argument a tuple of node ids, per instance its slots)."""
+    out = []
+    for pi, g in batches:
+        if pi < 0:
+            out.append((pi, g))
+            continue
+        p = patterns[pi]
+        out.append((pi, (tuple(zip(*[p.members[w] for w in g])), tuple(zip(*[p.externals[w] for w in g])),
+                         tuple(p.slots[w] for w in g))))
+    return out
+
+
+def plan_native(cg, pending: list) -> tuple[list, list] | None:
+    """(heads, batches) from the compiled pass in one call: the patterns (as `heads` gives
+    them) and the unit schedule with each group's node ids (as `payloads` gives it), with
+    no Python object per instance; None where dynagraph._coarsen is not built."""
+    if _NATIVE is None:
+        return None
+    if len(pending) < 2 * MIN_CALLS:
+        return [], []
+    pats, batches = _NATIVE.plan(cg.args, cg.sig, cg.op, cg.data, pending, MAX_NODES, MAX_ARGS,
+                                 len(cg.signatures), MIN_CALLS, DEFER_HEIGHT)
+    return [Head(*p) for p in pats], batches
+
+
 def instances_py(cg, pending: list) -> tuple[list, list]:
     """The pure-Python twin of dynagraph._coarsen.find: (owner, [(root, members, key,
     externals, slots)]) for every instance of two or more nodes."""
@@ -96,6 +147,7 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     cmulti = [False] * span   # consumers in more than one instance
     csig = [-1] * span        # the signature of a node's last-recorded consumer
     excluded: set = set()
+    repeated: set = set()     # shapes of the repetition outputs cut so far (see the module doc)
     size: dict = {}
     sigs_of: dict = {}
     shapes_of: dict = {}
@@ -111,27 +163,34 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
             owner[k] = r = n
         else:
             m = cmin[k]
-            if m < 0 or m in excluded or size[m] >= MAX_NODES:
+            shape = _shape2(n, args, sig)
+            if m < 0 or m in excluded or size[m] >= MAX_NODES or shape in repeated:
                 r = n
             elif not cmulti[k]:
                 # shaped like a member (its signature, arguments of the same signatures) or
                 # read like the root: the previous repetition's output (a child's h read by its
                 # parent's concatenate), cut there
-                r = n if _shape(n, args, sig) in shapes_of[m] or (
+                r = n if shape in shapes_of[m] or (
                     sig[n] == sig[m] and 0 <= csig[m - lo] == csig[k]) else m
+                if r == n:
+                    repeated.add(shape)
+            elif not any(0 <= a - lo < span and is_pending[a - lo] for a in a_n):
+                r = n   # an input read by several instances (a word's embedding): op-level, level 0
             elif sig[n] not in sigs_of[m]:
                 r = m
             else:
                 r = n
+                if shape in shapes_of[m]:   # shaped like a member of the next repetition too
+                    repeated.add(shape)
             owner[k] = r
             if r == n:
                 size[n] = 1
                 sigs_of[n] = {sig[n]}
-                shapes_of[n] = {_shape(n, args, sig)}
+                shapes_of[n] = {shape}
             else:
                 size[r] += 1
                 sigs_of[r].add(sig[n])
-                shapes_of[r].add(_shape(n, args, sig))
+                shapes_of[r].add(shape)
         for a in a_n:
             j = a - lo
             if j >= 0 and is_pending[j]:
@@ -170,6 +229,16 @@ def _shape(n: int, args: list, sig: list) -> int:
     h = sig[n] + 2
     for a in args[n]:
         h = (h * 1000003 + sig[a] + 2) & _MASK
+    return h
+
+
+def _shape2(n: int, args: list, sig: list) -> int:
+    """Two levels of structure: a hash of a node's one-level hash and its arguments' (so
+    that LSTM's i*u, a product of a logistic and a tanh of a gate slice, is not taken for
+    h = o*tanh(c), a product of a logistic and a tanh of the cell state)."""
+    h = _shape(n, args, sig) + 2
+    for a in args[n]:
+        h = (h * 1000003 + _shape(a, args, sig) + 2) & _MASK
     return h
 
 

@@ -21,13 +21,13 @@ from ..ops.base import Sliced, SparseRows
 from ..program import Grads, UnitGrads
 from ..program.units import PIECES
 from ..subgraph import PLACEHOLDER, Plan
-from .detect import Pattern
+from .detect import DEFER_HEIGHT, Head, heads, payloads
 
 _PLANS: OrderedDict[tuple, Plan] = OrderedDict()   # canonical key -> compiled plan
 _MAX_PLANS = 256
 
 
-def plan_for(cg, p: Pattern) -> tuple[Plan, list]:
+def plan_for(cg, p: Head) -> tuple[Plan, list]:
     """The compiled plan of pattern p (cached across graphs by a graph-independent key) and
     the graph's node ids of its parameters, in the plan's leaf order."""
     canon = (_canonical(cg.signatures, p.key), config.block_plan, cg.dtype.str)
@@ -53,10 +53,10 @@ def _canonical(sigs: list, key: tuple) -> tuple:
     return tuple(out)
 
 
-def _trace(cg, p: Pattern) -> Plan:
+def _trace(cg, p: Head) -> Plan:
     """Re-record the first instance into a private trace graph: outside inputs become
     placeholders (or the same parameters), per-node data becomes index slots."""
-    ms, ext = p.members[0], p.externals[0]
+    ms, ext = p.members, p.externals
     trace = ComputationGraph(scheduler="none")
     trace.tracing = True
     trace.dtype = cg.dtype
@@ -78,11 +78,30 @@ def _trace(cg, p: Pattern) -> Plan:
         ids[n] = trace.add(op, tuple(ids[a] for a in cg.args[n]), cg.attrs[n], d)
     ops = "+".join(sorted({cg.op[n].name for n in ms}))
     # no fused chains: their C backward keeps the chain's inner gradients to itself, and
-    # gradient() of every node of the group must equal op-level autodiff's
-    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False)
+    # gradient() of every node of the group must equal op-level autodiff's; no piece-major
+    # products: every member, the sliced product too, keeps its own (B, n) value, and a
+    # product that is a single step hands its weight gradient to autodiff's one GEMM
+    plan = Plan(f"coarse[{ops}]", trace, inputs, [ids[ms[-1]]], config.block_plan, False, piece_major=False)
     plan.positions = [ids[n] for n in ms]           # trace id of member position m
     plan.ext_is_input = [not cg.op[a].leaf for a in ext]
+    plan.weight_products = _weight_products(plan, trace)
     return plan
+
+
+def _weight_products(plan: Plan, trace) -> dict:
+    """step index -> [(W position, x position, leaf number)] for the products W x of a step
+    with W one of the plan's parameters and x a vector per instance: their weight gradient
+    is left to autodiff, which sums G^T X over every batch and group in one GEMM."""
+    leaf_at = {i: k for k, i in enumerate(plan.leaves)}
+    out: dict = {}
+    for n, (i, op, args, a, spec, shape) in enumerate(plan.steps):
+        if op.weight_products is None or len(shape) != 1:
+            continue
+        found = [(w, x, leaf_at[args[w]]) for w, x in op.weight_products(len(args))
+                 if args[w] in leaf_at and len(trace.shape[args[w]]) == 2 and len(trace.shape[args[x]]) == 1]
+        if found:
+            out[n] = found
+    return out
 
 
 class CoarseRecord:
@@ -99,8 +118,10 @@ class CoarseRecord:
         """Every member node (what revert() and set_data() look at)."""
         return [n for s in self.steps for n in s]
 
-    def grad(self, cg, be, gb, full: bool, grad_block) -> None:
-        """Replay the plan in reverse from the gradients in the members' blocks."""
+    def grad(self, cg, be, gb, full: bool, grad_block, deferred: dict | None = None) -> None:
+        """Replay the plan in reverse from the gradients in the members' blocks. With
+        `deferred` (autodiff's parameter block -> [(G, X)]), the weight gradients of the
+        plan's single-step products go there instead of being computed per group."""
         t0 = time.perf_counter()
         plan, B, xp = self.plan, self.B, be.xp
         gs = [gb[b] for b in self.bids]
@@ -119,10 +140,11 @@ class CoarseRecord:
         for t, g, lead in zip(plan.positions, gs, self.leads):
             if g is not None:
                 acc.add(t, g, (lead,) + shapes[t] if lead == 1 else g.shape)
+        divert = self._divert(deferred) if deferred is not None and plan.weight_products else None
         if prog is not None:
-            gxs = prog.grad(be, acc, self.saved, need)
+            gxs = prog.grad(be, acc, self.saved, need, divert)
         else:
-            gxs = plan.grad_steps(be, acc, self.saved, need)
+            gxs = plan.grad_steps(be, acc, self.saved, need, divert)
         self._node_grads(gb, acc, B, xp)
         t1 = time.perf_counter()
         stats = cg.stats
@@ -140,6 +162,23 @@ class CoarseRecord:
             scatter(cg, be, gb, pl, gx, stats)
         stats.t_memory += time.perf_counter() - t1
 
+    def _divert(self, deferred: dict):
+        """program.step_backward's divert: (G, X) of each parameter product to `deferred`,
+        under the conditions of autodiff._defer_weight_grads (a shared (1, n, m) weight, a
+        (B, m) input, a (B, n) output gradient)."""
+        products = self.plan.weight_products
+        first_leaf = len(self.plan.inputs)
+        plans = self.plans
+
+        def divert(n, args, ins, gi, want):
+            for w, x, k in products.get(n, ()):
+                W, X = ins[w], ins[x]
+                if want[w] and W.ndim == 3 and W.shape[0] == 1 and X.ndim == 2 and gi.ndim == 2 and \
+                        X.shape[0] == gi.shape[0] and gi.shape[1] == W.shape[1] and X.shape[1] == W.shape[2]:
+                    want[w] = False
+                    deferred.setdefault(plans[first_leaf + k][1], []).append((gi, X))
+        return divert
+
     def _node_grads(self, gb, acc, B: int, xp) -> None:
         """Each member's total gradient into its block's gradient, as op-level autodiff
         leaves it (gradient() of any node of the group)."""
@@ -151,8 +190,10 @@ class CoarseRecord:
                 g = whole
             elif whole is not None and t not in prog.home:  # a piece-major product read whole too
                 g = g + whole
-            if g is not None and not isinstance(g, (Sliced, SparseRows)):
-                gb[bid] = xp.ascontiguousarray(xp.broadcast_to(g, (B,) + g.shape[1:]))
+            if g is not None and type(g) is not Sliced and type(g) is not SparseRows:
+                if g.shape[0] != B:
+                    g = xp.broadcast_to(g, (B,) + g.shape[1:])
+                gb[bid] = g if g.flags.c_contiguous else xp.ascontiguousarray(g)
 
 
 def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
@@ -161,15 +202,15 @@ def _unit_grad(prog, seen_units: dict, t: int, B: int, xp):
     if home is not None:
         buf = seen_units.get(home[0])
         return None if buf is None else buf[home[1] * B:(home[1] + 1) * B]
-    for k, u in enumerate(prog.units):
-        if u.kind == PIECES and prog.plan.steps[u.steps[0]][0] == t:
-            buf = seen_units.get(k)
-            if buf is None:
-                return None
-            P = u.pieces
-            h = buf.shape[-1]
-            return xp.ascontiguousarray(buf.reshape(P, B, h).transpose(1, 0, 2)).reshape(B, P * h)
-    return None
+    k = prog.pieces_unit.get(t)
+    if k is None:
+        return None
+    buf = seen_units.get(k)
+    if buf is None:
+        return None
+    P = prog.units[k].pieces
+    h = buf.shape[-1]
+    return xp.ascontiguousarray(buf.reshape(P, B, h).transpose(1, 0, 2)).reshape(B, P * h)
 
 
 class _Seen:
@@ -200,13 +241,15 @@ class _CapturedUnits(_Seen, UnitGrads):
         self.seen, self.seen_units = {}, {}
 
 
-def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> None:
-    """Run instances `which` (indices into p) of pattern p as one call of its plan."""
+def run_group(cg, be, plan: Plan, leaf_ids: list, payload: tuple) -> None:
+    """Run a group of instances of one pattern as one call of its plan. payload: per member
+    position the instances' node ids, per outside argument the same, per instance its
+    per-node data (detect.payloads)."""
     stats = cg.stats
     xp = be.xp
     t0 = time.perf_counter()
-    B = len(which)
-    by_position = list(zip(*[p.externals[w] for w in which]))
+    by_member, by_position, data = payload
+    B = len(data)
     cols = [ids for ids, inp in zip(by_position, plan.ext_is_input) if inp]
     xs, plans = [], []
     for ids in cols:
@@ -218,7 +261,6 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         xs.append(cg.blocks[b])
         plans.append((LEAF, b, None))
         cols.append((leaf,))
-    data = [p.slots[w] for w in which]
     t1 = time.perf_counter()
     data_of = lambda spec: plan._data(spec, data)
     if plan.program is not None:
@@ -227,7 +269,6 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, p: Pattern, which: list) -> No
         vals, saved = plan.run_steps(be, xs, data_of)
     t2 = time.perf_counter()
     steps, bids, leads = [], [], []
-    by_member = list(zip(*[p.members[w] for w in which]))
     dtype = cg.dtype
     for m, t in enumerate(plan.positions):
         v = vals.get(t)
@@ -274,43 +315,85 @@ def _piece_value(plan: Plan, saved: list, t: int, xp):
     raise KeyError(f"coarsened plan {plan.name}: no value for trace node {t}")
 
 
+def _defer(asap: list, readers: list) -> list:
+    """Final unit levels: as soon as possible, except the deferred units (those at most
+    DEFER_HEIGHT from a sink, read only by deferred units), which run at top - height with
+    top = the largest asap + height among them: never before their own as-soon-as-possible
+    level, always after what feeds them and before what reads them."""
+    n = len(asap)
+    height, deferred = [0] * n, [False] * n
+    for u in range(n - 1, -1, -1):
+        rs = readers[u]
+        if not rs:
+            deferred[u] = True
+            continue
+        h = 1 + max(height[c] for c in rs)
+        height[u] = h
+        deferred[u] = h <= DEFER_HEIGHT and all(deferred[c] for c in rs)
+    top = max((asap[u] + height[u] for u in range(n) if deferred[u]), default=0)
+    return [top - height[u] if deferred[u] else asap[u] for u in range(n)]
+
+
 class Coarsened:
     """A chunk of pending nodes with its coarsened patterns: scheduled over units and run."""
 
-    def __init__(self, cg, pending: list, patterns: list, owner: list):
-        self.cg, self.pending, self.patterns, self.owner = cg, pending, patterns, owner
-        self.roots = {r for p in patterns for r in p.roots}   # the coarsened instances
+    def __init__(self, cg, pending: list, patterns: list, owner: list | None, batches: list | None = None):
+        """patterns: find_patterns' patterns with owner, its instance roots, from which
+        schedule() computes the unit schedule; or Heads with batches, that schedule with the
+        groups' node ids, from the compiled pass (detect.plan_native)."""
+        self.cg, self.pending, self.owner, self.batches = cg, pending, owner, batches
+        self.found = patterns
+        self.patterns = patterns if batches is not None else heads(patterns)
 
     def schedule(self) -> list:
-        """Batches over units by unit depth: (-1, [node ids]) or (pattern index, [instance
-        indices]). An instance's depth is one more than the deepest unit that feeds it;
-        instances of one pattern at one depth run as one group. Units are visited in the
-        order of their instance roots (a topological order, see detect.py)."""
+        """Batches over units by unit depth: (-1, [node ids]) or (pattern index, payload)
+        with the payload detect.payloads describes."""
+        if self.batches is None:
+            self.batches = payloads(self.found, self.schedule_py())
+        return self.batches
+
+    def schedule_py(self) -> list:
+        """The unit schedule in Python (the compiled pass's twin), over instance indices:
+        (-1, [node ids]) or (pattern index, [instance indices]). Units are visited in the
+        order of their instance roots (a topological order, see detect.py). A unit runs one
+        level after the deepest unit that feeds it (as soon as possible), except near the
+        end: a unit at most DEFER_HEIGHT steps from the chunk's sinks, all of whose readers
+        are such units too (a tree's root cell and its loss, a tagger's per-word losses),
+        runs as late as possible, so that those of every sample share one level instead of
+        one per depth. Units of one pattern (or op-level nodes of one signature) at one
+        level run as one group."""
         cg = self.cg
+        self.roots = {r for p in self.found for r in p.roots}   # the coarsened instances
         args, sig, ops = cg.args, cg.sig, cg.op
         owner, lo = self.owner, self.pending[0]
         span = len(owner)
         roots = self.roots
         units = []   # (instance root, node id, pattern or -1, payload)
-        for pi, p in enumerate(self.patterns):
+        for pi, p in enumerate(self.found):
             units.extend([(r, r, pi, w) for w, r in enumerate(p.roots)])
         units.extend([(owner[n - lo], n, -1, n) for n in self.pending if owner[n - lo] not in roots])
         units.sort()
-        level: dict = {}
-        groups: dict = {}
-        out = []
-        get = level.get
-        for _, r, pi, payload in units:
-            deps = args[payload] if pi < 0 else self.patterns[pi].externals[payload]
+        index: dict = {}     # a unit's level key (its root, or its node) -> unit number
+        asap, readers = [], []
+        for u, (_, r, pi, payload) in enumerate(units):
+            deps = args[payload] if pi < 0 else self.found[pi].externals[payload]
             lv = 0
             for a in deps:
                 j = a - lo
                 if 0 <= j < span:
-                    u = owner[j]
-                    la = get(u if u in roots else a)
-                    if la is not None and la >= lv:
-                        lv = la + 1
-            level[r] = lv
+                    o = owner[j]
+                    v = index.get(o if o in roots else a)
+                    if v is not None:
+                        readers[v].append(u)
+                        if asap[v] >= lv:
+                            lv = asap[v] + 1
+            index[r] = u
+            asap.append(lv)
+            readers.append([])
+        levels = _defer(asap, readers)
+        groups: dict = {}
+        out = []
+        for (_, r, pi, payload), lv in zip(units, levels):
             if pi < 0:
                 key = (lv, -1, sig[payload]) if ops[payload].batchable else None
             else:
@@ -340,6 +423,6 @@ class Coarsened:
             if compiled[pi] is None:
                 compiled[pi] = plan_for(cg, self.patterns[pi])
             plan, leaf_ids = compiled[pi]
-            run_group(cg, be, plan, leaf_ids, self.patterns[pi], g)
+            run_group(cg, be, plan, leaf_ids, g)
         if stretch:
             executor.execute(cg, be, stretch)

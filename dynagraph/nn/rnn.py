@@ -178,6 +178,10 @@ class VanillaLSTMBuilder(_LSTMBase):
     # DyNet's thirteen elementwise nodes: the same numbers, far fewer nodes to record, schedule,
     # run and differentiate. False records DyNet's nodes one by one (layer norm always does).
     fused_cell = True
+    # transduce() records every step's input product W_x x + b before the recurrence (one batch
+    # per layer and sequence), then b' + W_h h per step: the same sum, added in another order.
+    # False records DyNet's single affine_transform([b, W_x, x, W_h, h]) per step.
+    hoist_inputs = True
 
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection,
                  ln_lstm: bool = False, forget_bias: float = 1.0):
@@ -241,11 +245,30 @@ class VanillaLSTMBuilder(_LSTMBase):
         hs, cs = state._h, state._c
         if (hs is not None and any(type(e) is not Expression for e in (*hs, *cs))) or not self._plain(seq):
             return None
-        out, step = [], self._plain_step
-        for x in xs:
-            hs, cs, h = step(seq, hs, cs, x)
-            out.append(h)
-        return out
+        if not self.hoist_inputs:
+            out, step = [], self._plain_step
+            for x in xs:
+                hs, cs, h = step(seq, hs, cs, x)
+                out.append(h)
+            return out
+        c_attrs, h_attrs = _cell_attrs(self.hidden_dim, self.forget_bias)
+        for i, (W_x, W_h, b) in enumerate(seq.vars):  # layer by layer: each reads the one below
+            # Every step's input product first: none depends on the recurrence, so the scheduler
+            # runs them as one GEMM (W_x read once per sequence, not once per word), and each
+            # step's own product is W_h h alone.
+            pres = [affine_transform([b, W_x, x]) for x in xs]
+            h, c = (None, None) if hs is None else (hs[i], cs[i])
+            out = []
+            for pre in pres:
+                if h is None:
+                    c = record1(_LSTM_C, pre, c_attrs)
+                else:
+                    pre = affine_transform([pre, W_h, h])
+                    c = record2(_LSTM_C, pre, c, c_attrs)
+                h = record2(_LSTM_H, pre, c, h_attrs)
+                out.append(h)
+            xs = out
+        return xs
 
     def _step(self, seq, hs, cs, x):
         if type(x) is Expression and self._plain(seq) and (

@@ -26,6 +26,7 @@ import numpy as np
 from .. import overlap
 from ..backends import get_backend
 from ..errors import NonFiniteError
+from ..parameters import layout_version
 
 __all__ = ["Trainer", "SimpleSGDTrainer", "MomentumSGDTrainer", "AdagradTrainer", "AdadeltaTrainer",
            "RMSPropTrainer", "AdamTrainer", "AmsgradTrainer"]
@@ -49,6 +50,7 @@ class Trainer:
         self.updates_since_status = 0
         self.clips_since_status = 0
         self._state: dict = {}     # id(parameter) -> list of n_states arrays (pc keeps p alive)
+        self._collection = None    # (key, CollectionStep or None) for update() in one call
 
     # ------------------------------------------------------------ settings
     @property
@@ -115,6 +117,8 @@ class Trainer:
 
     def _update(self) -> None:
         params = self.model._all()
+        if self._collection_rule is not None and self._step_collection(params):
+            return
         gscale = self._clip_scale(_grad_norm_sq(params))
         rules = self._rules()  # once per update, not per parameter: per-sentence programs update often
         for p in params:
@@ -131,6 +135,60 @@ class Trainer:
                 p.grad[...] = 0
         self.updates += 1
         self.updates_since_status += 1
+
+    # ---------------------------------------------- the whole collection in one call
+    _collection_rule: str | None = None  # the compiled rule's name where a subclass has one
+
+    def _collection_hp(self) -> tuple:
+        """The rule's scalars for the backend's CollectionStep (see kernels/dg_kernels.h)."""
+        raise NotImplementedError
+
+    def _step_collection(self, params: list) -> bool:
+        """update() as one call of the backend's CollectionStep (norm, clipping, rule, cleared
+        gradients), where every parameter lives on one backend that has it; False where not
+        (the per-parameter path then runs). The same arithmetic as that path, but for the
+        global norm, which is summed in float64 instead of per parameter in its dtype."""
+        key = self._collection_key(params)
+        plan = self._collection
+        if plan is None or plan[0] != key:
+            plan = self._collection = (key, self._collection_plan(params))
+        step = plan[1]
+        if step is None or (self.clipping_enabled and not self.clip_threshold > 0):
+            return False
+        finite, norm_sq, clipped = step(self._collection_hp(), self.clip_threshold if self.clipping_enabled else 0.0)
+        if not finite:
+            _grad_norm_sq(params)  # names the non-finite parameters (raises); nothing was written
+            return False
+        if clipped:
+            self.clips += 1
+            self.clips_since_status += 1
+        self.updates += 1
+        self.updates_since_status += 1
+        return True
+
+    def _collection_key(self, params: list) -> tuple:
+        """What a CollectionStep was built from: the parameters, their arrays and updated flags
+        (parameters.layout_version changes with any of them), and the sparse-update setting."""
+        return (layout_version(), self.sparse_updates_enabled, len(params))
+
+    def _collection_plan(self, params: list):
+        """A CollectionStep of the parameters' one backend, or None (mixed or other backends,
+        arrays it cannot take: the per-parameter path handles those)."""
+        if not params:
+            return None
+        be = params[0].backend
+        rules = be.optimizer_rules
+        make = getattr(rules, "CollectionStep", None)
+        if make is None or any(p.backend is not be for p in params):
+            return None
+        entries = []
+        for p in params:
+            mode = 0 if not p.is_updated() else 2 if p.is_lookup and self.sparse_updates_enabled else 1
+            entries.append((p.values, p.grad, self._states(p), p.touched if p.is_lookup else None, mode))
+        try:
+            return make(self._collection_rule, entries)
+        except (TypeError, ValueError):
+            return None
 
     def _clip_scale(self, norm_sq: float) -> float:
         if not self.clipping_enabled:
@@ -242,6 +300,11 @@ class SimpleSGDTrainer(Trainer):
     def _kernel(self, k, w, g, states, gscale, rows):
         k.sgd_update(w, g, self.learning_rate * gscale, rows)
 
+    _collection_rule = "sgd"
+
+    def _collection_hp(self):
+        return (self.learning_rate,)
+
 
 class MomentumSGDTrainer(Trainer):
     """v = mom * v - lr * g;  w += v"""
@@ -260,6 +323,11 @@ class MomentumSGDTrainer(Trainer):
     def _kernel(self, k, w, g, states, gscale, rows):
         k.momentum_update(w, g, states[0], self.momentum, self.learning_rate * gscale, rows)
 
+    _collection_rule = "momentum"
+
+    def _collection_hp(self):
+        return (self.learning_rate, self.momentum)
+
 
 class AdagradTrainer(Trainer):
     """h += g^2;  w -= lr * g / sqrt(h + eps)   (eps inside the root, as in DyNet)"""
@@ -277,6 +345,11 @@ class AdagradTrainer(Trainer):
 
     def _kernel(self, k, w, g, states, gscale, rows):
         k.adagrad_update(w, g, states[0], self.learning_rate, self.epsilon, gscale, rows)
+
+    _collection_rule = "adagrad"
+
+    def _collection_hp(self):
+        return (self.learning_rate, 0.0, self.epsilon)
 
 
 class AdadeltaTrainer(Trainer):
@@ -343,6 +416,11 @@ class AdamTrainer(Trainer):
     def _kernel(self, k, w, g, states, gscale, rows):
         k.adam_update(w, g, states[0], states[1], self.beta_1, self.beta_2, self.epsilon, self._lr_t(), gscale, rows)
 
+    _collection_rule = "adam"
+
+    def _collection_hp(self):
+        return (0.0, 0.0, self.epsilon, self.beta_1, self.beta_2, self._lr_t())
+
     def _rule(self, w, g, states, gscale):
         mom, var = states
         lr_t = self._moments(g, mom, var, gscale)
@@ -352,7 +430,8 @@ class AdamTrainer(Trainer):
 class AmsgradTrainer(AdamTrainer):
     """Adam with vhat = max(vhat, v) in the denominator."""
     n_states = 3
-    _kernel = None  # Adam's compiled rule does not apply
+    _kernel = None  # Adam's compiled rules do not apply
+    _collection_rule = None
 
     def _rule(self, w, g, states, gscale):
         mom, var, vhat = states

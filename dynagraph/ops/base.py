@@ -43,6 +43,9 @@ class OpDef:
     # whose weight gradient is sum_b g_b x_b^T, which autodiff may defer and sum over all
     # batches of a graph as one GEMM (matmul, affine_transform)
     weight_products: Callable[[int], tuple] | None = None
+    # argument positions the op can read in place (True: every argument): gathered from
+    # several blocks, such an argument arrives as the backend's rows_operand (in_place())
+    rows_args: tuple | bool = ()
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -62,6 +65,12 @@ def op(name: str, shape: Callable, **kw):
         d = cls.__dict__
         return defop(name, shape, d["forward"], d.get("backward"), check=d.get("check"), **kw)
     return wrap
+
+
+def in_place(x) -> bool:
+    """x is a backend's rows operand (OpDef.rows_args): rows of several earlier blocks left
+    where they lie, read through a row table (shape, dtype, dense(); see ops/linalg.py)."""
+    return getattr(x, "reads_in_place", False)
 
 
 class Sliced:

@@ -2,7 +2,7 @@
 is a single GEMM, forward and backward: that is where batching pays most."""
 from __future__ import annotations
 
-from .base import GEMM, ELEMWISE, broadcast_shape, op, pad_to, reduce_to
+from .base import GEMM, ELEMWISE, broadcast_shape, in_place, op, pad_to, reduce_to
 
 
 def _as_matrix(s: tuple) -> tuple:
@@ -92,13 +92,29 @@ def _affine_products(n_args: int) -> tuple:
     return tuple((i, i + 1) for i in range(1, n_args, 2))
 
 
-@op("matmul", mm_shape, cost=GEMM, weight_products=_matmul_products)
+@op("matmul", mm_shape, cost=GEMM, weight_products=_matmul_products, rows_args=(0,))
 class MatMul:
+    """A x. Per-sample matrices A from several blocks (MV-RNN's A[r] * a[l]: a lookup
+    table's rows and earlier outputs) may arrive as a rows operand: the products read
+    each A_j in place and the backward adds g_j x_j^T into A's gradient rows in place
+    (no (B, r, c) copy either way); a case its kernel does not cover takes the dense
+    copy, the gather the executor would otherwise have made."""
     def forward(xp, a, data, A, X):
+        if in_place(A):
+            y = A.matvec(X)
+            if y is not None:
+                return y
+            A = A.dense()
         return mm(xp, A, X)
 
     def backward(xp, a, data, xs, y, g, need):
-        return mm_grads(xp, xs[0], xs[1], g, need)
+        A, X = xs
+        if in_place(A):
+            grads = A.matvec_grads(X, g, need)
+            if grads is not None:
+                return grads
+            A = A.dense()
+        return mm_grads(xp, A, X, g, need)
 
 
 def _affine_shape(a, sb, *rest):

@@ -1,7 +1,7 @@
 """Reshaping, slicing, picking and reductions."""
 from __future__ import annotations
 
-from .base import CHEAP, REDUCE, Sliced, op, pad_to, reduce_to, size_of
+from .base import CHEAP, REDUCE, Sliced, in_place, op, pad_to, reduce_to, size_of
 
 
 def _bcast_lead(xp, x, n):
@@ -48,10 +48,39 @@ def _concat_shape(a, *shapes):
     return tuple(out)
 
 
-@op("concatenate", _concat_shape, cost=CHEAP)
+def _concat_in_place(xp, d: int, xs: tuple):
+    """The concatenation written part by part; a part left in place by the backend (rows of
+    several blocks, OpDef.rows_args) is copied straight into its slice, not gathered first.
+    None where the parts need padding or broadcasting (the general path)."""
+    x0 = xs[0]
+    B, nd = x0.shape[0], len(x0.shape)
+    if nd < d + 2 or any(len(x.shape) != nd or x.shape[0] != B or x.shape[1:d + 1] != x0.shape[1:d + 1]
+                         or x.shape[d + 2:] != x0.shape[d + 2:] for x in xs):
+        return None
+    y = xp.empty(x0.shape[:d + 1] + (sum(x.shape[d + 1] for x in xs),) + x0.shape[d + 2:], dtype=x0.dtype)
+    start = 0
+    for x in xs:
+        w = x.shape[d + 1]
+        dst = y[(slice(None),) * (d + 1) + (slice(start, start + w),)]
+        if in_place(x):
+            x.copy_into(dst)
+        else:
+            dst[...] = x
+        start += w
+    return y
+
+
+@op("concatenate", _concat_shape, cost=CHEAP, rows_args=True)
 class Concatenate:
+    """Per-sample matrices from several blocks (MV-RNN's concatenate([A, B])) may arrive as
+    rows operands: each is copied once, into its slice of the output."""
     def forward(xp, a, data, *xs):
         d = a[0]
+        if any(in_place(x) for x in xs):
+            y = _concat_in_place(xp, d, xs)
+            if y is not None:
+                return y
+            xs = tuple(x.dense() if in_place(x) else x for x in xs)
         x0 = xs[0]
         if x0.ndim == d + 2 and all(x.ndim == x0.ndim and x.shape[0] == x0.shape[0] for x in xs):
             return xp.concatenate(xs, axis=d + 1)  # nothing to pad or broadcast (the common case)
@@ -63,10 +92,11 @@ class Concatenate:
         d, out, start = a[0], [], 0
         nd = g.ndim - 1
         for x, n in zip(xs, need):
-            w = pad_to(x, nd).shape[d + 1]
+            padded = tuple(x.shape) + (1,) * (nd + 1 - len(x.shape))  # pad_to's shape, without x's data
+            w = padded[d + 1]
             if n:
                 sl = g[(slice(None),) * (d + 1) + (slice(start, start + w),)]
-                out.append(reduce_to(sl, pad_to(x, nd).shape).reshape(x.shape))
+                out.append(reduce_to(sl, padded).reshape(x.shape))
             else:
                 out.append(None)
             start += w

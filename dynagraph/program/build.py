@@ -15,7 +15,10 @@ from .units import FUSED, GROUP, LINEAR, MODES, PIECES, STEP, Counts, Unit
 class Program(Forward, Backward):
     """The units of one plan for one mode; `run` and `grad` mirror Plan.run_steps/grad_steps."""
 
-    def __init__(self, plan, mode: str | None = "planned", layout=None, fuse: bool = False):
+    def __init__(self, plan, mode: str | None = "planned", layout=None, fuse: bool = False,
+                 piece_major: bool = True):
+        """piece_major: in planned mode, a product that is only sliced writes its slices
+        piece-major (off where the product's own value is needed anyway: coarsened groups)."""
         if mode not in MODES:
             raise ValueError(f"plan mode must be one of {MODES}, got {mode!r}")
         self.plan, self.mode, self.fuse = plan, mode, fuse
@@ -25,7 +28,7 @@ class Program(Forward, Backward):
         self.batched = batched_vars(plan)
         self.depth = var_depths(plan)
         self.shapes = var_shapes(plan)
-        pieces = piece_sources(plan, self.batched) if mode == "planned" else {}
+        pieces = piece_sources(plan, self.batched) if mode == "planned" and piece_major else {}
         skip = {steps[n][0] for u in pieces.values() for n in u.piece_of} | set(pieces)
         regions = fusion_regions(plan, self.batched, self.shapes, skip) if fuse else []
         fused = {steps[n][0] for r in regions for n in r}
@@ -54,11 +57,13 @@ class Program(Forward, Backward):
             return False
         self.units = units
         self.home = {}          # var -> (unit number, member position)
+        self.pieces_unit = {}   # a piece-major product's var -> its unit number
         for k, u in enumerate(units):
             if u.kind == GROUP:
                 for m, n in enumerate(u.steps):
                     self.home[steps[n][0]] = (k, m)
             elif u.kind == PIECES:
+                self.pieces_unit[steps[u.steps[0]][0]] = k
                 for n, piece in u.piece_of.items():
                     self.home[steps[n][0]] = (k, piece)
         for u in units:

@@ -13,7 +13,8 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
    8 executed (lists of the graph, mutated in place)
    9 infos: dict op -> (leaf, uses_data, saves_ctx, inner_kernels, kernel, name)
   10 info_fn(op): makes and stores an op's info
-  11 xp    12 gather_fn(ids) -> (x, plan)    13 finish_fn(y, nodes) -> the output block
+  11 xp    12 gather_fn(ids, k, op) -> (x, plan): argument k of a batch of op, gathered
+  13 finish_fn(y, nodes) -> the output block
   14 ExecutedBatch (a tuple subclass)    15 ndarray (the exact type of a ready output)
   16 format of the graph's dtype ('f' or 'd')    17 batch_log (list or None)
   18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
@@ -60,7 +61,7 @@ static PyObject *list_item(PyObject *ctx, int which, Py_ssize_t i) {
 
 /* Argument column `ids` of the batch: appends its value and plan to xs and plans.
    A parameter's block and a slice of one block are made here; anything else is gather_fn's. */
-static int column(PyObject *ctx, PyObject *ids, PyObject *xs, PyObject *plans) {
+static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans) {
     Py_ssize_t B = PyTuple_GET_SIZE(ids);
     Py_ssize_t first = dg_index_in(PyTuple_GET_ITEM(ids, 0), PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, C_OP)));
     if (first < 0)
@@ -106,7 +107,10 @@ static int column(PyObject *ctx, PyObject *ids, PyObject *xs, PyObject *plans) {
             Py_XDECREF(sl);
             plan = x ? Py_BuildValue("(iOO)", 1, b, r0) : NULL;
         } else {
-            PyObject *got = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_GATHER), ids);
+            PyObject *co = PyLong_FromSsize_t(c);
+            PyObject *gargv[3] = {ids, co, op};
+            PyObject *got = co ? PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_GATHER), gargv, 3, NULL) : NULL;
+            Py_XDECREF(co);
             if (got && (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2)) {
                 PyErr_SetString(PyExc_TypeError, "run_batch_native: gather_fn must return (x, plan)");
                 Py_CLEAR(got);
@@ -206,15 +210,16 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, C_OP), n0);
     Py_INCREF(op);
     PyObject *info = op_info(ctx, op);
-    Py_DECREF(op);  /* the infos dict holds the op as its key */
-    if (!info)
+    if (!info) {
+        Py_DECREF(op);
         goto done;
+    }
     Py_INCREF(info);  /* held: a kernel may clear the dict */
     PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
     if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++)
-        if (column(ctx, PyTuple_GET_ITEM(cols, c), xs, plans) < 0)
+        if (column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans) < 0)
             goto done_info;
     int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
     if (uses_data < 0)
@@ -322,6 +327,7 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     Py_INCREF(res);
 done_info:
     Py_DECREF(info);
+    Py_DECREF(op);
 done:
     Py_XDECREF(cols);
     Py_XDECREF(xs);

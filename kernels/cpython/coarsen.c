@@ -9,41 +9,9 @@
  * position (>= 0) or -1-k for the k-th distinct outside argument.
  *
  * Every index read from the Python lists is bounds-checked; a malformed graph raises. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdlib.h>
-#include <string.h>
+#include "coarsen.h"
 
-typedef struct { Py_ssize_t root; Py_ssize_t sig; } SigKey;
-
-/* open-addressing set of (instance root, signature) pairs */
-typedef struct { SigKey *slots; Py_ssize_t cap; } SigSet;
-
-static Py_ssize_t hash_pair(Py_ssize_t r, Py_ssize_t s, Py_ssize_t cap) {
-    size_t h = (size_t)r * 0x9E3779B97F4A7C15ull ^ ((size_t)s + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull;
-    return (Py_ssize_t)(h & (size_t)(cap - 1));
-}
-
-static int sigset_has(SigSet *t, Py_ssize_t r, Py_ssize_t s) {
-    Py_ssize_t i = hash_pair(r, s, t->cap);
-    while (t->slots[i].root != -1) {
-        if (t->slots[i].root == r && t->slots[i].sig == s) return 1;
-        i = (i + 1) & (t->cap - 1);
-    }
-    return 0;
-}
-
-static void sigset_add(SigSet *t, Py_ssize_t r, Py_ssize_t s) {
-    Py_ssize_t i = hash_pair(r, s, t->cap);
-    while (t->slots[i].root != -1) {
-        if (t->slots[i].root == r && t->slots[i].sig == s) return;
-        i = (i + 1) & (t->cap - 1);
-    }
-    t->slots[i].root = r;
-    t->slots[i].sig = s;
-}
-
-static int op_flag(PyObject *op, const char *name) {
+int dgc_op_flag(PyObject *op, const char *name) {
     PyObject *v = PyObject_GetAttrString(op, name);
     if (v == NULL) return -1;
     int r = PyObject_IsTrue(v);
@@ -58,8 +26,8 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
                     signed char *uses) {
     if (sg >= 0 && sg < ncache && cache[sg] >= 0) return cache[sg];
     PyObject *op = PyList_GET_ITEM(ops, n);
-    int leaf = op_flag(op, "leaf"), batchable = op_flag(op, "batchable"), saves = op_flag(op, "saves_ctx");
-    int ud = op_flag(op, "uses_data");
+    int leaf = dgc_op_flag(op, "leaf"), batchable = dgc_op_flag(op, "batchable"), saves = dgc_op_flag(op, "saves_ctx");
+    int ud = dgc_op_flag(op, "uses_data");
     if (leaf < 0 || batchable < 0 || saves < 0 || ud < 0) return -1;
     int ok = nargs > 0 && nargs <= max_args && !leaf && batchable && !saves;
     if (ok && !ud) {
@@ -67,7 +35,7 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
         for (Py_ssize_t i = 0; i < nargs; i++) {
             Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(args_n, i));
             if (a < 0 || a >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); return -1; }
-            int l = op_flag(PyList_GET_ITEM(ops, a), "leaf");
+            int l = dgc_op_flag(PyList_GET_ITEM(ops, a), "leaf");
             if (l < 0) return -1;
             if (!l) { all_leaf = 0; break; }
         }
@@ -77,6 +45,283 @@ static int can_join(PyObject *ops, PyObject *args_n, Py_ssize_t nargs, Py_ssize_
     return ok;
 }
 
+/* One level of structure: a hash of node n's signature and its arguments' signatures,
+ * exactly as detect._shape computes it; 0 on success, -1 with an exception set. */
+static int one_level(PyObject *args, PyObject *sig, Py_ssize_t n, Py_ssize_t nnodes, Py_ssize_t *out) {
+    PyObject *an = PyList_GET_ITEM(args, n);
+    if (!PyTuple_Check(an)) { PyErr_SetString(PyExc_TypeError, "args entries must be tuples"); return -1; }
+    Py_ssize_t sg = PyLong_AsSsize_t(PyList_GET_ITEM(sig, n));
+    unsigned long long hs = (unsigned long long)(sg + 2), hmask = (1ull << 62) - 1;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(an); j++) {
+        Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
+        if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); return -1; }
+        Py_ssize_t sx = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x));
+        hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
+    }
+    if (PyErr_Occurred()) return -1;
+    *out = (Py_ssize_t)hs;
+    return 0;
+}
+
+
+static size_t mix64(size_t h) {
+    h ^= h >> 31; h *= 0x94D049BB133111EBull; h ^= h >> 29;
+    return h;
+}
+
+static int shapes_has(ShapeSet *t, Py_ssize_t v) {
+    if (t->cap == 0) return 0;
+    for (size_t i = mix64((size_t)v) & (size_t)(t->cap - 1);; i = (i + 1) & (size_t)(t->cap - 1)) {
+        if (t->slots[i] == v) return 1;
+        if (t->slots[i] < 0) return 0;
+    }
+}
+
+static int shapes_add(ShapeSet *t, Py_ssize_t v) {
+    if (2 * (t->used + 1) > t->cap) {   /* keep it at most half full: grow and rehash */
+        Py_ssize_t cap = t->cap ? 2 * t->cap : 64, *old = t->slots, oc = t->cap;
+        Py_ssize_t *slots = malloc(sizeof(Py_ssize_t) * cap);
+        if (!slots) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t i = 0; i < cap; i++) slots[i] = -1;
+        t->slots = slots; t->cap = cap; t->used = 0;
+        for (Py_ssize_t i = 0; i < oc; i++)
+            if (old[i] >= 0 && shapes_add(t, old[i]) < 0) { free(old); return -1; }
+        free(old);
+    }
+    size_t i = mix64((size_t)v) & (size_t)(t->cap - 1);
+    while (t->slots[i] >= 0) {
+        if (t->slots[i] == v) return 0;
+        i = (i + 1) & (size_t)(t->cap - 1);
+    }
+    t->slots[i] = v;
+    t->used++;
+    return 0;
+}
+
+
+/* whether the instance rooted at lo + rk already holds a member with signature sg (by_shape 0)
+ * or with one-level hash sg (by_shape 1): a walk over its members, which lie close together */
+static int holds(const Cut *c, Py_ssize_t rk, Py_ssize_t sg, int by_shape) {
+    const Py_ssize_t *v = by_shape ? c->shape : c->sigv;
+    for (Py_ssize_t k = c->head[rk]; k >= 0; k = c->next_in[k])
+        if (v[k] == sg) return 1;
+    return 0;
+}
+
+void dgc_cut_free(Cut *c) {
+    free(c->owner); free(c->cmin); free(c->size); free(c->sigv); free(c->csig); free(c->start); free(c->mem);
+    free(c->shape1); free(c->shape); free(c->head); free(c->next_in); free(c->repeated.slots);
+    free(c->ispend); free(c->cmulti); free(c->excl); free(c->cache); free(c->uses);
+}
+
+/* The Cut's arrays for pending ids lo..hi; 0 on success, -1 with an exception set. */
+static int cut_alloc(Cut *c, PyObject *sig, PyObject *pending, Py_ssize_t lo, Py_ssize_t hi) {
+    Py_ssize_t span = hi - lo + 1, sz = sizeof(Py_ssize_t), nc = c->ncache > 0 ? c->ncache : 1;
+    c->lo = lo; c->span = span;
+    c->owner = malloc(sz * span); c->cmin = malloc(sz * span); c->size = calloc(span, sz);
+    c->sigv = malloc(sz * span); c->csig = malloc(sz * span);   /* signature of the last-recorded consumer */
+    c->ispend = calloc(span, 1); c->cmulti = calloc(span, 1); c->excl = calloc(span, 1);
+    c->cache = malloc(nc); c->uses = malloc(nc);
+    c->shape1 = malloc(sz * span); c->shape = malloc(sz * span); c->head = malloc(sz * span);
+    c->next_in = malloc(sz * span);
+    if (!c->owner || !c->cmin || !c->size || !c->sigv || !c->csig || !c->ispend || !c->cmulti || !c->excl ||
+        !c->cache || !c->uses || !c->shape1 || !c->shape || !c->head || !c->next_in) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(c->cache, -1, nc);
+    memset(c->uses, 0, nc);
+    for (Py_ssize_t i = 0; i < span; i++) { c->owner[i] = -1; c->cmin[i] = -1; c->csig[i] = -1; c->head[i] = -1; }
+    for (Py_ssize_t i = 0; i < c->np_; i++) {
+        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
+        if (n < lo || n > hi) { PyErr_SetString(PyExc_IndexError, "pending ids not ascending"); return -1; }
+        c->ispend[n - lo] = 1;
+        c->sigv[n - lo] = PyLong_AsSsize_t(PyList_GET_ITEM(sig, n));
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Node n's two-level hash (detect._shape2), from the one-level hashes of its arguments. */
+static int two_level(Cut *c, PyObject *args, PyObject *sig, PyObject *an, Py_ssize_t k, Py_ssize_t *out) {
+    unsigned long long hmask = (1ull << 62) - 1, hs = (unsigned long long)(c->shape1[k] + 2);
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(an); j++) {
+        Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)), sx, q = x - c->lo;
+        if (x < 0 || x >= c->nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); return -1; }
+        if (q >= 0 && q < c->span && c->ispend[q]) sx = c->shape1[q];
+        else if (one_level(args, sig, x, c->nnodes, &sx) < 0) return -1;
+        hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
+    }
+    *out = (Py_ssize_t)hs;
+    return 0;
+}
+
+/* The instance root of coarsenable node n (span index k), per the rules in detect.py's doc;
+ * -1 with an exception set. */
+static Py_ssize_t root_of(Cut *c, Py_ssize_t n, Py_ssize_t k, Py_ssize_t max_nodes, int inner) {
+    Py_ssize_t lo = c->lo, m = c->cmin[k], sg = c->sigv[k], shape_k = c->shape[k];
+    int rep = shapes_has(&c->repeated, shape_k);
+    if (m < 0 || c->excl[m - lo] || c->size[m - lo] >= max_nodes || rep) return n;
+    if (!c->cmulti[k]) {
+        /* shaped like a member, or read like the root: the previous repetition */
+        int cut = holds(c, m - lo, shape_k, 1) ||
+                  (sg == c->sigv[m - lo] && c->csig[m - lo] >= 0 && c->csig[m - lo] == c->csig[k]);
+        if (cut && shapes_add(&c->repeated, shape_k) < 0) return -1;
+        return cut ? n : m;
+    }
+    if (!inner) return n;   /* an input read by several instances (a word's embedding): op-level, level 0 */
+    if (!holds(c, m - lo, sg, 0)) return m;
+    /* shaped like a member of the next repetition too: a repetition output */
+    if (holds(c, m - lo, shape_k, 1) && shapes_add(&c->repeated, shape_k) < 0) return -1;
+    return n;
+}
+
+/* members per instance, in id order: count, then fill (CSR by root) */
+static int members_csr(Cut *c) {
+    Py_ssize_t span = c->span, lo = c->lo, sz = sizeof(Py_ssize_t);
+    c->start = calloc(span + 1, sz);
+    if (!c->start) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t *start = c->start;
+    for (Py_ssize_t k = 0; k < span; k++)
+        if (c->ispend[k] && !c->excl[k] && c->size[c->owner[k] - lo] > 1) start[c->owner[k] - lo + 1]++;
+    for (Py_ssize_t k = 0; k < span; k++) start[k + 1] += start[k];
+    Py_ssize_t *fill = malloc(sz * (span + 1));
+    c->mem = malloc(sz * (start[span] + 1));
+    if (!fill || !c->mem) { free(fill); PyErr_NoMemory(); return -1; }
+    memcpy(fill, start, sz * (span + 1));
+    for (Py_ssize_t k = 0; k < span; k++)
+        if (c->ispend[k] && !c->excl[k] && c->size[c->owner[k] - lo] > 1) c->mem[fill[c->owner[k] - lo]++] = k + lo;
+    free(fill);
+    return 0;
+}
+
+/* 0 on success (the Cut filled; free it with dgc_cut_free either way), -1 with an exception set. */
+int dgc_cut_nodes(Cut *c, PyObject *args, PyObject *sig, PyObject *ops, PyObject *data, PyObject *pending,
+                  Py_ssize_t max_nodes, Py_ssize_t max_args, Py_ssize_t ncache) {
+    memset(c, 0, sizeof(*c));
+    Py_ssize_t np_ = PyList_GET_SIZE(pending), nnodes = PyList_GET_SIZE(args);
+    c->np_ = np_; c->nnodes = nnodes; c->ncache = ncache;
+    if (PyList_GET_SIZE(sig) < nnodes || PyList_GET_SIZE(ops) < nnodes || PyList_GET_SIZE(data) < nnodes) {
+        PyErr_SetString(PyExc_ValueError, "node lists of different lengths");
+        return -1;
+    }
+    if (np_ == 0) return 0;
+    Py_ssize_t lo = PyLong_AsSsize_t(PyList_GET_ITEM(pending, 0));
+    Py_ssize_t hi = PyLong_AsSsize_t(PyList_GET_ITEM(pending, np_ - 1));
+    if (lo < 0 || hi >= nnodes || hi < lo) { PyErr_SetString(PyExc_IndexError, "pending ids out of range"); return -1; }
+    if (cut_alloc(c, sig, pending, lo, hi) < 0) return -1;
+    for (Py_ssize_t i = 0; i < np_; i++) {   /* one level of structure per pending node */
+        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
+        if (one_level(args, sig, n, nnodes, &c->shape1[n - lo]) < 0) return -1;
+    }
+    for (Py_ssize_t i = np_ - 1; i >= 0; i--) {   /* consumers before producers */
+        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i)), k = n - lo, r = n;
+        PyObject *an = PyList_GET_ITEM(args, n);
+        Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = c->sigv[k];
+        int ok = can_join(ops, an, nargs, n, sg, c->cache, ncache, max_args, nnodes, c->uses);
+        if (ok < 0 || two_level(c, args, sig, an, k, &c->shape[k]) < 0) return -1;
+        if (!ok) {
+            c->excl[k] = 1;
+            c->owner[k] = n;
+        } else {
+            int inner = 0;   /* reads a node of this chunk */
+            for (Py_ssize_t j = 0; j < nargs && !inner; j++) {
+                Py_ssize_t q = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)) - lo;
+                inner = q >= 0 && q < c->span && c->ispend[q];
+            }
+            if ((r = root_of(c, n, k, max_nodes, inner)) < 0) return -1;
+            c->owner[k] = r;
+            c->size[r - lo] += 1;
+            c->next_in[k] = c->head[r - lo];
+            c->head[r - lo] = k;
+        }
+        for (Py_ssize_t j = 0; j < nargs; j++) {
+            Py_ssize_t q = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)) - lo;
+            if (q >= 0 && q < c->span && c->ispend[q]) {
+                if (c->csig[q] < 0) c->csig[q] = sg;
+                if (c->cmin[q] < 0) c->cmin[q] = r;
+                else if (c->cmin[q] != r) { c->cmulti[q] = 1; if (r < c->cmin[q]) c->cmin[q] = r; }
+            }
+        }
+    }
+    if (PyErr_Occurred()) return -1;
+    return members_csr(c);
+}
+
+/* The canonical key of the instance rooted at lo + rk (members mem[b..e)) into key[] (sig,
+ * nargs, refs per member) and its outside arguments into ext[] in first-use order; returns
+ * the key's length and sets *next to the number of outside arguments. pos[] (span entries,
+ * all -1) is scratch and left all -1. */
+Py_ssize_t dgc_instance_key(const Cut *c, PyObject *args, Py_ssize_t rk, Py_ssize_t *pos, Py_ssize_t *key,
+                               Py_ssize_t *ext, Py_ssize_t *next) {
+    Py_ssize_t b = c->start[rk], e = c->start[rk + 1], kk = 0, nx = 0, lo = c->lo, span = c->span;
+    for (Py_ssize_t t = b; t < e; t++) {
+        Py_ssize_t n = c->mem[t];
+        pos[n - lo] = t - b;
+        PyObject *an = PyList_GET_ITEM(args, n);
+        Py_ssize_t nargs = PyTuple_GET_SIZE(an);
+        key[kk++] = c->sigv[n - lo];
+        key[kk++] = nargs;
+        for (Py_ssize_t j = 0; j < nargs; j++) {
+            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)), q = x - lo, ref;
+            if (q >= 0 && q < span && pos[q] >= 0 && c->owner[q] == rk + lo && !c->excl[q]) {
+                ref = pos[q];
+            } else {
+                Py_ssize_t f = 0;
+                while (f < nx && ext[f] != x) f++;
+                if (f == nx) ext[nx++] = x;
+                ref = -1 - f;
+            }
+            key[kk++] = ref;
+        }
+    }
+    for (Py_ssize_t t = b; t < e; t++) pos[c->mem[t] - lo] = -1;
+    *next = nx;
+    return kk;
+}
+
+/* The per-node data of an instance's members whose op uses data, as a tuple. */
+PyObject *dgc_instance_slots(const Cut *c, PyObject *data, Py_ssize_t rk) {
+    Py_ssize_t b = c->start[rk], e = c->start[rk + 1], cnt = 0;
+    for (Py_ssize_t t = b; t < e; t++) {
+        Py_ssize_t sg = c->sigv[c->mem[t] - c->lo];
+        if (sg >= 0 && sg < c->ncache && c->uses[sg] > 0) cnt++;
+    }
+    PyObject *out = PyTuple_New(cnt);
+    if (!out) return NULL;
+    cnt = 0;
+    for (Py_ssize_t t = b; t < e; t++) {
+        Py_ssize_t n = c->mem[t], sg = c->sigv[n - c->lo];
+        if (sg >= 0 && sg < c->ncache && c->uses[sg] > 0) {
+            PyObject *d = PyList_GET_ITEM(data, n);
+            Py_INCREF(d);
+            PyTuple_SET_ITEM(out, cnt++, d);
+        }
+    }
+    return out;
+}
+
+PyObject *dgc_ssize_list(const Py_ssize_t *v, Py_ssize_t n) {
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(v[i]);
+        if (!x) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+PyObject *dgc_ssize_tuple(const Py_ssize_t *v, Py_ssize_t n) {
+    PyObject *out = PyTuple_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(v[i]);
+        if (!x) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
 static PyObject *find(PyObject *self, PyObject *a) {
     (void)self;
     PyObject *args, *sig, *ops, *data, *pending;
@@ -84,169 +329,45 @@ static PyObject *find(PyObject *self, PyObject *a) {
     if (!PyArg_ParseTuple(a, "O!O!O!O!O!nnn", &PyList_Type, &args, &PyList_Type, &sig, &PyList_Type, &ops,
                           &PyList_Type, &data, &PyList_Type, &pending, &max_nodes, &max_args, &ncache))
         return NULL;
-    Py_ssize_t np_ = PyList_GET_SIZE(pending), nnodes = PyList_GET_SIZE(args);
-    if (PyList_GET_SIZE(sig) < nnodes || PyList_GET_SIZE(ops) < nnodes || PyList_GET_SIZE(data) < nnodes) {
-        PyErr_SetString(PyExc_ValueError, "node lists of different lengths");
-        return NULL;
-    }
-    if (np_ == 0) return Py_BuildValue("([][])");
-    Py_ssize_t lo = PyLong_AsSsize_t(PyList_GET_ITEM(pending, 0));
-    Py_ssize_t hi = PyLong_AsSsize_t(PyList_GET_ITEM(pending, np_ - 1));
-    if (lo < 0 || hi >= nnodes || hi < lo) { PyErr_SetString(PyExc_IndexError, "pending ids out of range"); return NULL; }
-    Py_ssize_t span = hi - lo + 1;
-    Py_ssize_t *owner = malloc(sizeof(Py_ssize_t) * span), *cmin = malloc(sizeof(Py_ssize_t) * span);
-    Py_ssize_t *size = calloc(span, sizeof(Py_ssize_t)), *sigv = malloc(sizeof(Py_ssize_t) * span);
-    Py_ssize_t *csig = malloc(sizeof(Py_ssize_t) * span);   /* signature of the last-recorded consumer */
-    char *ispend = calloc(span, 1), *cmulti = calloc(span, 1), *excl = calloc(span, 1);
-    signed char *cache = malloc(ncache > 0 ? ncache : 1), *uses = malloc(ncache > 0 ? ncache : 1);
-    Py_ssize_t cap = 16;
-    while (cap < 2 * np_ + 16) cap <<= 1;
-    SigSet set = {malloc(sizeof(SigKey) * cap), cap}, shapes = {malloc(sizeof(SigKey) * cap), cap};
+    if (PyList_GET_SIZE(pending) == 0) return Py_BuildValue("([][])");
+    Cut c;
     PyObject *owner_list = NULL, *out = NULL, *result = NULL;
-    if (!owner || !cmin || !size || !sigv || !csig || !ispend || !cmulti || !excl || !cache || !uses || !set.slots || !shapes.slots) {
-        PyErr_NoMemory();
-        goto done;
+    Py_ssize_t *pos = NULL, *key = NULL, *ext = NULL;
+    if (dgc_cut_nodes(&c, args, sig, ops, data, pending, max_nodes, max_args, ncache) < 0) goto done;
+    Py_ssize_t span = c.span, lo = c.lo;
+    Py_ssize_t wide = max_nodes * (2 + (max_args > 0 ? max_args : 1)) + 1;
+    pos = malloc(sizeof(Py_ssize_t) * span);
+    key = malloc(sizeof(Py_ssize_t) * wide);
+    ext = malloc(sizeof(Py_ssize_t) * wide);
+    if (!pos || !key || !ext) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < span; k++) pos[k] = -1;
+    out = PyList_New(0);
+    if (!out) goto done;
+    for (Py_ssize_t rk = 0; rk < span; rk++) {
+        Py_ssize_t b = c.start[rk], e = c.start[rk + 1], next = 0;
+        if (e - b < 2) continue;
+        Py_ssize_t nkey = dgc_instance_key(&c, args, rk, pos, key, ext, &next);
+        if (PyErr_Occurred()) goto done;
+        PyObject *item = Py_BuildValue("(nNNNN)", rk + lo, dgc_ssize_list(c.mem + b, e - b), dgc_ssize_tuple(key, nkey),
+                                       dgc_ssize_list(ext, next), dgc_instance_slots(&c, data, rk));
+        if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); goto done; }
+        Py_DECREF(item);
     }
-    memset(cache, -1, ncache > 0 ? ncache : 1);
-    memset(uses, 0, ncache > 0 ? ncache : 1);
-    for (Py_ssize_t i = 0; i < cap; i++) set.slots[i].root = shapes.slots[i].root = -1;
-    for (Py_ssize_t i = 0; i < span; i++) { owner[i] = -1; cmin[i] = -1; csig[i] = -1; }
-    for (Py_ssize_t i = 0; i < np_; i++) {
-        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i));
-        if (n < lo || n > hi) { PyErr_SetString(PyExc_IndexError, "pending ids not ascending"); goto done; }
-        ispend[n - lo] = 1;
-        sigv[n - lo] = PyLong_AsSsize_t(PyList_GET_ITEM(sig, n));
-    }
-    if (PyErr_Occurred()) goto done;
-    for (Py_ssize_t i = np_ - 1; i >= 0; i--) {
-        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(pending, i)), k = n - lo, r;
-        PyObject *an = PyList_GET_ITEM(args, n);
-        if (!PyTuple_Check(an)) { PyErr_SetString(PyExc_TypeError, "args entries must be tuples"); goto done; }
-        Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = sigv[k];
-        int ok = can_join(ops, an, nargs, n, sg, cache, ncache, max_args, nnodes, uses);
-        if (ok < 0) goto done;
-        /* one level of structure, hashed exactly as detect._shape does */
-        unsigned long long hmask = (1ull << 62) - 1;
-        unsigned long long hs = (unsigned long long)(sg + 2);
-        for (Py_ssize_t j = 0; j < nargs; j++) {
-            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
-            if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); goto done; }
-            Py_ssize_t sx = PyLong_AsSsize_t(PyList_GET_ITEM(sig, x));
-            hs = (hs * 1000003ull + (unsigned long long)(sx + 2)) & hmask;
-        }
-        Py_ssize_t shape_k = (Py_ssize_t)hs;
-        if (!ok) {
-            excl[k] = 1;
-            owner[k] = r = n;
-        } else {
-            Py_ssize_t m = cmin[k];
-            if (m < 0 || excl[m - lo] || size[m - lo] >= max_nodes) {
-                r = n;
-            } else if (!cmulti[k]) {
-                /* shaped like a member, or read like the root: the previous repetition */
-                int cut = sigset_has(&shapes, m, shape_k);
-                if (!cut && sg == sigv[m - lo] && csig[m - lo] >= 0 && csig[m - lo] == csig[k]) cut = 1;
-                r = cut ? n : m;
-            } else if (!sigset_has(&set, m, sg)) {
-                r = m;
-            } else {
-                r = n;
-            }
-            owner[k] = r;
-            size[r - lo] += 1;
-            sigset_add(&set, r, sg);
-            sigset_add(&shapes, r, shape_k);
-        }
-        for (Py_ssize_t j = 0; j < nargs; j++) {
-            Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j));
-            if (x < 0 || x >= nnodes) { PyErr_SetString(PyExc_IndexError, "argument id out of range"); goto done; }
-            Py_ssize_t q = x - lo;
-            if (q >= 0 && q < span && ispend[q]) {
-                if (csig[q] < 0) csig[q] = sg;
-                if (cmin[q] < 0) cmin[q] = r;
-                else if (cmin[q] != r) { cmulti[q] = 1; if (r < cmin[q]) cmin[q] = r; }
-            }
-        }
-    }
-    if (PyErr_Occurred()) goto done;
-    /* members per instance, in id order: count, then fill (CSR by root) */
-    {
-        Py_ssize_t *start = calloc(span + 1, sizeof(Py_ssize_t)), *fill = NULL, *mem = NULL;
-        Py_ssize_t *pos = NULL, *ext = NULL;
-        if (!start) { PyErr_NoMemory(); goto done; }
-        for (Py_ssize_t k = 0; k < span; k++)
-            if (ispend[k] && !excl[k] && size[owner[k] - lo] > 1) start[owner[k] - lo + 1]++;
-        for (Py_ssize_t k = 0; k < span; k++) start[k + 1] += start[k];
-        fill = malloc(sizeof(Py_ssize_t) * (span + 1));
-        mem = malloc(sizeof(Py_ssize_t) * (start[span] + 1));
-        pos = malloc(sizeof(Py_ssize_t) * span);
-        ext = malloc(sizeof(Py_ssize_t) * (max_nodes * (max_args > 0 ? max_args : 1) + 1));
-        if (!fill || !mem || !pos || !ext) { PyErr_NoMemory(); goto csr_done; }
-        memcpy(fill, start, sizeof(Py_ssize_t) * (span + 1));
-        for (Py_ssize_t k = 0; k < span; k++) {
-            pos[k] = -1;
-            if (ispend[k] && !excl[k] && size[owner[k] - lo] > 1) mem[fill[owner[k] - lo]++] = k + lo;
-        }
-        out = PyList_New(0);
-        if (!out) goto csr_done;
-        for (Py_ssize_t rk = 0; rk < span; rk++) {
-            Py_ssize_t b = start[rk], e = start[rk + 1], cnt = e - b, nkey = 0, next = 0;
-            if (cnt < 2) continue;
-            for (Py_ssize_t t = b; t < e; t++) nkey += 2 + PyTuple_GET_SIZE(PyList_GET_ITEM(args, mem[t]));
-            PyObject *members = PyList_New(cnt), *key = PyTuple_New(nkey), *slots = PyList_New(0);
-            if (!members || !key || !slots) { Py_XDECREF(members); Py_XDECREF(key); Py_XDECREF(slots); goto csr_done; }
-            Py_ssize_t kk = 0;
-            int err = 0;
-            for (Py_ssize_t t = b; t < e && !err; t++) {
-                Py_ssize_t n = mem[t];
-                pos[n - lo] = t - b;
-                PyList_SET_ITEM(members, t - b, PyLong_FromSsize_t(n));
-                PyObject *an = PyList_GET_ITEM(args, n);
-                Py_ssize_t nargs = PyTuple_GET_SIZE(an), sg = sigv[n - lo];
-                PyTuple_SET_ITEM(key, kk++, PyLong_FromSsize_t(sg));
-                PyTuple_SET_ITEM(key, kk++, PyLong_FromSsize_t(nargs));
-                for (Py_ssize_t j = 0; j < nargs; j++) {
-                    Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(an, j)), q = x - lo, ref;
-                    if (q >= 0 && q < span && pos[q] >= 0 && owner[q] == rk + lo && !excl[q]) {
-                        ref = pos[q];
-                    } else {
-                        Py_ssize_t f = 0;
-                        while (f < next && ext[f] != x) f++;
-                        if (f == next) ext[next++] = x;
-                        ref = -1 - f;
-                    }
-                    PyTuple_SET_ITEM(key, kk++, PyLong_FromSsize_t(ref));
-                }
-                if (sg >= 0 && sg < ncache && uses[sg] > 0) {
-                    if (PyList_Append(slots, PyList_GET_ITEM(data, n)) < 0) err = 1;
-                }
-            }
-            for (Py_ssize_t t = b; t < e; t++) pos[mem[t] - lo] = -1;
-            PyObject *exts = err ? NULL : PyList_New(next), *slot_t = err ? NULL : PyList_AsTuple(slots);
-            Py_DECREF(slots);
-            if (!exts || !slot_t) { Py_DECREF(members); Py_DECREF(key); Py_XDECREF(exts); Py_XDECREF(slot_t); goto csr_done; }
-            for (Py_ssize_t f = 0; f < next; f++) PyList_SET_ITEM(exts, f, PyLong_FromSsize_t(ext[f]));
-            PyObject *item = Py_BuildValue("(nNNNN)", rk + lo, members, key, exts, slot_t);
-            if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); goto csr_done; }
-            Py_DECREF(item);
-        }
-        owner_list = PyList_New(span);
-        if (owner_list)
-            for (Py_ssize_t k = 0; k < span; k++) PyList_SET_ITEM(owner_list, k, PyLong_FromSsize_t(owner[k]));
-    csr_done:
-        free(start); free(fill); free(mem); free(pos); free(ext);
-    }
-    if (owner_list && out && !PyErr_Occurred()) result = PyTuple_Pack(2, owner_list, out);
+    owner_list = dgc_ssize_list(c.owner, span);
+    if (owner_list) result = PyTuple_Pack(2, owner_list, out);
 done:
     Py_XDECREF(owner_list);
     Py_XDECREF(out);
-    free(owner); free(cmin); free(size); free(sigv); free(csig); free(ispend); free(cmulti); free(excl);
-    free(cache); free(uses); free(set.slots); free(shapes.slots);
+    free(pos); free(key); free(ext);
+    dgc_cut_free(&c);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"find", find, METH_VARARGS, "find(args, sig, ops, data, pending, max_nodes, max_args, n_signatures)"},
+    {"plan", dgc_plan, METH_VARARGS,
+     "plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls, defer_height)"
+     " -> (patterns, batches)"},
     {NULL, NULL, 0, NULL},
 };
 

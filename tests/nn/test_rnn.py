@@ -162,12 +162,15 @@ def test_transduce_equals_add_inputs(f64, name, args, cell):
     s0 = b.initial_state()
     a = [o.npvalue() for o in s0.transduce(xs)]
     c = [s.output().npvalue() for s in s0.add_inputs(xs)]
-    np.testing.assert_array_equal(np.array(a), np.array(c))
     step, chained = s0, []
     for x in xs:
         step = step.add_input(x)
         chained.append(step.output().npvalue())
-    np.testing.assert_array_equal(np.array(a), np.array(chained))
+    np.testing.assert_array_equal(np.array(c), np.array(chained))
+    if getattr(b, "hoist_inputs", False):  # the same sums, added in another order (rnn.py)
+        np.testing.assert_allclose(np.array(a), np.array(c), rtol=1e-12, atol=1e-14)
+    else:
+        np.testing.assert_array_equal(np.array(a), np.array(c))
 
 
 def test_state_accessors():

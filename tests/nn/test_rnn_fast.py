@@ -153,3 +153,25 @@ def test_bad_inputs_still_raise_through_transduce():
         lstm.initial_state().transduce([E[1], 3.0])
     x = dy.reshape(E[1], (5, 1))  # a column vector is reshaped, as before
     assert len(lstm.initial_state().transduce([x, x])) == 2
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("how", ["transduce", "initial_vecs"])
+def test_hoisted_inputs_give_the_per_step_values_and_gradients(monkeypatch, layers, how):
+    """transduce() records every step's W_x x + b before the recurrence (hoist_inputs): the
+    values and gradients of the per-step affine_transform([b, W_x, x, W_h, h]), to 1e-10 in
+    float64, with one input product per word and layer either way."""
+    build = _program(how, layers, 1.0)
+    hoisted = run_graph("none", build)
+    with monkeypatch.context() as m:
+        m.setattr(rnn.VanillaLSTMBuilder, "hoist_inputs", False)
+        per_step = run_graph("none", build)
+    n_affine = lambda run: sum(op.name == "affine" for op in run.cg.op)  # noqa: E731
+    assert n_affine(hoisted) > n_affine(per_step)  # the step's W_h h is its own affine node
+    assert_same_run(hoisted, per_step, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_hoisted_inputs_are_scheduler_invariant(scheduler):
+    build = _program("transduce", 2, 1.0)
+    assert_same_run(run_graph(scheduler, build), run_graph("none", build), rtol=1e-10, atol=1e-12)

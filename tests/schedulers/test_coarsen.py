@@ -179,6 +179,16 @@ def test_treelstm(scheduler):
     assert cg.stats.coarse_groups > 0 and cg.stats.coarse_nodes > len(cg) // 2
 
 
+def test_python_twin_path(monkeypatch):
+    """Without the compiled pass (detect.find_patterns + Coarsened.schedule_py) the same groups run."""
+    from dynagraph.coarsen import detect
+    monkeypatch.setattr(detect, "_NATIVE", None)
+    cg = assert_matches_none(_treelstm())
+    assert cg.stats.coarse_groups > 0 and cg.stats.coarse_nodes > len(cg) // 2
+    cg = assert_matches_none(_cells("data", 1, 3, 4))
+    assert cg.stats.coarse_groups > 0
+
+
 def test_detection_keeps_different_details_apart():
     """The detector's own view: the odd instances never share a pattern with the others."""
     for detail in DETAILS[1:-1]:
@@ -252,6 +262,28 @@ def test_compiled_pass_equals_its_python_twin(spec, detail):
         assert tuple(native) == tuple(detect.instances_py(cg, pending))
 
 
+@settings(max_examples=20, **_SETTINGS)
+@given(spec=rg.graph_spec, detail=st.sampled_from(DETAILS))
+def test_compiled_plan_equals_its_python_twins(spec, detail):
+    """dynagraph._coarsen.plan gives find_patterns' patterns and the unit schedule of
+    Coarsened.schedule_py with each group's node ids, in the same order."""
+    from dynagraph.coarsen import Coarsened, detect
+    if detect._NATIVE is None:
+        pytest.skip("dynagraph._coarsen not built")
+    for build in (lambda pc: rg.record(pc, spec), _cells(detail, 1, 2, 4), _treelstm(2, 2)):
+        cg = dy.renew_cg(scheduler="agenda")
+        with dy.cg():
+            build(dy.ParameterCollection())
+        pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
+        if len(pending) < 2:
+            continue
+        patterns, batches = detect.plan_native(cg, pending)
+        twin, owner = find_patterns(cg, pending)
+        assert patterns == detect.heads(twin)
+        if twin:
+            assert batches == Coarsened(cg, pending, twin, owner).schedule()
+
+
 def test_compiled_pass_rejects_bad_ids():
     from dynagraph.coarsen import detect
     if detect._NATIVE is None:
@@ -261,6 +293,8 @@ def test_compiled_pass_rejects_bad_ids():
         detect._NATIVE.find([(), (0,), (7,)], [0, 0, 0], ops, [None] * 3, [1, 2], 48, 8, 1)
     with pytest.raises(IndexError):
         detect._NATIVE.find([(), (0,), (1,)], [0, 0, 0], ops, [None] * 3, [1, 5], 48, 8, 1)
+    with pytest.raises(IndexError):
+        detect._NATIVE.plan([(), (0,), (7,)], [0, 0, 0], ops, [None] * 3, [1, 2], 48, 8, 1, 2, 2)
 
 
 def test_check_validity_names_the_op_inside_a_group():

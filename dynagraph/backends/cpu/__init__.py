@@ -14,7 +14,7 @@ Importing this package raises ImportError when the extension was not built;
 backends/__init__.py then warns once and uses the numpy backend.
 
 Modules, along the seams of the C code: ffi (the cffi door: pointers, checks),
-rows (row movers), elementwise (elementwise, reductions, softmax family), cells
+rows (row movers), rowmm (per-sample products read in place), elementwise (elementwise, reductions, softmax family), cells
 (LSTM/GRU/TreeLSTM cells), optim (trainer rules), overrides (the op-level adapters
 and their measured thresholds). This file assembles `CpuBackend` and re-exports
 every name the modules define, so `cpu.treelstm_forward`, `cpu.KidRows`, ... work
@@ -39,6 +39,8 @@ from .elementwise import (_opcode, unary_forward, unary_backward, _lead_pair, bi
 from .cells import (_gates, _state, _opt, lstm_forward, lstm_backward, gru_gates_forward, gru_output_forward,
     gru_output_backward, gru_gates_backward, _kids, _rows_out, _disjoint, KidRows, _kid_table, _kids_arg,
     treelstm_forward, _not_a_kid_row, _rows_p, treelstm_backward, TreeCellPlan)  # noqa: F401
+from .rowmm import RowsOperand, OuterRows, rows_operand  # noqa: F401
+from .heap import keep_freed_memory
 from .optim import (_rule_args, _rows_ptr, sgd_update, momentum_update, adagrad_update, adam_update)  # noqa: F401
 from .overrides import (_is_real, _exp_worth, UNARY_FWD_MIN, UNARY_FWD_F32_ONLY, UNARY_BWD_MIN, CMULT_SHARED_BWD_MIN,
     ROW_SUMS_MIN, SOFTMAX_BWD_MIN, _unary_forward, _unary_backward, _binary_fits, _binary_forward, _binary_backward,
@@ -57,12 +59,14 @@ class CpuBackend(NumpyBackend):
 
     def __init__(self, install: bool = True):
         super().__init__(np)
+        keep_freed_memory()  # freed blocks stay in the heap for the next graph (heap.py)
         # the optional capabilities of backends/contract.py
         self.elementwise_runs = CRuns()
         self.fused_chains = CChains()
         self.fused_cells = cells
         self.row_add = add_rows
         self.optimizer_rules = optim
+        self.rows_operand = rows_operand
         if install:
             fwd, bwd = installed_kernels()
             self.forward_kernels.update(fwd)
@@ -83,6 +87,9 @@ class CpuBackend(NumpyBackend):
     def scatter_indexed(self, grad_block, index, vals) -> None:
         if type(index) is not RowIndex:  # row_index left non-numpy blocks to the numpy code
             return super().scatter_indexed(grad_block, index, vals)
+        if type(vals) is OuterRows:  # a per-sample matrices' gradient (rowmm.py), added in place
+            get = grad_block if callable(grad_block) else grad_block.__getitem__
+            return vals.add_into([get(b) for b in index.ids], index)
         scatter_indexed(grad_block, index, vals)
 
     def scatter_rows(self, grad_block, blks: list, rows: list, vals) -> None:

@@ -95,12 +95,21 @@ def _width(shape: tuple) -> int:
 
 def _rows_operand(vals, n: int, width: int, dt: np.dtype) -> tuple:
     """vals as (array, row stride): a batch broadcast along axis 0 (stride 0) is passed
-    once with stride 0 instead of being copied n times."""
+    once with stride 0 instead of being copied n times, and rows that are each contiguous
+    at a regular distance (a slice along the first per-row axis: concatenate's gradient
+    g[:, a:b]) are passed in place with that distance instead of being copied together."""
     v = np.asarray(vals)
     if n > 1 and v.ndim >= 1 and v.shape[0] == n and v.strides[0] == 0:
         base = _in(v[0], dt)
         if base.size == width:
             return base, 0
+    if n > 1 and v.ndim >= 2 and v.shape[0] == n and v.dtype == dt and not v.flags.c_contiguous \
+            and v[0].flags.c_contiguous and v[0].size == width and v.strides[0] % dt.itemsize == 0 \
+            and v.strides[0] >= width * dt.itemsize:
+        stride = v.strides[0] // dt.itemsize
+        # one flat view over the rows and the gaps between them (all inside v's buffer)
+        span = np.lib.stride_tricks.as_strided(v, shape=((n - 1) * stride + width,), strides=(dt.itemsize,))
+        return span, stride
     v = _in(v, dt)
     if v.size != n * width:
         raise ValueError(f"values hold {v.size} elements, expected {n} rows of {width}")

@@ -5,8 +5,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..._kernels import ffi
-from .ffi import _fn, _in, _index, _out, _p, _pi, _real_of, _width
+from ..._kernels import ffi, lib
+from .ffi import _PTRS, _fn, _in, _index, _out, _p, _pi, _real_of, _width
 
 
 # ----------------------------------------------------------------- trainer rules
@@ -59,3 +59,69 @@ def adam_update(w: np.ndarray, g, m: np.ndarray, v: np.ndarray, beta1: float, be
     g, r, nrows, width = _rule_args(w, g, (m, v), rows, "adam")
     _fn("dg_adam", w.dtype)(_p(w), _p(g), _p(m), _p(v), _rows_ptr(r), nrows, width, float(beta1), float(beta2),
                             float(eps), float(lr_t), float(gscale))
+
+
+# ------------------------------------------------------- a whole collection per call
+RULES = {"sgd": lib.DG_RULE_SGD, "momentum": lib.DG_RULE_MOMENTUM, "adagrad": lib.DG_RULE_ADAGRAD,
+         "adam": lib.DG_RULE_ADAM}
+FROZEN, DENSE, ROWS = lib.DG_MODE_FROZEN, lib.DG_MODE_DENSE, lib.DG_MODE_ROWS
+
+
+class CollectionStep:
+    """A trainer's update() of every parameter of a collection in one C call (dg_optim_step):
+    the global gradient norm, clipping, the rule, and clearing the gradients, per-sentence
+    programs call it once per sentence. Built once for a fixed set of arrays, which it keeps
+    alive (it holds C pointers into them); the trainer rebuilds it when any array changes.
+
+    entries: per parameter (w, g, states, touched mask or None, mode FROZEN/DENSE/ROWS), in
+    the collection's order. Every array must be a C-contiguous float32 or float64 numpy
+    array of one dtype (states shaped like w); anything else raises ValueError here, once."""
+
+    def __init__(self, rule: str, entries: Sequence[tuple]):
+        if rule not in RULES:
+            raise ValueError(f"optimizer rule {rule!r}: compiled collection steps exist for {sorted(RULES)}")
+        self.rule = RULES[rule]
+        n = len(entries)
+        dt = _real_of(entries[0][0], "collection step weights") if n else np.dtype(np.float64)
+        ptrs, nrows, width, modes = _PTRS[dt], [], [], []
+        w, g, s0, s1, touched = (ffi.new(ptrs, n), ffi.new(ptrs, n), ffi.new(ptrs, n), ffi.new(ptrs, n),
+                                 ffi.new("uint8_t *[]", n))
+        keep = []
+        for k, (wk, gk, states, mask, mode) in enumerate(entries):
+            _out(wk, dt, "collection step weights")
+            _out(gk, dt, "collection step gradient")
+            if gk.shape != wk.shape or len(states) > 2:
+                raise ValueError(f"collection step: gradient {gk.shape} or states do not fit weights {wk.shape}")
+            w[k], g[k] = _p(wk), _p(gk)
+            for slot, s in zip((s0, s1), states):
+                _out(s, dt, "collection step state")
+                if s.shape != wk.shape:
+                    raise ValueError(f"collection step: state shape {s.shape} differs from weights {wk.shape}")
+                slot[k] = _p(s)
+            rows = wk.shape[0] if wk.ndim else 1
+            if mask is not None:
+                if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (rows,)
+                        and mask.flags.c_contiguous and mask.flags.writeable):
+                    raise ValueError(f"collection step: touched mask must be a writeable bool array of {rows} rows")
+                touched[k] = ffi.cast("uint8_t *", ffi.from_buffer(mask))
+            elif mode == ROWS:
+                raise ValueError("collection step: a row-wise update needs a touched mask")
+            nrows.append(rows)
+            width.append(wk.size // rows if rows else 0)
+            modes.append(int(mode))
+            keep.append((wk, gk, states, mask))
+        self._fn = _fn("dg_optim_step", dt)
+        self._args = (n, w, g, s0, s1, ffi.new("int64_t[]", nrows), ffi.new("int64_t[]", width), touched,
+                      ffi.new("int64_t[]", modes))
+        self._keep = keep  # the arrays the pointers point into
+        self._out = ffi.new("double[3]")
+        self._hp = ffi.new("double[6]")
+
+    def __call__(self, hp: Sequence[float], clip: float) -> tuple:
+        """(finite, squared norm, clipped): with finite False nothing was written."""
+        h = self._hp
+        for i, x in enumerate(hp):
+            h[i] = x
+        out = self._out
+        bad = self._fn(*self._args, self.rule, h, float(clip), out)
+        return not bad, out[0], out[2] != 0.0
