@@ -37,10 +37,12 @@ def bookkeeping_extension() -> Extension:
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
     src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c",
-           "kernels/cpython/executor.c", "kernels/cpython/run_tables.c",
+           "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/batch_run.c",
+           "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c",
            "kernels/cpython/schedule.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c"]
     return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",
+                                                                 "kernels/cpython/backward_batch.h",
                                                                  "kernels/cpython/typewise.h"],
                      include_dirs=["kernels/cpython"], extra_compile_args=flags)
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
 from .ops.base import Sliced, SparseRows
+from .recording import NATIVE
 from .runs import backward_run
 
 
@@ -154,69 +157,148 @@ def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
             _grad_block(cg, xp, gb, b)[...] += total
 
 
+_backward_native = getattr(NATIVE, "backward_batch_native", None)
+_FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
+_ACC = ("kernel_calls", "t_backward", "t_memory")  # backward_batch_native's accumulator
+_PRODUCTS: dict = {}  # (weight_products, number of arguments) -> its pairs, for backward_batch_native
+
+
+class _NativeBackward:
+    """_batch_step for every ExecutedBatch of one pass through _bookkeeping.backward_batch_native
+    (kernels/cpython/backward_batch.c, which documents the context); anything it does not do
+    itself comes back to the Python functions below, so both paths end in the same state."""
+
+    def __init__(self, cg, be, gb: Grads, full: bool, deferred: dict, leaf_sums: dict):
+        xp, stats = be.xp, cg.stats
+        self.acc = bytearray(8 * len(_ACC))
+        self.stats = stats
+
+        def one_row(plans, gxs, need, B):
+            return _one_row_add(cg, xp, gb, plans, gxs, need, B, stats)
+
+        def scatter_one(plan, gx, B):
+            _scatter_arg(cg, be, gb, plan, gx, B, stats, leaf_sums)
+
+        self.ctx = (cg.op, cg.needs_grad, cg.data, cg.attrs, cg.blocks, gb, gb.borrowed, {},
+                    lambda op: (op.backward is not None, op.uses_data, op.saves_ctx, op.inner_kernels,
+                                be.backward_kernels.get(op.name, op.backward), op.weight_products),
+                    xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
+                    one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
+                    deferred, _PRODUCTS)
+
+    def close(self) -> None:
+        stats = self.stats
+        for name, v in zip(_ACC, memoryview(self.acc).cast("d")):
+            if v:
+                setattr(stats, name, getattr(stats, name) + (v if name.startswith("t_") else int(v)))
+        self.acc[:] = bytes(len(self.acc))
+
+
+def _one_row_add(cg, xp, gb, plans: list, gxs, need: tuple, B: int, stats) -> bool:
+    """dy.esum(losses): one add of g into the losses' rows, where _one_row_run says it fits."""
+    if not _one_row_run(cg, plans, gxs, need, B):
+        return False
+    _, b, r0 = plans[0]
+    _grad_block(cg, xp, gb, b)[r0:r0 + len(plans)] += gxs[0]
+    stats.scatters += 1
+    stats.scatter_bytes += gxs[0].nbytes * len(plans)
+    return True
+
+
+def _scatter_arg(cg, be, gb, plan: tuple, gx, B: int, stats, leaf_sums: dict) -> None:
+    """One argument's gradient to its rows: a shared row is broadcast to the batch first."""
+    if plan[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != B:
+        gx = be.xp.broadcast_to(gx, (B,) + gx.shape[1:])
+    scatter(cg, be, gb, plan, gx, stats, leaf_sums)
+
+
 def backward(cg, be, nid: int, full: bool = False) -> None:
     stats = cg.stats
     xp = be.xp
     gb = Grads(len(cg.blocks))
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
-    needs_grad = cg.needs_grad
     grad_block = lambda b: _grad_block(cg, xp, gb, b)  # noqa: E731
     deferred: dict = {}  # parameter block -> [(g, x), ...] of its products, summed at the end
     leaf_sums: dict = {}  # parameter block -> [its dense gradient per batch], summed at the end
-    for record in reversed(cg.executed):
-        if type(record) is not ExecutedBatch:  # a run of elementwise batches (runs.py)
-            if hasattr(record, "grad"):  # a coarsened group (dynagraph/coarsen) replays itself
-                record.grad(cg, be, gb, full, grad_block, deferred)
-                continue
-            backward_run(cg, be, gb, record, full, grad_block)
-            continue
-        nodes, xs, bid, plans, cols, ctx = record
-        g = gb[bid]
-        n0 = nodes[0]
-        op = cg.op[n0]
-        if g is None or op.backward is None:
-            continue
-        if full:
-            need = (True,) * len(cols)
+    native = _NativeBackward(cg, be, gb, full, deferred, leaf_sums) if _backward_native is not None else None
+    try:
+        if native is not None:
+            step, ctx = _backward_native, native.ctx
+            for record in reversed(cg.executed):
+                if type(record) is ExecutedBatch:
+                    step(ctx, record)
+                else:
+                    _other_record(cg, be, gb, record, full, grad_block, deferred)
         else:
-            need = tuple([any_true(needs_grad, ids) for ids in cols])
-            if True not in need:
-                continue
-        t0 = time.perf_counter()
-        if op.weight_products is not None:
-            need = _defer_weight_grads(op, xs, plans, g, need, deferred)
-            if True not in need:
-                stats.t_backward += time.perf_counter() - t0
-                continue
-        data = list(pick(cg.data, nodes)) if op.uses_data else None
-        bw = be.backward_kernels.get(op.name, op.backward)
-        if op.saves_ctx:
-            gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need, ctx=ctx)
-        else:
-            gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need)
-        t1 = time.perf_counter()
-        stats.kernel_calls += op.inner_kernels
-        stats.t_backward += t1 - t0
-        if len(plans) > 8 and _one_row_run(cg, plans, gxs, need, len(nodes)):
-            _, b, r0 = plans[0]  # dy.esum(losses): one add of g into the losses' rows
-            _grad_block(cg, xp, gb, b)[r0:r0 + len(plans)] += gxs[0]
-            stats.scatters += 1
-            stats.scatter_bytes += gxs[0].nbytes * len(plans)
-            stats.t_memory += time.perf_counter() - t1
-            continue
-        for k, plan in enumerate(plans):
-            if need[k] and gxs[k] is not None:
-                gx = gxs[k]
-                if plan[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != len(nodes):
-                    gx = xp.broadcast_to(gx, (len(nodes),) + gx.shape[1:])
-                scatter(cg, be, gb, plan, gx, stats, leaf_sums)
+            for record in reversed(cg.executed):
+                if type(record) is ExecutedBatch:
+                    _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
+                else:
+                    _other_record(cg, be, gb, record, full, grad_block, deferred)
+    finally:
+        if native is not None:
+            native.close()
+    _finish(cg, be, gb, deferred, leaf_sums)
+
+
+def _other_record(cg, be, gb: Grads, record, full: bool, grad_block, deferred: dict) -> None:
+    """A record that is not one batch: a coarsened group (dynagraph/coarsen) replays itself
+    (its weight products join `deferred`); anything else is a run of elementwise batches (runs.py)."""
+    if hasattr(record, "grad"):
+        record.grad(cg, be, gb, full, grad_block, deferred)
+    else:
+        backward_run(cg, be, gb, record, full, grad_block)
+
+
+def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: dict, leaf_sums: dict) -> None:
+    """The reference reverse step of one batch (backward_batch_native is its compiled twin)."""
+    nodes, xs, bid, plans, cols, ctx = record
+    g = gb[bid]
+    n0 = nodes[0]
+    op = cg.op[n0]
+    if g is None or op.backward is None:
+        return
+    if full:
+        need = (True,) * len(cols)
+    else:
+        need = tuple([any_true(cg.needs_grad, ids) for ids in cols])
+        if True not in need:
+            return
+    stats, xp = cg.stats, be.xp
+    t0 = time.perf_counter()
+    if op.weight_products is not None:
+        need = _defer_weight_grads(op, xs, plans, g, need, deferred)
+        if True not in need:
+            stats.t_backward += time.perf_counter() - t0
+            return
+    data = list(pick(cg.data, nodes)) if op.uses_data else None
+    bw = be.backward_kernels.get(op.name, op.backward)
+    if op.saves_ctx:
+        gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need, ctx=ctx)
+    else:
+        gxs = bw(xp, cg.attrs[n0], data, xs, cg.blocks[bid], g, need)
+    t1 = time.perf_counter()
+    stats.kernel_calls += op.inner_kernels
+    stats.t_backward += t1 - t0
+    if len(plans) > 8 and _one_row_add(cg, xp, gb, plans, gxs, need, len(nodes), stats):
         stats.t_memory += time.perf_counter() - t1
+        return
+    for k, plan in enumerate(plans):
+        if need[k] and gxs[k] is not None:
+            _scatter_arg(cg, be, gb, plan, gxs[k], len(nodes), stats, leaf_sums)
+    stats.t_memory += time.perf_counter() - t1
+
+
+def _finish(cg, be, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
+    """The deferred parameter gradients, then every parameter's gradient from its block."""
+    stats, xp = cg.stats, be.xp
     if deferred or leaf_sums:
         t0 = time.perf_counter()
         _weight_grads(cg, xp, gb, deferred)
         _leaf_grads(cg, xp, gb, leaf_sums)
         stats.t_backward += time.perf_counter() - t0
+    needs_grad = cg.needs_grad
     for leaf in cg._leaves.values():
         g = gb[cg.blk[leaf]]
         if g is not None and needs_grad[leaf]:

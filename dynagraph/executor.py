@@ -7,8 +7,11 @@ other argument is brought together by one gather call.
 from __future__ import annotations
 
 import time
+from functools import partial
 from operator import itemgetter
 from typing import NamedTuple, Sequence
+
+import numpy as np
 
 from . import runs
 from .config import config
@@ -73,6 +76,9 @@ columns = NATIVE.columns if NATIVE else _columns_py
 place = NATIVE.place if NATIVE else _place_py
 locate = NATIVE.locate if NATIVE else _locate_py
 any_true = NATIVE.any_true if NATIVE else _any_true_py
+_run_batch_native = getattr(NATIVE, "run_batch_native", None)
+_NDARRAY = np.ndarray
+_FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
 def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
@@ -146,10 +152,75 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
         stats.batch_log.append((op.name, B))
 
 
+def _op_info(be, op) -> tuple:
+    """What run_batch reads from an op, for run_batch_native (one tuple per op and evaluation)."""
+    return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, be.forward_kernels.get(op.name, op.forward),
+            op.name)
+
+
+def _gather_arg(cg, be, ids: Sequence[int], k: int, op, stats) -> tuple:
+    """gather() of argument k of a batch of `op`, as run_batch does it (rows in place where the
+    backend reads them so and the op takes them: OpDef.rows_args)."""
+    in_place = op.rows_args if be.rows_operand is not None else ()
+    return gather(cg, be, ids, stats, in_place is True or k in in_place) if in_place else gather(cg, be, ids, stats)
+
+
+def _finish(cg, be, y, nodes: Sequence[int]):
+    """run_batch's output block from a kernel's result that is not already one (run_batch_native's
+    uncommon case: broadcast from shared arguments, reshaped, cast or made contiguous)."""
+    xp, B = be.xp, len(nodes)
+    if y.shape[0] != B:
+        y = xp.broadcast_to(y, (B,) + y.shape[1:])
+    return xp.ascontiguousarray(y.reshape((B,) + cg.shape[nodes[0]]), dtype=cg.dtype)
+
+
+_ACC = ("kernel_calls", "batches", "nodes", "t_memory", "t_execute")  # run_batch_native's accumulator
+
+
+class _NativeBatches:
+    """run_batch for every batch of one evaluation through _bookkeeping.run_batch_native
+    (kernels/cpython/batch_run.c, which documents the context); the counters it keeps in
+    a bytearray go to stats once, at close()."""
+
+    def __init__(self, cg, be):
+        stats = cg.stats
+        self.acc = bytearray(8 * len(_ACC))
+        infos: dict = {}
+        self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
+                    lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
+                    lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
+                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc)
+        self.stats = stats
+
+    def close(self) -> None:
+        stats = self.stats
+        for name, v in zip(_ACC, memoryview(self.acc).cast("d")):
+            if v:
+                setattr(stats, name, getattr(stats, name) + (v if name.startswith("t_") else int(v)))
+        self.acc[:] = bytes(len(self.acc))
+
+
+def _batch_runner(cg, be):
+    """(run(nodes), close()) for one evaluation: the compiled per-batch path where it is
+    built and no per-batch check asks for the reference (check_validity), else run_batch."""
+    if _run_batch_native is None or cg.check_validity:
+        return (lambda nodes: run_batch(cg, be, nodes)), (lambda: None)
+    native = _NativeBatches(cg, be)
+    return partial(_run_batch_native, native.ctx), native.close  # partial: no Python frame per batch
+
+
 def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
+    run_one, close = _batch_runner(cg, be)
+    try:
+        _execute(cg, be, batches, run_one)
+    finally:
+        close()
+
+
+def _execute(cg, be, batches: Sequence[Sequence[int]], run_one) -> None:
     if not (config.fuse and runs.enabled(cg, be)):
         for nodes in batches:
-            run_batch(cg, be, nodes)
+            run_one(nodes)
         return
     stretch: list = []  # consecutive batches that can be steps of one run
     specs: list = []    # their step specs, handed to the run (asked once per batch)
@@ -163,21 +234,24 @@ def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
             specs.append(s)
             continue
         if stretch:
-            _flush(cg, be, stretch, specs)
+            _flush(cg, be, stretch, specs, run_one)
             stretch, specs = [], []
-        run_batch(cg, be, nodes)
+        run_one(nodes)
     if stretch:
-        _flush(cg, be, stretch, specs)
+        _flush(cg, be, stretch, specs, run_one)
 
 
 _MISSING = object()
 
 
-def _flush(cg, be, stretch: list, specs: list) -> None:
+RUN_MIN_STEPS = 3  # shorter stretches run batch by batch: a run's fixed cost (~20 us) exceeds two batches'
+
+
+def _flush(cg, be, stretch: list, specs: list, run_one) -> None:
     # a lone batch gains nothing from a run: numpy's ufuncs are as fast for one op
-    if len(stretch) > 1 and runs.execute_run(cg, be, stretch, place, specs):
+    if len(stretch) >= RUN_MIN_STEPS and runs.execute_run(cg, be, stretch, place, specs):
         return
     for nodes in stretch:
-        run_batch(cg, be, nodes)
+        run_one(nodes)
 
 

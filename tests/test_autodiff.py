@@ -50,6 +50,7 @@ def test_esum_over_a_batch_of_losses_adds_its_gradient_once(monkeypatch):
     from dynagraph import autodiff
     calls = []
     real = autodiff.scatter
+    monkeypatch.setattr(autodiff, "_backward_native", None)  # the reference path's calls are counted
     monkeypatch.setattr(autodiff, "scatter", lambda *a: calls.append(a[3]) or real(*a))
 
     def build(pc):

@@ -17,10 +17,17 @@ from hypothesis import strategies as st
 from refcheck import check_op, run_graph, using
 
 import dynagraph as dy
-from dynagraph import graph, runs
+from dynagraph import executor, graph, runs
 from dynagraph.backends import get_backend
 from dynagraph.errors import NonFiniteError
 from dynagraph.recording import NATIVE
+
+
+@pytest.fixture(autouse=True)
+def _two_step_runs(monkeypatch):
+    """These tests drive the run machinery with small graphs: every stretch of two or more
+    batches becomes a run here (the default skips two-step stretches, a speed policy tested below)."""
+    monkeypatch.setattr(executor, "RUN_MIN_STEPS", 2)
 
 needs_runs = pytest.mark.skipif(get_backend("cpu").elementwise_runs is None,
                                 reason="compiled kernels (with runs) not built")
@@ -429,3 +436,17 @@ def test_step_specs_shared_across_graphs_follow_shapes_and_parameters():
         c, ref = _run("cpu", "agenda", build(n, lo)), _run("numpy", "agenda", build(n, lo))
         _same(c, ref, 1e-12, 1e-14)
         assert c.cg.stats.runs > 0
+
+
+def test_two_step_stretches_run_batch_by_batch_by_default(monkeypatch):
+    """A run's fixed cost exceeds two one-node batches' (per-sentence CBOW: 18 us a run):
+    by default a stretch runs as a run only from RUN_MIN_STEPS batches; values are the same."""
+    def build(pc):  # addc, tanh: a two-step stretch, ended by sum_elems
+        return dy.sum_elems(dy.tanh(dy.inputVector([0.5, -1.0, 2.0]) + 1.0))
+    with _backend("cpu"):
+        monkeypatch.setattr(executor, "RUN_MIN_STEPS", 3)
+        two = run_graph("agenda", build, backward=False)
+        monkeypatch.setattr(executor, "RUN_MIN_STEPS", 2)
+        as_run = run_graph("agenda", build, backward=False)
+    assert (two.cg.stats.runs, as_run.cg.stats.runs) == (0, 1)
+    np.testing.assert_allclose(two.values[0], as_run.values[0], rtol=1e-12, atol=0)

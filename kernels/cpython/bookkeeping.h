@@ -7,7 +7,11 @@ Each function here has a pure-Python twin that is the reference and the fallback
   expr_recorder.c  recording.py (ExprBase, Recorder: dy.* calls on Expressions)
   leaves.c     expression._expression_of
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
-  run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses)
+  batch_run.c  executor.run_batch (run_batch_native: one batch per call)
+  backward_batch.c  autodiff.backward's step for one batch (backward_batch_native); its scatters
+               and weight-product deferral in grad_scatter.c
+  run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses); block_table and
+               row_index_small for backends/cpu/rows.py (its Python paths are the twins)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
 */
@@ -44,7 +48,11 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) */
 PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -12,9 +12,16 @@ static PyMethodDef functions[] = {
     FAST(columns, "columns(args, nodes): the batch's argument columns, tuple(zip(*[args[n] for n in nodes]))."),
     FAST(place, "place(blk, row, nodes, bid): blk[n] = bid, row[n] = r for the r-th node."),
     FAST(locate, "locate(blk, row, ids): (1, b, r0) | (2, b, rows) | (3, blks, rows); see executor.gather."),
+    FAST(run_batch_native, "run_batch_native(ctx, nodes): executor.run_batch for one batch; see batch_run.c."),
+    FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
+                                "ExecutedBatch; see backward_batch.c."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "
                     "reads its arguments; see dynagraph/runs.py."),
+    FAST(block_table, "block_table(arrays, shapes, format, writable, avoid): the row movers' checked block "
+                      "addresses, or None; see run_tables.c."),
+    FAST(row_index_small, "row_index_small(blocks, blks, rows): the cpu row index of a few int rows, or None; "
+                          "see run_tables.c."),
     FAST(addresses, "addresses(arrays, format): int64 data address of each C-contiguous array (0 for None)."),
     FAST(grad_addresses, "grad_addresses(grads, values, format[, pair_slot, pair_off]): checked gradient block "
                          "addresses, or per-pair row addresses; see dynagraph/runs.py."),

@@ -377,3 +377,179 @@ done:
     PyMem_Free(len);
     return out;
 }
+
+/* block_table(arrays, shapes, format, writable, avoid): the row movers' table of block addresses
+   (backends/cpu/rows.py, gather_indexed and scatter_indexed). Each arrays[k] must be a C-contiguous
+   buffer of `format` elements ('f' or 'd') shaped exactly shapes[k] (writable if asked). Returns
+   None when one is not (the caller's Python path converts it or reports it), else
+   (bytearray of int64 addresses, whether any block's bytes overlap those of `avoid`, a buffer or None). */
+PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyList_CheckExact(argv[0]) || !PyTuple_CheckExact(argv[1]) || !PyUnicode_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "block_table(arrays: list, shapes: tuple, format: str, writable, avoid)");
+        return NULL;
+    }
+    const char *format = PyUnicode_AsUTF8(argv[2]);
+    int writable = PyObject_IsTrue(argv[3]);
+    if (!format || writable < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
+    if (PyTuple_GET_SIZE(argv[1]) != n) {
+        PyErr_SetString(PyExc_ValueError, "block_table: one shape per array");
+        return NULL;
+    }
+    const char *lo = NULL, *hi = NULL;  /* avoid's bytes */
+    if (argv[4] != Py_None) {
+        Py_buffer a;
+        if (PyObject_GetBuffer(argv[4], &a, PyBUF_RECORDS_RO) < 0)
+            return NULL;
+        /* the bytes spanned, whatever the strides */
+        const char *first = a.buf, *last = a.buf;
+        int empty = 0;
+        for (int i = 0; i < a.ndim; i++) {
+            if (a.shape[i] == 0)
+                empty = 1;
+            Py_ssize_t span = (a.shape[i] - 1) * (a.strides ? a.strides[i] : 0);
+            if (span < 0)
+                first += span;
+            else
+                last += span;
+        }
+        if (!empty) {
+            lo = first;
+            hi = last + a.itemsize;
+        }
+        PyBuffer_Release(&a);
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (!out)
+        return NULL;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    int overlaps = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *arr = PyList_GET_ITEM(argv[0], k), *shape = PyTuple_GET_ITEM(argv[1], k);
+        Py_buffer v;
+        if (!PyTuple_CheckExact(shape)
+            || PyObject_GetBuffer(arr, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+            PyErr_Clear();
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        int ok = v.format && !strcmp(v.format, format) && v.ndim == PyTuple_GET_SIZE(shape);
+        for (int i = 0; ok && i < v.ndim; i++)
+            ok = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) == v.shape[i];
+        PyErr_Clear();
+        o[k] = (int64_t)(intptr_t)v.buf;
+        if (lo && (const char *)v.buf < hi && lo < (const char *)v.buf + v.len)
+            overlaps = 1;
+        PyBuffer_Release(&v);
+        if (!ok) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+    }
+    return Py_BuildValue("(NO)", out, overlaps ? Py_True : Py_False);
+}
+
+/* row_index_small(blocks, blks, rows): the cpu backend's row index for a few rows of Python ints
+   (the executor's per-sentence gathers; backends/cpu/rows.py _row_index_small is the twin and
+   reports every error). Returns None unless every value is an int, every block id is in range,
+   every block's .shape is a tuple with the first one's row shape and every row is within its
+   block; else (ids: sorted distinct block ids, local: int64 bytes, each row's position in ids,
+   rows: int64 bytes, shapes: each id's shape). At most 64 rows. */
+PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyList_CheckExact(argv[0]) || !PyTuple_CheckExact(argv[1]) || !PyTuple_CheckExact(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "row_index_small(blocks: list, blks: tuple, rows: tuple)");
+        return NULL;
+    }
+    enum { MAX = 64 };
+    PyObject *blocks = argv[0];
+    Py_ssize_t n = PyTuple_GET_SIZE(argv[1]), nb = PyList_GET_SIZE(blocks);
+    if (n == 0 || n > MAX || PyTuple_GET_SIZE(argv[2]) != n)
+        Py_RETURN_NONE;
+    int64_t b[MAX], r[MAX], ids[MAX], local[MAX];
+    Py_ssize_t nid = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *bo = PyTuple_GET_ITEM(argv[1], j), *ro = PyTuple_GET_ITEM(argv[2], j);
+        if (!PyLong_CheckExact(bo) || !PyLong_CheckExact(ro))
+            Py_RETURN_NONE;
+        b[j] = PyLong_AsLongLong(bo);
+        r[j] = PyLong_AsLongLong(ro);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (b[j] < 0 || b[j] >= nb)
+            Py_RETURN_NONE;
+        Py_ssize_t at = 0;  /* insertion into the sorted distinct ids */
+        while (at < nid && ids[at] < b[j])
+            at++;
+        if (at == nid || ids[at] != b[j]) {
+            memmove(&ids[at + 1], &ids[at], (size_t)(nid - at) * sizeof(int64_t));
+            ids[at] = b[j];
+            nid++;
+        }
+    }
+    PyObject *shapes = PyTuple_New(nid), *idt = PyTuple_New(nid), *res = NULL;
+    Py_ssize_t nrows[MAX];
+    if (!shapes || !idt)
+        goto done;
+    for (Py_ssize_t k = 0; k < nid; k++) {
+        PyObject *io = PyLong_FromLongLong(ids[k]);
+        if (!io)
+            goto done;
+        PyTuple_SET_ITEM(idt, k, io);
+        if (ids[k] >= PyList_GET_SIZE(blocks)) {  /* a shape getter below may have changed the list */
+            res = Py_None;
+            goto done;
+        }
+        PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
+        Py_INCREF(blk);
+        PyObject *sh = PyObject_GetAttrString(blk, "shape");
+        Py_DECREF(blk);
+        if (!sh) {
+            PyErr_Clear();
+            res = Py_None;
+            goto done;
+        }
+        PyTuple_SET_ITEM(shapes, k, sh);
+        Py_ssize_t d = PyTuple_CheckExact(sh) ? PyTuple_GET_SIZE(sh) : 0;
+        int ok = d >= 1;
+        if (ok && k > 0) {  /* one row shape for all */
+            PyObject *s0 = PyTuple_GET_ITEM(shapes, 0);
+            ok = PyTuple_GET_SIZE(s0) == d;
+            for (Py_ssize_t i = 1; ok && i < d; i++) {
+                PyObject *x = PyTuple_GET_ITEM(sh, i), *y = PyTuple_GET_ITEM(s0, i);
+                ok = PyLong_CheckExact(x) && PyLong_CheckExact(y) && PyLong_AsSsize_t(x) == PyLong_AsSsize_t(y);
+            }
+        }
+        nrows[k] = ok && PyLong_CheckExact(PyTuple_GET_ITEM(sh, 0)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : -1;
+        if (!ok || nrows[k] < 0) {
+            PyErr_Clear();
+            res = Py_None;
+            goto done;
+        }
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t k = 0;
+        while (ids[k] != b[j])
+            k++;
+        if (r[j] < 0 || r[j] >= nrows[k]) {
+            res = Py_None;
+            goto done;
+        }
+        local[j] = k;
+    }
+    res = Py_BuildValue("(Ny#y#O)", idt, (const char *)local, n * (Py_ssize_t)sizeof(int64_t), (const char *)r,
+                        n * (Py_ssize_t)sizeof(int64_t), shapes);
+    idt = NULL;  /* stolen by N */
+    Py_DECREF(shapes);
+    return res;
+done:
+    Py_XDECREF(shapes);
+    Py_XDECREF(idt);
+    if (res == Py_None)
+        Py_RETURN_NONE;
+    return NULL;
+}

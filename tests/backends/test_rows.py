@@ -243,3 +243,93 @@ def test_small_row_index_equals_the_vectorised_one(pairs, odd_tail):
     np.testing.assert_array_equal(small.local, vectorised.local)
     np.testing.assert_array_equal(small.rows, vectorised.rows)
     assert not small.rows.flags.writeable and not small.local.flags.writeable
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("B", [1, 5, 40])
+def test_block_table_path_matches_the_per_block_path(monkeypatch, dt, B):
+    """gather_indexed / scatter_indexed through one compiled address table (rows._block_table)
+    give exactly what the per-block Python path gives, also when the values overlap a target
+    (copied first) and when a block is not C-contiguous or read-only (the Python path decides)."""
+    from dynagraph.backends.cpu import rows as rows_mod
+    if rows_mod._block_table is None:
+        pytest.skip("dynagraph._bookkeeping is not built")
+    rng = np.random.default_rng(B)
+    base = [rng.standard_normal((n, 3)).astype(dt) for n in (4, 9, 2, 6)]
+    blks = tuple(int(b) for b in rng.integers(0, 4, B))
+    rows = tuple(int(rng.integers(0, len(base[b]))) for b in blks)
+    ix = cpu.row_index(lambda i: base[i].shape, 4, blks, rows)
+
+    def both(fn):
+        got = []
+        for table in (rows_mod._block_table, None):
+            monkeypatch.setattr(rows_mod, "_block_table", table)
+            got.append(fn())
+        return got
+    fast, slow = both(lambda: cpu.gather_indexed(base, ix))
+    np.testing.assert_array_equal(fast, slow)
+    odd = list(base)
+    odd[1] = np.asfortranarray(np.repeat(base[1], 2, axis=1))[:, ::2]  # not C-contiguous: copied by _in
+    fast, slow = both(lambda: cpu.gather_indexed(odd, ix))
+    np.testing.assert_array_equal(fast, slow)
+
+    def scatter(overlap: bool):
+        grads = [np.ones_like(b) for b in base]
+        vals = grads[blks[0]][:1].reshape(-1)[:3].reshape(1, 3) if overlap and B == 1 else \
+            rng.standard_normal((B, 3)).astype(dt)
+        cpu.scatter_indexed(grads.__getitem__, ix, vals)
+        return grads
+    monkeypatch.undo()  # the table again
+    assert rows_mod._block_table is not None
+    for overlap in (False, True):
+        state = rng.bit_generator.state
+        fast = scatter(overlap)
+        rng.bit_generator.state = state
+        monkeypatch.setattr(rows_mod, "_block_table", None)
+        slow = scatter(overlap)
+        monkeypatch.undo()
+        for a, b in zip(fast, slow):
+            np.testing.assert_array_equal(a, b)
+    frozen = [np.zeros_like(b) for b in base]
+    frozen[blks[0]].flags.writeable = False
+    with pytest.raises(ValueError):  # a read-only target: the Python path's error
+        cpu.scatter_indexed(frozen.__getitem__, ix, np.ones((B, 3), dt))
+
+
+@pytest.mark.parametrize("B", [1, 3, 64, 65])
+def test_row_index_small_matches_the_python_index(monkeypatch, B):
+    """cpu row_index for the executor's (block, row) tuples: the compiled small index
+    (rows._row_index_c) is the Python one's ids, local positions, rows and shapes; anything
+    out of range or odd (bools, a row shape that differs) goes to the Python checks and errors."""
+    from dynagraph.backends.cpu import rows as rows_mod
+    if rows_mod._row_index_c is None:
+        pytest.skip("dynagraph._bookkeeping is not built")
+    rng = np.random.default_rng(B)
+    blocks = [rng.standard_normal((n, 3)) for n in (4, 9, 2, 6, 1)]
+    blks = tuple(int(b) for b in rng.integers(0, 5, B))
+    rows = tuple(int(rng.integers(0, len(blocks[b]))) for b in blks)
+    be = cpu.CpuBackend()
+    fast = be.row_index(blocks, blks, rows)
+    monkeypatch.setattr(rows_mod, "_row_index_c", None)
+    slow = be.row_index(blocks, blks, rows)
+    monkeypatch.undo()
+    assert fast.ids == slow.ids and fast.shapes == slow.shapes
+    np.testing.assert_array_equal(fast.local, slow.local)
+    np.testing.assert_array_equal(fast.rows, slow.rows)
+    assert not fast.rows.flags.writeable and not fast.local.flags.writeable
+    with pytest.raises(ValueError):
+        fast.rows.flags.writeable = True  # immutable memory: the kernels trust these rows
+    np.testing.assert_array_equal(be.gather_indexed(blocks, fast), np.stack([blocks[b][r] for b, r in zip(blks, rows)]))
+    for bad_b, bad_r, err in (((0, 7), (0, 0), IndexError), ((0, 1), (0, 9), IndexError), ((0, -1), (0, 0), IndexError),
+                              ((0, 1), (0, -2), IndexError), ((True, 1), (0, 0), None)):
+        if err is None:
+            be.row_index(blocks, bad_b, bad_r)  # a bool id: the Python path takes it
+            continue
+        with pytest.raises(err):
+            be.row_index(blocks, bad_b, bad_r)
+    odd = blocks + [np.zeros((3, 4))]
+    with pytest.raises(ValueError, match="rows of shape"):
+        be.row_index(odd, (0, 5), (0, 0))
+    assert rows_mod._row_index_c(blocks, (), ()) is None
+    with pytest.raises(TypeError):
+        rows_mod._row_index_c(tuple(blocks), (0,), (0,))

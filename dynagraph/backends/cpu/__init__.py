@@ -31,8 +31,8 @@ from .chains import CChains
 from .runs import CRuns
 from .ffi import (F32, F64, _BUF, _PTRS, _SUFFIX, _FN, UNARY, BINARY, _fn, _real, _in, _out, _p, _pi, _index, _width,
     _rows_operand)  # noqa: F401
-from .rows import (RowIndex, _ints, row_index, _used, gather_rows, gather_indexed, scatter_add_rows, scatter_indexed,
-    take_rows, add_rows, embedding_lookup, embedding_backward)  # noqa: F401
+from .rows import (RowIndex, _ints, row_index, row_index_of_blocks, _used, gather_rows, gather_indexed,
+    scatter_add_rows, scatter_indexed, take_rows, add_rows, embedding_lookup, embedding_backward)  # noqa: F401
 from .elementwise import (_opcode, unary_forward, unary_backward, _lead_pair, binary_forward, binary_backward,
     sum_args, row_sums, col_sums, _matrix, _rowwise, _rowwise_grad, softmax_forward, softmax_backward,
     log_softmax_forward, log_softmax_backward, pickneglogsoftmax_forward, pickneglogsoftmax_backward)  # noqa: F401
@@ -77,7 +77,7 @@ class CpuBackend(NumpyBackend):
     def row_index(self, blocks: list, blks: list, rows: list):
         if blocks is None or type(blocks[blks[0]]) is not np.ndarray:
             return super().row_index(blocks, blks, rows)
-        return row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows", ints=True)
+        return row_index_of_blocks(blocks, blks, rows)
 
     def gather_indexed(self, blocks: list, index):
         if type(index) is not RowIndex:

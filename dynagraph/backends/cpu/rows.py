@@ -2,12 +2,22 @@
 scatter-adds, single-table takes/adds and the sparse embedding gradient."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..._kernels import ffi
-from .ffi import _PTRS, _fn, _in, _index, _out, _p, _pi, _real_of, _rows_operand, _width
+from .ffi import F32, F64, _PTRS, _fn, _in, _index, _out, _p, _pi, _real_of, _rows_operand, _width
+
+try:  # optional, compiled beside _kernels (kernels/cpython/run_tables.c); DYNAGRAPH_BOOKKEEPING=python: not used
+    if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
+        raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
+    from ..._bookkeeping import block_table as _block_table, row_index_small as _row_index_c
+except ImportError:
+    _block_table = _row_index_c = None
+_FMT = {F32: "f", F64: "d"}
+_PTR = {F32: "float **", F64: "double **"}
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -49,6 +59,25 @@ def _row_index_checked(ids, local, rows, shapes) -> RowIndex:
                         ("shapes", tuple(shapes))):
         object.__setattr__(ix, name, value)
     return ix
+
+
+def _row_index_frozen(ids: tuple, local: np.ndarray, rows: np.ndarray, shapes: tuple) -> RowIndex:
+    """_row_index_checked for arrays that already view immutable bytes (row_index_small's)."""
+    ix = object.__new__(RowIndex)
+    for name, value in (("ids", ids), ("local", local), ("rows", rows), ("shapes", shapes)):
+        object.__setattr__(ix, name, value)
+    return ix
+
+
+def row_index_of_blocks(blocks: list, blks: Sequence[int], rows: Sequence[int]) -> RowIndex:
+    """row_index over a list of blocks for the executor's (block, row) tuples: a few rows in one C
+    call (row_index_small) where every value is in range, else the checks and errors below."""
+    if _row_index_c is not None and type(blks) is tuple and type(rows) is tuple and type(blocks) is list:
+        got = _row_index_c(blocks, blks, rows)
+        if got is not None:
+            ids, local, r, shapes = got
+            return _row_index_frozen(ids, np.frombuffer(local, np.int64), np.frombuffer(r, np.int64), shapes)
+    return row_index(lambda i: blocks[i].shape, len(blocks), blks, rows, "gather_rows", ints=True)
 
 
 def _ints(xs, what: str, ints: bool = False) -> np.ndarray:
@@ -148,9 +177,30 @@ def gather_rows(blocks: Sequence[np.ndarray], blks: Sequence[int], rows: Sequenc
                                             rows, "gather_rows"))
 
 
+def _table(arrays: list, ix: RowIndex, writable: bool, avoid=None):
+    """(dtype, block address table, overlaps avoid) from one C call when every block is a C-contiguous
+    float32/float64 array of its checked shape, else None (the per-block Python path below: it
+    converts, checks and reports). Per sentence most gathers read one row from each of a dozen
+    blocks, and the per-block checks and pointers were most of their cost."""
+    a0 = arrays[0]
+    fmt = _FMT.get(a0.dtype) if type(a0) is np.ndarray else None
+    if fmt is None or _block_table is None:
+        return None
+    got = _block_table(arrays, ix.shapes, fmt, writable, avoid)
+    return None if got is None else (a0.dtype, got[0], got[1])  # the caller holds the table while C reads it
+
+
 def gather_indexed(blocks: Sequence[np.ndarray], ix: RowIndex) -> np.ndarray:
     if type(ix) is not RowIndex:
         raise TypeError(f"gather_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
+    fast = _table([blocks[b] for b in ix.ids], ix, False)
+    if fast is not None:
+        dt, table, _ = fast
+        tail, n = ix.shapes[0][1:], len(ix.rows)
+        out = np.empty((n,) + tail, dt)
+        _fn("dg_gather_rows", dt)(_p(out), ffi.cast(_PTR[dt], ffi.from_buffer(table)), _pi(ix.local), _pi(ix.rows), n,
+                                  _width(tail))
+        return out
     dt = _real_of(blocks[ix.ids[0]], "gather_rows")
     used = [_in(blocks[b], dt) for b in ix.ids]
     _used(used, ix, "gather_rows")
@@ -180,11 +230,22 @@ def scatter_indexed(targets: Callable[[int], np.ndarray] | Sequence[np.ndarray],
         raise TypeError(f"scatter_indexed: ix must be a cpu.RowIndex from cpu.row_index, got {type(ix).__name__}")
     get = targets if callable(targets) else targets.__getitem__
     used = [get(b) for b in ix.ids]
+    n, width = len(ix.rows), _width(ix.shapes[0][1:])
+    v = vals
+    if type(v) is np.ndarray and type(used[0]) is np.ndarray and v.dtype == used[0].dtype and v.flags.c_contiguous \
+            and v.size == n * width:
+        fast = _table(used, ix, True, v)
+        if fast is not None:
+            dt, table, overlaps = fast
+            if overlaps:  # as np.may_share_memory below: the values must not change while added
+                v = v.copy()
+            _fn("dg_scatter_add_rows", dt)(ffi.cast(_PTR[dt], ffi.from_buffer(table)), _pi(ix.local), _pi(ix.rows),
+                                           _p(v), width, n, width)
+            return
     dt = _real_of(used[0], "scatter_add_rows")
     for b, u in zip(ix.ids, used):
         _out(u, dt, f"scatter target block {b}")
     _used(used, ix, "scatter_add_rows")
-    n, width = len(ix.rows), _width(ix.shapes[0][1:])
     v, vstride = _rows_operand(vals, n, width, dt)
     if any(np.may_share_memory(v, u) for u in used):
         v = v.copy()

@@ -1,0 +1,311 @@
+/* One executed batch's reverse step by one C call (part of dynagraph._bookkeeping; see bookkeeping.h).
+
+autodiff.backward's loop body is the reference: whether any argument needs its gradient,
+the deferred weight products, the op's backward kernel and the scatter of each argument's
+gradient to the rows it was gathered from. Per sentence most batches hold one node and
+that Python cost was as large as the kernel's. backward_batch_native does the same here,
+with the common scatters in C (a parameter's dense gradient kept for one sum at the end,
+a slice's gradient adopted as its block's or added into its rows); every other case goes
+back to Python through the callables of its context, so each ends in the reference's state.
+
+The context (autodiff._NativeBackward builds it once per backward pass) is a tuple:
+   0 op   1 needs_grad   2 data   3 attrs   4 blocks (lists of the graph)
+   5 gb (autodiff.Grads)   6 gb.borrowed (set)
+   7 infos: dict op -> (has_backward, uses_data, saves_ctx, inner_kernels, kernel, weight_products or None)
+   8 info_fn(op)   9 xp   10 full (bool)
+  11 defer_fn(op, xs, plans, g, need) -> need     (autodiff._defer_weight_grads)
+  12 one_row_fn(plans, gxs, need, B) -> bool      (autodiff._one_row_run and its add)
+  13 scatter_fn(plan, gx, B)                      (the broadcast and autodiff.scatter)
+  14 leaf_sums: dict block -> list of dense parameter gradients
+  15 ndarray   16 format of the graph's dtype ('f' or 'd')
+  17 acc: bytearray of 3 doubles the caller adds to stats (kernel_calls, t_backward, t_memory)
+  18 deferred: dict block -> list of (g, x), autodiff._defer_weight_grads's (done here for ndarrays)
+  19 products: dict (weight_products, nargs) -> its pairs, a cache
+*/
+#include <time.h>
+
+#include "backward_batch.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);  /* time.perf_counter's clock on Linux */
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The op's info (borrowed from the infos dict), made by info_fn once. */
+static PyObject *op_info(PyObject *ctx, PyObject *op) {
+    PyObject *infos = PyTuple_GET_ITEM(ctx, B_INFOS);
+    PyObject *info = PyDict_GetItemWithError(infos, op);
+    if (info || PyErr_Occurred())
+        return info;
+    PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, B_INFO_FN), op);
+    if (!made)
+        return NULL;
+    int ok = PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 6 && PyDict_SetItem(infos, op, made) == 0;
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: info_fn must return a 6-tuple");
+    Py_DECREF(made);
+    return ok ? PyDict_GetItemWithError(infos, op) : NULL;
+}
+
+
+/* Whether flags[i] is True for some i in ids (autodiff's need; ids checked). */
+static int any_flag(PyObject *flags, PyObject *ids) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ids); j++) {
+        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(ids, j), PyList_GET_SIZE(flags));
+        if (i < 0)
+            return -1;
+        PyObject *f = PyList_GET_ITEM(flags, i);
+        if (f == Py_True)
+            return 1;
+        if (f != Py_False) {
+            Py_INCREF(f);
+            int t = PyObject_RichCompareBool(f, Py_True, Py_EQ);  /* as `True in flags` */
+            Py_DECREF(f);
+            if (t)
+                return t;
+        }
+    }
+    return 0;
+}
+
+static int has_true(PyObject *need) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(need); k++)
+        if (PyTuple_GET_ITEM(need, k) == Py_True)
+            return 1;
+    return 0;
+}
+
+/* The gradients of one record; 0 or -1 (error). Called with the info held. */
+static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, double *acc) {
+    PyObject *nodes = PyTuple_GET_ITEM(rec, 0), *xs = PyTuple_GET_ITEM(rec, 1), *bid = PyTuple_GET_ITEM(rec, 2);
+    PyObject *plans = PyTuple_GET_ITEM(rec, 3), *cols = PyTuple_GET_ITEM(rec, 4), *kctx = PyTuple_GET_ITEM(rec, 5);
+    if (!PyTuple_CheckExact(cols) || !PyList_CheckExact(plans) || !PyList_CheckExact(xs)
+        || PyList_GET_SIZE(plans) != PyTuple_GET_SIZE(cols)) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a malformed ExecutedBatch");
+        return -1;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(cols);
+    PyObject *seq = PySequence_Tuple(nodes);
+    if (!seq)
+        return -1;
+    Py_ssize_t B = PyTuple_GET_SIZE(seq);
+    PyObject *need = PyTuple_New(k), *data = Py_None, *gxs = NULL, *y = NULL;
+    Py_INCREF(data);
+    int rc = -1;
+    if (!need || B == 0)
+        goto done;
+    int full = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, B_FULL));
+    if (full < 0)
+        goto done;
+    for (Py_ssize_t c = 0; c < k; c++) {
+        PyObject *ids = PyTuple_GET_ITEM(cols, c);
+        if (!PyTuple_CheckExact(ids) || PyTuple_GET_SIZE(ids) == 0) {
+            PyErr_SetString(PyExc_TypeError, "backward_batch_native: argument columns must be tuples");
+            goto done;
+        }
+        int t = full ? 1 : any_flag(PyTuple_GET_ITEM(ctx, B_NEEDS), ids);
+        if (t < 0)
+            goto done;
+        PyObject *v = t ? Py_True : Py_False;
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(need, c, v);
+    }
+    if (!has_true(need)) {
+        rc = 0;
+        goto done;
+    }
+    double t0 = now();
+    Py_ssize_t n0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, 0));
+    if (n0 == -1 && PyErr_Occurred())
+        goto done;
+    if (PyTuple_GET_ITEM(info, 5) != Py_None) {  /* weight products: deferred to one GEMM per parameter */
+        int here = dg_defer_here(ctx, PyTuple_GET_ITEM(info, 5), xs, plans, g, &need);
+        if (here < 0)
+            goto done;
+        if (!here) {
+            PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_OP), n0);  /* n0 checked by the caller */
+            PyObject *dargv[5] = {op, xs, plans, g, need};
+            Py_INCREF(op);
+            PyObject *got = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_DEFER), dargv, 5, NULL);
+            Py_DECREF(op);
+            if (!got)
+                goto done;
+            if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != k) {
+                Py_DECREF(got);
+                PyErr_SetString(PyExc_TypeError, "backward_batch_native: defer_fn must return the need tuple");
+                goto done;
+            }
+            Py_SETREF(need, got);
+        }
+        if (!has_true(need)) {
+            acc[ACC_BACKWARD] += now() - t0;
+            rc = 0;
+            goto done;
+        }
+    }
+    int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1)), saves_ctx = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
+    if (uses_data < 0 || saves_ctx < 0)
+        goto done;
+    if (uses_data) {
+        PyObject *all = PyTuple_GET_ITEM(ctx, B_DATA);
+        Py_SETREF(data, PyList_New(B));
+        if (!data)
+            goto done;
+        for (Py_ssize_t j = 0; j < B; j++) {
+            Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(seq, j), PyList_GET_SIZE(all));
+            if (i < 0)
+                goto done;
+            PyObject *d = PyList_GET_ITEM(all, i);
+            Py_INCREF(d);
+            PyList_SET_ITEM(data, j, d);
+        }
+    }
+    PyObject *attrs_l = PyTuple_GET_ITEM(ctx, B_ATTRS), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
+    Py_ssize_t bi = dg_index_in(bid, PyList_GET_SIZE(blocks));
+    if (bi < 0 || n0 >= PyList_GET_SIZE(attrs_l)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "backward_batch_native: node out of range");
+        goto done;
+    }
+    PyObject *attrs = PyList_GET_ITEM(attrs_l, n0);
+    y = PyList_GET_ITEM(blocks, bi);
+    Py_INCREF(attrs);
+    Py_INCREF(y);
+    PyObject *kargv[8] = {PyTuple_GET_ITEM(ctx, B_XP), attrs, data, xs, y, g, need, kctx};
+    static PyObject *ctx_name = NULL;
+    if (!ctx_name && !(ctx_name = Py_BuildValue("(s)", "ctx"))) {
+        Py_DECREF(attrs);
+        goto done;
+    }
+    gxs = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, 7, saves_ctx ? ctx_name : NULL);
+    Py_DECREF(attrs);
+    if (!gxs)
+        goto done;
+    double t1 = now();
+    Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
+    if (inner == -1 && PyErr_Occurred())
+        goto done;
+    acc[ACC_KERNELS] += (double)inner;
+    acc[ACC_BACKWARD] += t1 - t0;
+    if (k > 8) {  /* dy.esum(losses): one add of g into the losses' rows (autodiff._one_row_run) */
+        PyObject *oargv[4] = {plans, gxs, need, NULL};
+        PyObject *bo = PyLong_FromSsize_t(B);
+        if (!bo)
+            goto done;
+        oargv[3] = bo;
+        PyObject *done_ = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_ONE_ROW), oargv, 4, NULL);
+        Py_DECREF(bo);
+        if (!done_)
+            goto done;
+        int handled = PyObject_IsTrue(done_);
+        Py_DECREF(done_);
+        if (handled < 0)
+            goto done;
+        if (handled) {
+            acc[ACC_MEMORY] += now() - t1;
+            rc = 0;
+            goto done;
+        }
+    }
+    PyObject *fast = PySequence_Fast(gxs, "backward_batch_native: a backward must return a sequence");
+    if (!fast)
+        goto done;
+    Py_SETREF(gxs, fast);
+    if (PySequence_Fast_GET_SIZE(gxs) < k) {
+        PyErr_SetString(PyExc_IndexError, "backward_batch_native: a backward returned fewer gradients than arguments");
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < k; c++) {
+        PyObject *gx = PySequence_Fast_GET_ITEM(gxs, c);
+        if (PyTuple_GET_ITEM(need, c) != Py_True || gx == Py_None)
+            continue;
+        PyObject *plan = PyList_GET_ITEM(plans, c);
+        Py_INCREF(plan);
+        Py_INCREF(gx);
+        int here = dg_scatter_here(ctx, plan, gx, B);
+        if (here == 0) {
+            PyObject *bo = PyLong_FromSsize_t(B);
+            PyObject *sargv[3] = {plan, gx, bo};
+            PyObject *r = bo ? PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_SCATTER), sargv, 3, NULL) : NULL;
+            Py_XDECREF(bo);
+            here = r ? 1 : -1;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(plan);
+        Py_DECREF(gx);
+        if (here < 0)
+            goto done;
+    }
+    acc[ACC_MEMORY] += now() - t1;
+    rc = 0;
+done:
+    Py_XDECREF(need);
+    Py_XDECREF(data);
+    Py_XDECREF(gxs);
+    Py_XDECREF(y);
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* backward_batch_native(ctx, record): autodiff.backward's loop body for one ExecutedBatch. */
+PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != B_SIZE
+        || !PyTuple_Check(argv[1]) || PyTuple_GET_SIZE(argv[1]) != 6) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native(ctx: tuple, record: ExecutedBatch)");
+        return NULL;
+    }
+    PyObject *ctx = argv[0], *rec = argv[1];
+    for (int i = B_OP; i <= B_GB; i++)
+        if (!PyList_Check(PyTuple_GET_ITEM(ctx, i))) {
+            PyErr_Format(PyExc_TypeError, "backward_batch_native: context item %d must be a list", i);
+            return NULL;
+        }
+    PyObject *acc_b = PyTuple_GET_ITEM(ctx, B_ACC);
+    if (!PySet_Check(PyTuple_GET_ITEM(ctx, B_BORROWED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_INFOS))
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS)) || !PyType_Check(PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_DEFERRED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_PRODUCTS))
+        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, B_FORMAT)) || !PyByteArray_CheckExact(acc_b)
+        || PyByteArray_GET_SIZE(acc_b) != ACC_SIZE * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: malformed context");
+        return NULL;
+    }
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB), *nodes = PyTuple_GET_ITEM(rec, 0);
+    Py_ssize_t bid = dg_index_in(PyTuple_GET_ITEM(rec, 2), PyList_GET_SIZE(gb));
+    if (bid < 0)
+        return NULL;
+    PyObject *g = PyList_GET_ITEM(gb, bid);
+    if (g == Py_None)
+        Py_RETURN_NONE;
+    if (!PyTuple_CheckExact(nodes) && !PyList_CheckExact(nodes)) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a record's nodes must be a tuple or list");
+        return NULL;
+    }
+    if (PySequence_Fast_GET_SIZE(nodes) == 0) {
+        PyErr_SetString(PyExc_ValueError, "backward_batch_native: an empty batch");
+        return NULL;
+    }
+    PyObject *ops = PyTuple_GET_ITEM(ctx, B_OP);
+    Py_ssize_t n0 = dg_index_in(PySequence_Fast_ITEMS(nodes)[0], PyList_GET_SIZE(ops));
+    if (n0 < 0)
+        return NULL;
+    Py_INCREF(g);
+    PyObject *op = PyList_GET_ITEM(ops, n0);
+    Py_INCREF(op);
+    PyObject *info = op_info(ctx, op);
+    Py_DECREF(op);
+    if (!info) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    Py_INCREF(info);
+    int rc = 0;
+    if (PyTuple_GET_ITEM(info, 0) == Py_True)
+        rc = step(ctx, rec, info, g, (double *)PyByteArray_AS_STRING(acc_b));
+    Py_DECREF(info);
+    Py_DECREF(g);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,16 @@
+/* The backward step's context layout and its helpers shared by backward_batch.c and grad_scatter.c
+(part of dynagraph._bookkeeping; backward_batch.c documents the context). */
+#ifndef DG_BACKWARD_BATCH_H
+#define DG_BACKWARD_BATCH_H
+#include "bookkeeping.h"
+
+enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_INFO_FN, B_XP, B_FULL, B_DEFER,
+       B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS, B_SIZE };
+enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SIZE };
+enum { LEAF = 0, SLICE = 1 };
+
+/* grad_scatter.c: the scatters done in C and the weight-product deferral (see there) */
+int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B);
+int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g, PyObject **need);
+
+#endif

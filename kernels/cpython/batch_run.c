@@ -1,0 +1,340 @@
+/* One scheduled batch run by one C call (part of dynagraph._bookkeeping; see bookkeeping.h).
+
+executor.run_batch is the reference: argument columns, where each column's values are
+(a parameter's block, a slice of one block, or a gather), the kernel call, the output
+block, the nodes' (block, row) and the ExecutedBatch record. Per sentence most batches
+hold one node and that Python cost, about 5 us a batch, was as large as the kernel's.
+run_batch_native does the same steps here; what is not a common case goes back to
+Python through the callables in its context (a gather, an output that needs a reshape,
+a cast or a broadcast), so every case still ends in exactly the reference's state.
+
+The context (executor._native_context builds it once per evaluation) is a tuple:
+   0 op      1 blk     2 row     3 args     4 blocks   5 attrs   6 data   7 shape
+   8 executed (lists of the graph, mutated in place)
+   9 infos: dict op -> (leaf, uses_data, saves_ctx, inner_kernels, kernel, name)
+  10 info_fn(op): makes and stores an op's info
+  11 xp    12 gather_fn(ids, k, op) -> (x, plan): argument k of a batch of op, gathered
+  13 finish_fn(y, nodes) -> the output block
+  14 ExecutedBatch (a tuple subclass)    15 ndarray (the exact type of a ready output)
+  16 format of the graph's dtype ('f' or 'd')    17 batch_log (list or None)
+  18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
+     batches, nodes, t_memory, t_execute)
+*/
+#include <time.h>
+
+#include "bookkeeping.h"
+
+enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_SIZE };
+enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);  /* time.perf_counter's clock on Linux */
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The op's info tuple (borrowed from the infos dict, which the context holds), made by info_fn once. */
+static PyObject *op_info(PyObject *ctx, PyObject *op) {
+    PyObject *infos = PyTuple_GET_ITEM(ctx, C_INFOS);
+    PyObject *info = PyDict_GetItemWithError(infos, op);
+    if (info || PyErr_Occurred())
+        return info;
+    PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_INFO_FN), op);
+    if (!made)
+        return NULL;
+    int ok = PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 6 && PyDict_SetItem(infos, op, made) == 0;
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6-tuple");
+    Py_DECREF(made);
+    return ok ? PyDict_GetItemWithError(infos, op) : NULL;
+}
+
+static PyObject *list_item(PyObject *ctx, int which, Py_ssize_t i) {
+    PyObject *l = PyTuple_GET_ITEM(ctx, which);
+    if (i < 0 || i >= PyList_GET_SIZE(l)) {
+        PyErr_Format(PyExc_IndexError, "run_batch_native: node %zd out of range", i);
+        return NULL;
+    }
+    return PyList_GET_ITEM(l, i);
+}
+
+/* Argument column `ids` of the batch: appends its value and plan to xs and plans.
+   A parameter's block and a slice of one block are made here; anything else is gather_fn's. */
+static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans) {
+    Py_ssize_t B = PyTuple_GET_SIZE(ids);
+    Py_ssize_t first = dg_index_in(PyTuple_GET_ITEM(ids, 0), PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, C_OP)));
+    if (first < 0)
+        return -1;
+    PyObject *info = op_info(ctx, PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, C_OP), first));
+    if (!info)
+        return -1;
+    PyObject *x = NULL, *plan = NULL;
+    int leaf = PyObject_IsTrue(PyTuple_GET_ITEM(info, 0));
+    if (leaf < 0)
+        return -1;
+    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
+    if (leaf) {  /* a shared parameter: the signature guarantees every node shares its block */
+        PyObject *b = list_item(ctx, C_BLK, first);
+        if (!b)
+            return -1;
+        Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks));
+        if (bi < 0)
+            return -1;
+        x = PyList_GET_ITEM(blocks, bi);
+        Py_INCREF(x);
+        plan = Py_BuildValue("(iOO)", 0, b, Py_None);
+    } else {
+        PyObject *largv[3] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids};
+        PyObject *loc = dg_locate(NULL, largv, 3);
+        if (!loc)
+            return -1;
+        if (PyLong_AsLong(PyTuple_GET_ITEM(loc, 0)) == 1) {  /* SLICE: rows r0 .. r0+B-1 of block b, in place */
+            PyObject *b = PyTuple_GET_ITEM(loc, 1), *r0 = PyTuple_GET_ITEM(loc, 2);
+            Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks)), start = PyLong_AsSsize_t(r0);
+            if (bi < 0 || (start == -1 && PyErr_Occurred())) {
+                Py_DECREF(loc);
+                return -1;
+            }
+            PyObject *lo = dg_int(start), *hi = dg_int(start + B);
+            PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+            Py_XDECREF(lo);
+            Py_XDECREF(hi);
+            PyObject *blk_b = PyList_GET_ITEM(blocks, bi);
+            Py_INCREF(blk_b);
+            x = sl ? PyObject_GetItem(blk_b, sl) : NULL;
+            Py_DECREF(blk_b);
+            Py_XDECREF(sl);
+            plan = x ? Py_BuildValue("(iOO)", 1, b, r0) : NULL;
+        } else {
+            PyObject *co = PyLong_FromSsize_t(c);
+            PyObject *gargv[3] = {ids, co, op};
+            PyObject *got = co ? PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_GATHER), gargv, 3, NULL) : NULL;
+            Py_XDECREF(co);
+            if (got && (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2)) {
+                PyErr_SetString(PyExc_TypeError, "run_batch_native: gather_fn must return (x, plan)");
+                Py_CLEAR(got);
+            }
+            if (got) {
+                x = PyTuple_GET_ITEM(got, 0);
+                plan = PyTuple_GET_ITEM(got, 1);
+                Py_INCREF(x);
+                Py_INCREF(plan);
+                Py_DECREF(got);
+            }
+        }
+        Py_DECREF(loc);
+    }
+    int rc = x && plan && PyList_Append(xs, x) == 0 && PyList_Append(plans, plan) == 0 ? 0 : -1;
+    Py_XDECREF(x);
+    Py_XDECREF(plan);
+    return rc;
+}
+
+/* Whether y is already the batch's block: an exact ndarray, C-contiguous, of the graph's dtype
+   and shape (B,) + shape. Anything else goes through finish_fn (broadcast, reshape, cast). */
+static int ready(PyObject *ctx, PyObject *y, Py_ssize_t B, PyObject *shape) {
+    if (Py_TYPE(y) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY) || !PyTuple_CheckExact(shape))
+        return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(y, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, C_FORMAT));
+    Py_ssize_t k = PyTuple_GET_SIZE(shape);
+    int ok = want && v.format && !strcmp(v.format, want) && v.ndim == k + 1 && v.shape[0] == B;
+    for (Py_ssize_t i = 0; ok && i < k; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        ok = d == v.shape[i + 1];
+    }
+    PyBuffer_Release(&v);
+    PyErr_Clear();
+    return ok;
+}
+
+/* A tuple subclass instance (ExecutedBatch) holding items (stolen), as tuple.__new__(cls, items). */
+static PyObject *record(PyObject *cls, PyObject **items, Py_ssize_t n) {
+    PyTypeObject *t = (PyTypeObject *)cls;
+    PyObject *r = PyType_IsSubtype(t, &PyTuple_Type) ? t->tp_alloc(t, n) : NULL;
+    if (!r) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "run_batch_native: the record type must be a tuple subclass");
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(r, i, items[i]);
+    return r;
+}
+
+/* run_batch_native(ctx, nodes): executor.run_batch for one batch (see the top of this file). */
+PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != C_SIZE
+        || (!PyTuple_CheckExact(argv[1]) && !PyList_CheckExact(argv[1]))) {
+        PyErr_SetString(PyExc_TypeError, "run_batch_native(ctx: tuple, nodes: tuple or list)");
+        return NULL;
+    }
+    PyObject *ctx = argv[0];
+    for (int i = C_OP; i <= C_EXECUTED; i++)
+        if (!PyList_CheckExact(PyTuple_GET_ITEM(ctx, i))) {
+            PyErr_Format(PyExc_TypeError, "run_batch_native: context item %d must be a list", i);
+            return NULL;
+        }
+    if (!PyDict_CheckExact(PyTuple_GET_ITEM(ctx, C_INFOS)) || !PyByteArray_CheckExact(PyTuple_GET_ITEM(ctx, C_ACC))
+        || PyByteArray_GET_SIZE(PyTuple_GET_ITEM(ctx, C_ACC)) != ACC_SIZE * (Py_ssize_t)sizeof(double)
+        || !PyType_Check(PyTuple_GET_ITEM(ctx, C_RECORD))
+        || !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(ctx, C_RECORD), &PyTuple_Type)
+        || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
+        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT))) {
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
+        return NULL;
+    }
+    double t0 = now();
+    PyObject *nodes = PySequence_Tuple(argv[1]);  /* private: nothing below can change it */
+    if (!nodes)
+        return NULL;
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes);
+    PyObject *cols = NULL, *xs = NULL, *plans = NULL, *data = Py_None, *y = NULL, *kctx = Py_None, *res = NULL;
+    Py_INCREF(data);
+    Py_INCREF(kctx);
+    if (B == 0) {
+        PyErr_SetString(PyExc_ValueError, "run_batch_native: an empty batch");
+        goto done;
+    }
+    Py_ssize_t n0 = dg_index_in(PyTuple_GET_ITEM(nodes, 0), PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, C_OP)));
+    if (n0 < 0)
+        goto done;
+    PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, C_OP), n0);
+    Py_INCREF(op);
+    PyObject *info = op_info(ctx, op);
+    if (!info) {
+        Py_DECREF(op);
+        goto done;
+    }
+    Py_INCREF(info);  /* held: a kernel may clear the dict */
+    PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
+    if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
+        goto done_info;
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++)
+        if (column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans) < 0)
+            goto done_info;
+    int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
+    if (uses_data < 0)
+        goto done_info;
+    if (uses_data) {
+        Py_SETREF(data, PyList_New(B));
+        if (!data)
+            goto done_info;
+        for (Py_ssize_t j = 0; j < B; j++) {
+            PyObject *d = list_item(ctx, C_DATA, PyLong_AsSsize_t(PyTuple_GET_ITEM(nodes, j)));
+            if (!d)
+                goto done_info;
+            Py_INCREF(d);
+            PyList_SET_ITEM(data, j, d);
+        }
+    }
+    PyObject *attrs = list_item(ctx, C_ATTRS, n0);
+    if (!attrs)
+        goto done_info;
+    Py_ssize_t k = PyList_GET_SIZE(xs);
+    PyObject **kargv = PyMem_Malloc((size_t)(k + 3) * sizeof(PyObject *));
+    if (!kargv) {
+        PyErr_NoMemory();
+        goto done_info;
+    }
+    kargv[0] = PyTuple_GET_ITEM(ctx, C_XP);
+    kargv[1] = attrs;
+    kargv[2] = data;
+    for (Py_ssize_t c = 0; c < k; c++)
+        kargv[c + 3] = PyList_GET_ITEM(xs, c);
+    Py_INCREF(attrs);
+    double t1 = now();
+    y = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, (size_t)(k + 3), NULL);
+    Py_DECREF(attrs);
+    PyMem_Free(kargv);
+    if (!y)
+        goto done_info;
+    int saves_ctx = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
+    if (saves_ctx < 0)
+        goto done_info;
+    if (saves_ctx) {
+        if (!PyTuple_Check(y) || PyTuple_GET_SIZE(y) != 2) {
+            PyErr_SetString(PyExc_TypeError, "run_batch_native: a saves_ctx op must return (y, ctx)");
+            goto done_info;
+        }
+        PyObject *pair = y;
+        y = PyTuple_GET_ITEM(pair, 0);
+        Py_SETREF(kctx, PyTuple_GET_ITEM(pair, 1));
+        Py_INCREF(y);
+        Py_INCREF(kctx);
+        Py_DECREF(pair);
+    }
+    PyObject *shape = list_item(ctx, C_SHAPE, n0);
+    if (!shape)
+        goto done_info;
+    if (!ready(ctx, y, B, shape)) {
+        PyObject *fargv[2] = {y, nodes};
+        PyObject *fixed = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_FINISH), fargv, 2, NULL);
+        if (!fixed)
+            goto done_info;
+        Py_SETREF(y, fixed);
+    }
+    double t2 = now();
+    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
+    PyObject *bid = dg_int(PyList_GET_SIZE(blocks));
+    if (!bid || PyList_Append(blocks, y) < 0) {
+        Py_XDECREF(bid);
+        goto done_info;
+    }
+    PyObject *pargv[4] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), nodes, bid};
+    PyObject *placed = dg_place(NULL, pargv, 4);
+    if (!placed) {
+        Py_DECREF(bid);
+        goto done_info;
+    }
+    Py_DECREF(placed);
+    Py_INCREF(nodes);
+    Py_INCREF(cols);
+    PyObject *items[6] = {nodes, xs, bid, plans, cols, kctx};
+    xs = plans = kctx = NULL;  /* stolen by the record */
+    PyObject *rec = record(PyTuple_GET_ITEM(ctx, C_RECORD), items, 6);
+    if (!rec || PyList_Append(PyTuple_GET_ITEM(ctx, C_EXECUTED), rec) < 0) {
+        Py_XDECREF(rec);
+        goto done_info;
+    }
+    Py_DECREF(rec);
+    PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
+    if (PyList_CheckExact(log) && PyList_GET_SIZE(log) < 100000) {
+        PyObject *entry = Py_BuildValue("(On)", PyTuple_GET_ITEM(info, 5), B);
+        int bad = !entry || PyList_Append(log, entry) < 0;
+        Py_XDECREF(entry);
+        if (bad)
+            goto done_info;
+    }
+    Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
+    if (inner == -1 && PyErr_Occurred())
+        goto done_info;
+    double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, C_ACC));
+    acc[ACC_KERNELS] += (double)inner;
+    acc[ACC_BATCHES] += 1;
+    acc[ACC_NODES] += (double)B;
+    acc[ACC_MEMORY] += (t1 - t0) + (now() - t2);
+    acc[ACC_EXECUTE] += t2 - t1;
+    res = Py_None;
+    Py_INCREF(res);
+done_info:
+    Py_DECREF(info);
+    Py_DECREF(op);
+done:
+    Py_XDECREF(cols);
+    Py_XDECREF(xs);
+    Py_XDECREF(plans);
+    Py_XDECREF(data);
+    Py_XDECREF(y);
+    Py_XDECREF(kctx);
+    Py_DECREF(nodes);
+    return res;
+}

@@ -1,0 +1,313 @@
+/* The backward step's gradient scatters and weight-product deferral in C (part of
+dynagraph._bookkeeping; see backward_batch.c, whose context they read, and autodiff.py, whose
+scatter() and _defer_weight_grads() are the references: every case not done here goes back to them). */
+#include "backward_batch.h"
+
+/* A view of `a` if it is an exact ndarray of the graph's dtype (strides filled in), else 0. */
+static int array_view(PyObject *ctx, PyObject *a, Py_buffer *v) {
+    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        return 0;
+    if (PyObject_GetBuffer(a, v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    if (!want || !v->format || strcmp(v->format, want) || v->ndim < 1) {
+        PyErr_Clear();
+        PyBuffer_Release(v);
+        return 0;
+    }
+    return 1;
+}
+
+static int c_contiguous(const Py_buffer *v) {
+    Py_ssize_t step = v->itemsize;
+    for (int i = v->ndim - 1; i >= 0; i--) {
+        if (v->shape[i] > 1 && v->strides[i] != step)
+            return 0;
+        step *= v->shape[i];
+    }
+    return 1;
+}
+
+/* Block b's borrowed gradient g plus gx, as the block's own new array, where gx covers the whole
+   block with g's exact shape; 1: done, 0: not this case, -1: error. */
+static int borrowed_add(PyObject *ctx, Py_ssize_t b, PyObject *g, PyObject *gx, const Py_buffer *x, Py_ssize_t r0,
+                        Py_ssize_t B, Py_ssize_t vrows) {
+    if (r0 != 0 || B != vrows)
+        return 0;
+    Py_INCREF(g);
+    Py_buffer d;
+    int fits = array_view(ctx, g, &d);
+    if (fits) {
+        fits = d.ndim == x->ndim;
+        for (int i = 0; fits && i < d.ndim; i++)
+            fits = d.shape[i] == x->shape[i];
+        PyBuffer_Release(&d);
+    }
+    PyObject *sum = fits ? PyNumber_Add(g, gx) : NULL;
+    Py_DECREF(g);
+    if (!fits)
+        return 0;
+    if (!sum)
+        return -1;
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB), *bkey = dg_int(b);
+    int bad = !bkey || PySet_Discard(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0 || b >= PyList_GET_SIZE(gb);
+    Py_XDECREF(bkey);
+    if (bad) {
+        Py_DECREF(sum);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "backward_batch_native: gradient block out of range");
+        return -1;
+    }
+    PyList_SetItem(gb, b, sum);  /* steals; drops the borrowed array (an ndarray: no Python code runs) */
+    return 1;
+}
+
+/* The scatter cases done here; 1: done, 0: not a case of ours (the caller asks scatter_fn), -1: error.
+     LEAF, a dense ndarray shaped like the block's rows: kept in leaf_sums (autodiff.scatter's first case);
+     SLICE, no gradient yet, gx exactly the block's shape from row 0: adopted, borrowed (its second);
+     SLICE, an owned C-contiguous gradient block: gx added into its rows (its SLICE case). */
+int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
+    if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 3)
+        return 0;
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
+    if (kind == -1 && PyErr_Occurred())
+        return -1;
+    if (kind != LEAF && kind != SLICE)
+        return 0;
+    PyObject *bo = PyTuple_GET_ITEM(plan, 1), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB);
+    Py_ssize_t b = dg_index_in(bo, PyList_GET_SIZE(blocks));
+    if (b < 0 || b >= PyList_GET_SIZE(gb)) {
+        PyErr_Clear();
+        return 0;  /* the reference raises its own error */
+    }
+    Py_buffer x, val;
+    if (!array_view(ctx, gx, &x))
+        return 0;
+    PyObject *block = PyList_GET_ITEM(blocks, b);
+    Py_INCREF(block);
+    int rc = 0;
+    if (PyObject_GetBuffer(block, &val, PyBUF_STRIDES) < 0) {
+        PyErr_Clear();
+        goto out;
+    }
+    int same_rows = x.ndim == val.ndim;  /* gx.shape[1:] == block.shape[1:] */
+    for (int i = 1; same_rows && i < x.ndim; i++)
+        same_rows = x.shape[i] == val.shape[i];
+    Py_ssize_t vrows = val.shape[0];
+    PyBuffer_Release(&val);
+    if (!same_rows)
+        goto out;
+    if (kind == LEAF) {
+        PyObject *parts = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo);
+        if (!parts) {
+            if (PyErr_Occurred() || !(parts = PyList_New(0))) {
+                rc = -1;
+                goto out;
+            }
+            int bad = PyDict_SetItem(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo, parts);
+            Py_DECREF(parts);
+            if (bad) {
+                rc = -1;
+                goto out;
+            }
+        }
+        rc = PyList_Append(parts, gx) < 0 ? -1 : 1;
+        goto out;
+    }
+    Py_ssize_t r0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 2));
+    if (r0 == -1 && PyErr_Occurred()) {
+        rc = -1;
+        goto out;
+    }
+    if (x.shape[0] != B || r0 < 0 || r0 + B > vrows)
+        goto out;  /* a broadcast row, or rows the reference reports */
+    PyObject *g = PyList_GET_ITEM(gb, b);
+    if (g == Py_None) {
+        if (r0 != 0 || B != vrows || !c_contiguous(&x))
+            goto out;
+        PyObject *bkey = dg_int(b);
+        int bad = !bkey || PySet_Add(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0;
+        Py_XDECREF(bkey);
+        if (bad || b >= PyList_GET_SIZE(gb)) {  /* the set's hash ran no Python code: an int */
+            rc = -1;
+            goto out;
+        }
+        Py_INCREF(gx);
+        PyList_SetItem(gb, b, gx);  /* steals; b is in range; the old item is None */
+        rc = 1;
+        goto out;
+    }
+    PyObject *bkey = dg_int(b);
+    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
+    Py_XDECREF(bkey);
+    if (borrowed < 0) {
+        rc = -1;
+        goto out;
+    }
+    if (borrowed) {
+        /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
+           block's own array in one pass (g + gx: the values of the reference's copy, then add) */
+        rc = borrowed_add(ctx, b, g, gx, &x, r0, B, vrows);
+        goto out;
+    }
+    if (!c_contiguous(&x))
+        goto out;
+    Py_INCREF(g);
+    Py_buffer d;
+    if (!array_view(ctx, g, &d)) {
+        Py_DECREF(g);
+        goto out;
+    }
+    int fits = !d.readonly && c_contiguous(&d) && d.ndim == x.ndim && d.shape[0] == vrows;
+    for (int i = 1; fits && i < d.ndim; i++)
+        fits = d.shape[i] == x.shape[i];
+    if (fits) {
+        Py_ssize_t width = 1;
+        for (int i = 1; i < d.ndim; i++)
+            width *= d.shape[i];
+        Py_ssize_t n = B * width;
+        char *dst = (char *)d.buf + r0 * width * d.itemsize;
+        const char *src = x.buf;
+        /* numpy buffers an overlapping add; this loop would not: such a case is the reference's */
+        if (src + n * x.itemsize <= dst || dst + n * d.itemsize <= src) {
+            if (d.itemsize == 4) {
+                float *o = (float *)dst;
+                const float *a = (const float *)src;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    o[i] += a[i];
+            } else {
+                double *o = (double *)dst;
+                const double *a = (const double *)src;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    o[i] += a[i];
+            }
+            rc = 1;
+        }
+    }
+    PyBuffer_Release(&d);
+    Py_DECREF(g);
+out:
+    Py_DECREF(block);
+    PyBuffer_Release(&x);
+    return rc;
+}
+
+/* The shape of an exact ndarray (ndim, dims into shape[4]); 0 for anything else or ndim > 4. */
+static int shape_of(PyObject *ctx, PyObject *a, Py_ssize_t *shape) {
+    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int nd = v.ndim <= 4 ? v.ndim : 0;
+    for (int i = 0; i < nd; i++)
+        shape[i] = v.shape[i];
+    PyBuffer_Release(&v);
+    return nd;
+}
+
+/* autodiff._defer_weight_grads for a batch whose operands are exact ndarrays: each product W x
+   with W a parameter's one row and x a batch of vectors keeps (g, x) in deferred and drops W from
+   *need (a new tuple). 1: done, 0: not ndarrays (the caller asks defer_fn; nothing was changed),
+   -1: error. */
+int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
+                      PyObject **need) {
+    enum { MAXP = 8 };
+    Py_ssize_t gs[4], ws[4], xsh[4], k = PyList_GET_SIZE(xs), np_, w_of[MAXP], x_of[MAXP];
+    int gnd = shape_of(ctx, g, gs), take[MAXP];
+    if (!gnd)
+        return 0;
+    if (gnd != 2)
+        return 1;  /* as the reference: only (B, rows) gradients */
+    PyObject *cache = PyTuple_GET_ITEM(ctx, B_PRODUCTS), *key = Py_BuildValue("(On)", products_fn, k);
+    if (!key)
+        return -1;
+    PyObject *pairs = PyDict_GetItemWithError(cache, key);
+    if (pairs)
+        Py_INCREF(pairs);
+    else if (!PyErr_Occurred() && (pairs = PyObject_CallFunction(products_fn, "n", k))) {
+        PyObject *t = PySequence_Tuple(pairs);
+        Py_SETREF(pairs, t);
+        if (pairs && PyDict_SetItem(cache, key, pairs) < 0)
+            Py_CLEAR(pairs);
+    }
+    Py_DECREF(key);
+    if (!pairs)
+        return -1;
+    np_ = PyTuple_GET_SIZE(pairs);
+    int rc = np_ <= MAXP;
+    /* first every pair checked, nothing changed: anything unusual is the reference's */
+    for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, p);
+        Py_ssize_t w = -1, x = -1;
+        if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2) {
+            w = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+            x = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
+            PyErr_Clear();
+        }
+        if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(*need) != k) {
+            rc = 0;
+            break;
+        }
+        int wnd = shape_of(ctx, PyList_GET_ITEM(xs, w), ws), xnd = shape_of(ctx, PyList_GET_ITEM(xs, x), xsh);
+        if (!wnd || !xnd) {
+            rc = 0;
+            break;
+        }
+        PyObject *plan = PyList_GET_ITEM(plans, w), *kind = PyTuple_CheckExact(plan) && PyTuple_GET_SIZE(plan) == 3
+                                                             ? PyTuple_GET_ITEM(plan, 0) : NULL;
+        take[p] = PyTuple_GET_ITEM(*need, w) == Py_True && kind && PyLong_CheckExact(kind)
+                  && PyLong_AsLong(kind) == LEAF && wnd == 3 && ws[0] == 1 && xnd == 2 && xsh[0] == gs[0]
+                  && gs[1] == ws[1] && xsh[1] == ws[2];
+        w_of[p] = w;
+        x_of[p] = x;
+    }
+    PyObject *out = NULL;
+    for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
+        if (!take[p])
+            continue;
+        PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED), *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
+        PyObject *lst = PyDict_GetItemWithError(deferred, b);
+        if (!lst) {
+            if (PyErr_Occurred() || !(lst = PyList_New(0)) || PyDict_SetItem(deferred, b, lst) < 0) {
+                Py_XDECREF(lst);
+                rc = -1;
+                break;
+            }
+            Py_DECREF(lst);  /* the dict holds it */
+        }
+        PyObject *entry = PyTuple_Pack(2, g, PyList_GET_ITEM(xs, x_of[p]));
+        if (!entry || PyList_Append(lst, entry) < 0) {
+            Py_XDECREF(entry);
+            rc = -1;
+            break;
+        }
+        Py_DECREF(entry);
+        if (!out) {  /* a new tuple: the caller's need may be shared */
+            if (!(out = PyTuple_New(k))) {
+                rc = -1;
+                break;
+            }
+            for (Py_ssize_t c = 0; c < k; c++) {
+                PyObject *v = PyTuple_GET_ITEM(*need, c);
+                Py_INCREF(v);
+                PyTuple_SET_ITEM(out, c, v);
+            }
+        }
+        PyObject *old = PyTuple_GET_ITEM(out, w_of[p]);
+        Py_INCREF(Py_False);
+        PyTuple_SET_ITEM(out, w_of[p], Py_False);
+        Py_DECREF(old);
+    }
+    Py_DECREF(pairs);
+    if (rc == 1 && out)
+        Py_SETREF(*need, out);
+    else
+        Py_XDECREF(out);
+    return rc;
+}

@@ -1,0 +1,210 @@
+"""The compiled per-batch paths (kernels/cpython/batch_run.c) against the Python reference.
+
+run_batch_native must leave exactly what executor.run_batch leaves: the same values,
+blocks, (block, row) of every node and ExecutedBatch records, so the backward pass and
+every gradient are bit-identical. Random graphs (tests/schedulers/_random_graph.py)
+under every built-in scheduler, float32 and float64, with and without runs.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+
+import dynagraph as dy
+from dynagraph import autodiff, executor, recording
+from dynagraph.backends import to_numpy
+from dynagraph.config import config as dynagraph_config
+from backend_params import BACKENDS, use_backend
+from refcheck import run_graph, using
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
+import _random_graph as rg  # noqa: E402
+
+NATIVE = recording.NATIVE
+needs_native = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "run_batch_native"),
+                                  reason="dynagraph._bookkeeping is not built")
+_SETTINGS = dict(deadline=None, derandomize=True, database=None, max_examples=25,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _run(monkeypatch, spec, scheduler: str, dtype: str, native: bool, fuse: bool, backend: str | None = "cpu"):
+    """backend None: the one configured (the every-backend test sets it)."""
+    with monkeypatch.context() as m:
+        if backend is not None:
+            m.setattr(dynagraph_config, "backend", backend)
+        if not native:
+            m.setattr(executor, "_run_batch_native", None)
+            m.setattr(autodiff, "_backward_native", None, raising=False)
+        old = dynagraph_config.fuse
+        dy.config.set(fuse=fuse)
+        try:
+            return run_graph(scheduler, lambda pc: rg.record(pc, spec), dtype=dtype)
+        finally:
+            dy.config.set(fuse=old)
+
+
+def _same(a, b, host: bool = False) -> None:
+    """host: arrays may live on a device (checked, cuda): compared through explicit host copies."""
+    h = to_numpy if host else (lambda x: x)
+    for x, y in zip(a.values, b.values):
+        np.testing.assert_array_equal(x, y)
+    assert a.grads.keys() == b.grads.keys()
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    assert a.cg.blk == b.cg.blk and a.cg.row == b.cg.row
+    assert len(a.cg.blocks) == len(b.cg.blocks)
+    for x, y in zip(a.cg.blocks, b.cg.blocks):
+        assert type(x) is type(y) and x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_array_equal(h(x), h(y))
+    ra = [r for r in a.cg.executed if type(r) is executor.ExecutedBatch]
+    rb = [r for r in b.cg.executed if type(r) is executor.ExecutedBatch]
+    assert len(ra) == len(rb)
+    for p, q in zip(ra, rb):
+        assert tuple(p.nodes) == tuple(q.nodes) and p.block == q.block and p.cols == q.cols
+        assert [pl[0] for pl in p.plans] == [pl[0] for pl in q.plans]
+        for pl, ql in zip(p.plans, q.plans):
+            if pl[0] != executor.MANY:  # MANY holds a backend row index (an array)
+                assert pl == ql
+        for x, y in zip(p.xs, q.xs):
+            assert type(x) is type(y)
+            hx, hy = np.asarray(h(x)), np.asarray(h(y))
+            if hx.dtype != object:  # not a backend's in-place operand (rows_operand)
+                np.testing.assert_array_equal(hx, hy)
+    sa, sb = a.cg.stats, b.cg.stats
+    for k in ("batches", "nodes", "kernel_calls", "gathers", "gather_bytes", "runs", "scatters", "scatter_bytes"):
+        assert getattr(sa, k) == getattr(sb, k), k
+
+
+@needs_native
+@pytest.mark.parametrize("scheduler", ["none", "depth", "agenda"])
+@settings(**_SETTINGS)
+@given(spec=rg.graph_spec)
+@example(spec=rg.every_branch_spec())
+def test_native_batches_match_run_batch(monkeypatch, scheduler, spec):
+    for dtype, fuse in (("float64", True), ("float32", False)):
+        _same(_run(monkeypatch, spec, scheduler, dtype, True, fuse),
+              _run(monkeypatch, spec, scheduler, dtype, False, fuse))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    yield from use_backend(request.param)
+
+
+@needs_native
+@settings(**{**_SETTINGS, "max_examples": 8})
+@given(spec=rg.graph_spec)
+def test_native_batches_match_run_batch_on_every_backend(monkeypatch, backend, spec):
+    """The compiled steps ask nothing of a backend but its kernels and xp: on numpy, checked
+    (a device boundary) and cuda they leave what the reference leaves."""
+    _same(_run(monkeypatch, spec, "agenda", "float64", True, True, None),
+          _run(monkeypatch, spec, "agenda", "float64", False, True, None), host=backend != "cpu")
+
+
+@needs_native
+def test_native_batches_add_their_counts_and_times_to_stats():
+    dy.renew_cg()
+    pc = dy.ParameterCollection()
+    W = dy.parameter(pc.add_parameters((3, 3)))
+    xs = [dy.tanh(W * dy.inputVector([1.0, 2.0, float(i)])) for i in range(4)]
+    cg = dy.cg()
+    dy.esum(xs).value()
+    assert cg.stats.batches >= 3 and cg.stats.nodes >= 9 and cg.stats.kernel_calls >= 3
+    assert cg.stats.t_execute > 0 and cg.stats.t_memory > 0
+
+
+def _context(cg, be, **change):
+    ctx = list(executor._NativeBatches(cg, be).ctx)
+    for k, v in change.items():
+        ctx[int(k[1:])] = v
+    return tuple(ctx)
+
+
+@needs_native
+def test_native_batch_rejects_malformed_input_without_touching_the_graph():
+    from dynagraph.backends import get_backend
+    dy.renew_cg()
+    x = dy.inputVector([1.0, 2.0])
+    y = dy.tanh(x)
+    cg = dy.cg()
+    x.value()
+    be = get_backend()
+    before = (list(cg.blk), len(cg.blocks), len(cg.executed))
+    run = NATIVE.run_batch_native
+    with pytest.raises(TypeError):
+        run(_context(cg, be)[:5], (y.i,))
+    with pytest.raises(TypeError):
+        run(_context(cg, be, c1=tuple(cg.blk)), (y.i,))
+    with pytest.raises(IndexError):
+        run(_context(cg, be), (len(cg.op) + 5,))
+    with pytest.raises(ValueError):
+        run(_context(cg, be), ())
+    with pytest.raises(TypeError):  # the record type must be a tuple subclass
+        run(_context(cg, be, c14=list), (y.i,))
+    assert (cg.blk, len(cg.blocks), len(cg.executed)) == before
+
+    def broken(*a):
+        raise RuntimeError("kernel failed")
+    ctx = _context(cg, be, c10=lambda op: (False, False, False, 1, broken, "tanh"))
+    with pytest.raises(RuntimeError):
+        run(ctx, (y.i,))
+    assert (cg.blk, len(cg.blocks), len(cg.executed)) == before
+
+
+@needs_native
+def test_native_batch_hands_odd_outputs_to_finish():
+    """A kernel result that is not already the block (a list, another dtype, a shared row)
+    goes through executor._finish: the block is what run_batch makes of it."""
+    from dynagraph.backends import get_backend
+    be = get_backend()
+    for result, want in ((lambda B: [[0.5, 0.25]] * B, np.float64),
+                         (lambda B: np.ones((B, 2), np.float32), np.float64),
+                         (lambda B: np.ones((1, 2)), np.float64)):
+        with using("float64", 0):
+            dy.renew_cg()
+            a, b = dy.inputVector([1.0, 2.0]), dy.inputVector([3.0, 4.0])
+            ta, tb = dy.tanh(a), dy.tanh(b)
+            cg = dy.cg()
+            a.value()
+            b.value()
+            ctx = _context(cg, be, c10=lambda op, r=result: (False, False, False, 1,
+                                                             lambda xp, at, d, x: np.asarray(r(x.shape[0])), "tanh"))
+            NATIVE.run_batch_native(ctx, (ta.i, tb.i))
+            blk = cg.blocks[cg.blk[ta.i]]
+            assert blk.shape == (2, 2) and blk.dtype == want and blk.flags.c_contiguous
+            assert (cg.row[ta.i], cg.row[tb.i]) == (0, 1)
+
+
+@needs_native
+def test_native_backward_rejects_malformed_input():
+    """backward_batch_native checks its context and record; a bad one is a Python error, and
+    a batch whose gradient is absent is skipped without touching anything."""
+    from dynagraph.backends import get_backend
+    with using("float64", 0):
+        dy.renew_cg()
+        pc = dy.ParameterCollection()
+        W = dy.parameter(pc.add_parameters((2, 2)))
+        y = dy.sum_elems(dy.tanh(W * dy.inputVector([1.0, 2.0])))
+        cg = dy.cg()
+        y.value()
+        be = get_backend()
+        gb = autodiff.Grads(len(cg.blocks))
+        deferred, sums = {}, {}
+        ctx = autodiff._NativeBackward(cg, be, gb, False, deferred, sums).ctx
+        record = next(r for r in cg.executed if type(r) is executor.ExecutedBatch)
+        run = autodiff._backward_native
+        with pytest.raises(TypeError):
+            run(ctx[:-1], record)
+        with pytest.raises(TypeError):
+            run(ctx, tuple(record)[:5])
+        with pytest.raises(TypeError):
+            run(ctx[:14] + (None,) + ctx[15:], record)  # leaf_sums must be a dict
+        bad = tuple(record)
+        with pytest.raises(IndexError):
+            run(ctx, bad[:2] + (len(gb) + 3,) + bad[3:])
+        run(ctx, record)  # no gradient for its block yet: nothing to do
+        assert all(g is None for g in gb) and not deferred and not sums
