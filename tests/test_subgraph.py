@@ -106,6 +106,47 @@ def test_block_records_one_node_per_call_plus_outputs():
     assert h.dim() == ((H,), 1) and c.dim() == ((H,), 1)
 
 
+def test_single_output_block_records_one_node_per_call():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((H, H))
+    cell = dy.block(lambda h: dy.tanh(W * h), name="one")
+    cg = dy.renew_cg()
+    h = dy.zeros(H)
+    h = cell(h)      # the first call also records the parameter's node
+    before = len(cg)
+    h2 = cell(h)
+    assert [cg.op[i].name for i in range(before, len(cg))] == ["block:one"]  # no block_output view
+    assert h2.dim() == ((H,), 1)
+
+
+def _matrix_outputs(blocked: bool):
+    """A block whose one output is a matrix, returned bare and as a 1-tuple."""
+    def build(pc):
+        W, V = pc.add_parameters((2 * H, H)), pc.add_parameters((2, H))
+
+        def bare(x):
+            return dy.reshape(dy.tanh(W * x), (H, 2))
+
+        def tupled(m, x):
+            return (dy.logistic(m * dy.tanh(V * x)),)
+        f, g = (dy.block(bare), dy.block(tupled)) if blocked else (bare, tupled)
+        outs = []
+        for s in range(4):
+            x = dy.inputVector([0.1 * (s + k) - 0.2 for k in range(H)])
+            m = f(x)
+            (y,) = g(m, x)
+            outs.append(dy.sum_elems(dy.cmult(y, y)) + dy.sum_elems(m))
+        return outs
+    return build
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_single_output_blocks_equal_op_level(scheduler):
+    ref = run_graph("none", _matrix_outputs(False))
+    got = run_graph(scheduler, _matrix_outputs(True))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+
+
 def test_index_argument_is_checked_at_record_time():
     pc = dy.ParameterCollection()
     E = pc.add_lookup_parameters((5, H))
