@@ -103,6 +103,7 @@ class Plan:
         self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
         self._leaf_cache = None
         self._needs_memo: dict = {}
+        self._checked: set = set()  # index tuples that passed check(): a word id is checked once
         self.piece_major = piece_major   # see program.Program
         self.set_mode(mode, fuse)
 
@@ -199,13 +200,22 @@ class Plan:
         return ids
 
     def check(self, values: tuple) -> None:
+        """Raise DynagraphIndexError naming the op and user line if an index is out of range.
+        The checks depend only on the traced shapes, so a tuple that passed once passes again."""
+        checked = self._checked
+        if values in checked:
+            return
         for op, a, k, shapes in self.checks:
             try:
                 op.check(a, values[k], *shapes)
             except (IndexError, ValueError) as e:
                 raise DynagraphIndexError(f"block {self.name}: {op.name}({', '.join(map(str, shapes))}) "
                                           f"index argument {k}: {e}\n  recorded at {user_line()}") from None
+        if len(checked) < _CHECKED_MAX:
+            checked.add(values)
 
+
+_CHECKED_MAX = 1 << 16  # remembered valid index tuples per plan (a vocabulary's worth)
 
 _RANDOM_OPS = {"dropout", "dropout_dim", "dropout_batch", "noise", "random_normal", "random_uniform",
                "random_bernoulli"}

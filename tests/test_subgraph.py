@@ -162,6 +162,20 @@ def test_index_argument_is_checked_at_record_time():
     assert dy.cg().stats.nodes == 0  # raised while recording
 
 
+def test_index_check_remembers_only_valid_indices():
+    pc = dy.ParameterCollection()
+    E = pc.add_lookup_parameters((5, H))
+    leaf = dy.block(lambda w: dy.tanh(E[w]))
+    dy.renew_cg()
+    for w in (4, 4, 0, 4):   # valid indices, the repeats answered from the plan's memo
+        leaf(w)
+    for _ in range(2):       # an invalid one is never remembered: it raises every time
+        with pytest.raises(dy.DynagraphIndexError):
+            leaf(5)
+        with pytest.raises(dy.DynagraphIndexError):
+            leaf(-6)
+
+
 def test_label_index_inside_block():
     pc = dy.ParameterCollection()
     W = pc.add_parameters((4, H), init=np.arange(4 * H, dtype=float).reshape(4, H) / 10)
