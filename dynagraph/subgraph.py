@@ -193,10 +193,10 @@ class Plan:
         """The graph's node ids of this plan's parameters, cached per graph (serial numbers
         are unique; a cg_revert() may drop the nodes, so it counts too)."""
         cached = self._leaf_cache
-        if cached is not None and cached[0] == (cg.version, cg.reverts):
-            return cached[1]
+        if cached is not None and cached[0] == cg.version and cached[1] == cg.reverts:
+            return cached[2]
         ids = tuple(cg.leaf(p, upd) for p, upd in zip(self.leaf_params, self.leaf_update))
-        self._leaf_cache = ((cg.version, cg.reverts), ids)
+        self._leaf_cache = (cg.version, cg.reverts, ids)
         return ids
 
     def check(self, values: tuple) -> None:
@@ -313,15 +313,18 @@ class Block:
             cg, nid = node.cg, node.i
         else:
             cached = plan._leaf_cache  # plan.leaf_ids(cg), inline: it is asked once per call
-            if cached is None or cached[0] != (cg.version, cg.reverts):
+            if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
                 plan.leaf_ids(cg)
                 cached = plan._leaf_cache
-            nid = cg.add(plan.op, tuple(ids) + cached[1], (), values)
+            nid = cg.add(plan.op, tuple(ids) + cached[2], (), values)
         if plan.direct:
             out = Expression(cg, nid)
             return out if plan.single else (out,)
-        add, src = cg.add, (nid,)
-        outs = [Expression(cg, add(BLOCK_OUTPUT, src, a)) for a in plan.out_attrs]
+        add, src, attrs = cg.add, (nid,), plan.out_attrs
+        if len(attrs) == 2:  # (h, c) of an LSTM cell: the common case, without a loop
+            return (Expression(cg, add(BLOCK_OUTPUT, src, attrs[0])),
+                    Expression(cg, add(BLOCK_OUTPUT, src, attrs[1])))
+        outs = [Expression(cg, add(BLOCK_OUTPUT, src, a)) for a in attrs]
         return outs[0] if plan.single else tuple(outs)
 
     @staticmethod

@@ -119,6 +119,20 @@ def test_single_output_block_records_one_node_per_call():
     assert h2.dim() == ((H,), 1)
 
 
+def test_block_after_cg_revert_records_its_parameters_again():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((H, H))
+    cell = dy.block(lambda h: dy.tanh(W * h), name="one")
+    dy.renew_cg()
+    x = dy.inputVector([0.3, -0.2, 0.5])
+    dy.cg_checkpoint()
+    cell(x)          # records W's node after the checkpoint
+    dy.cg_revert()   # ... which drops it: the plan's cached parameter ids are stale
+    y = cell(x)
+    want = np.tanh(W.as_array() @ np.array([0.3, -0.2, 0.5]))
+    assert np.allclose(y.npvalue(), want, rtol=1e-6, atol=1e-6)
+
+
 def _matrix_outputs(blocked: bool):
     """A block whose one output is a matrix, returned bare and as a 1-tuple."""
     def build(pc):
