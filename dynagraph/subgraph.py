@@ -18,7 +18,10 @@ calls like any other node. Indices are checked against the traced shapes when
 the call is recorded, never inside a kernel.
 
 A coarse node's value is the concatenation of the block's outputs, flattened;
-each output is a cheap `block_output` view node that batches across calls.
+each output is a cheap `block_output` view node that batches across calls. A
+block with one output needs no view: its coarse node's value is that output, so
+a call adds one node, not two (recording, scheduling and the executor's batches
+all scale with the node count).
 """
 from __future__ import annotations
 
@@ -61,7 +64,10 @@ class Plan:
     """One traced block for one argument signature: the steps, run over a whole batch."""
 
     def __init__(self, name: str, trace: ComputationGraph, inputs: list[int], outputs: list[int],
-                 mode: str | None = None, fuse: bool = False, piece_major: bool = True):
+                 mode: str | None = None, fuse: bool = False, piece_major: bool = True,
+                 direct: bool = False):
+        """direct: a plan with one output makes its coarse node's value that output
+        (shape and all) instead of the flattened concatenation read through views."""
         self.name = name
         self.inputs = inputs
         self.in_shapes = [trace.shape[i] for i in inputs]  # lets dynagraph.memory plan a layout
@@ -91,9 +97,13 @@ class Plan:
         self.out_shapes = [trace.shape[o] for o in outputs]
         self.out_sizes = [size_of(s) for s in self.out_shapes]
         self.total = sum(self.out_sizes)
+        self.direct = direct and len(outputs) == 1
+        starts = np.cumsum([0] + self.out_sizes[:-1]).tolist()
+        self.out_attrs = [(int(st), shape) for st, shape in zip(starts, self.out_shapes)]  # block_output attrs
         self.blocks_grad = {i for i in live if trace.op[i].blocks_grad}
         self._leaf_cache = None
         self._needs_memo: dict = {}
+        self._checked: set = set()  # index tuples that passed check(): a word id is checked once
         self.piece_major = piece_major   # see program.Program
         self.set_mode(mode, fuse)
 
@@ -109,7 +119,8 @@ class Plan:
         self.program = Program(self, mode, self.layout, fuse and mode == "planned",
                                self.piece_major) if mode is not None else None
         kernels = len(self.program.units) if self.program is not None else len(self.steps)
-        self.op = OpDef(f"block:{self.name}", lambda a, *s: (self.total,), self.forward, self.backward,
+        node_shape = self.out_shapes[0] if self.direct else (self.total,)
+        self.op = OpDef(f"block:{self.name}", lambda a, *s: node_shape, self.forward, self.backward,
                         uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, kernels))
 
     # ------------------------------------------------------------------ running
@@ -144,12 +155,16 @@ class Plan:
             count_block_copies(self.program.counts.forward_copies, self.program.counts.forward_bytes)
         else:
             vals, saved = self.run_steps(get_backend(), xs, data_of)
+        if self.direct:
+            v = vals[self.outputs[0]]
+            return xp.broadcast_to(v, (B,) + v.shape[1:]), (saved, [v.shape[0]])
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
         # an output computed from parameters alone has one shared row: backward sums into it
         return xp.concatenate(outs, axis=1), (saved, [vals[o].shape[0] for o in self.outputs])
 
     def backward(self, xp, attrs, data, xs, y, g, need, ctx=None):
         B = len(data)
+        g = g.reshape(B, -1)  # (B, total), or (B,) + the output's shape for a direct plan
         acc = _Grads(xp) if self.program is None else UnitGrads(xp, self.program, B, g.dtype)
         start = 0
         ctx, leads = ctx
@@ -178,20 +193,29 @@ class Plan:
         """The graph's node ids of this plan's parameters, cached per graph (serial numbers
         are unique; a cg_revert() may drop the nodes, so it counts too)."""
         cached = self._leaf_cache
-        if cached is not None and cached[0] == (cg.version, cg.reverts):
-            return cached[1]
+        if cached is not None and cached[0] == cg.version and cached[1] == cg.reverts:
+            return cached[2]
         ids = tuple(cg.leaf(p, upd) for p, upd in zip(self.leaf_params, self.leaf_update))
-        self._leaf_cache = ((cg.version, cg.reverts), ids)
+        self._leaf_cache = (cg.version, cg.reverts, ids)
         return ids
 
     def check(self, values: tuple) -> None:
+        """Raise DynagraphIndexError naming the op and user line if an index is out of range.
+        The checks depend only on the traced shapes, so a tuple that passed once passes again."""
+        checked = self._checked
+        if values in checked:
+            return
         for op, a, k, shapes in self.checks:
             try:
                 op.check(a, values[k], *shapes)
             except (IndexError, ValueError) as e:
                 raise DynagraphIndexError(f"block {self.name}: {op.name}({', '.join(map(str, shapes))}) "
                                           f"index argument {k}: {e}\n  recorded at {user_line()}") from None
+        if len(checked) < _CHECKED_MAX:
+            checked.add(values)
 
+
+_CHECKED_MAX = 1 << 16  # remembered valid index tuples per plan (a vocabulary's worth)
 
 _RANDOM_OPS = {"dropout", "dropout_dim", "dropout_batch", "noise", "random_normal", "random_uniform",
                "random_bernoulli"}
@@ -248,18 +272,23 @@ class Block:
         if canon is not None:
             trace, m = canon
             inputs, out_ids = [m[i] for i in inputs], [m[o] for o in out_ids]
-        plan = Plan(self.name, trace, inputs, out_ids, self.mode, self.fuse)
+        plan = Plan(self.name, trace, inputs, out_ids, self.mode, self.fuse, direct=True)
         plan.single = single
         return plan
 
     def __call__(self, *args):
-        cg, ids, key, values = None, [], [], []
-        for a in args:  # one pass: argument ids, the trace key and the int indices
+        # the hot path of per-sample code (thousands of calls per graph): one pass over
+        # the arguments, then one dict lookup for the plan; everything else is cached on it
+        cg, ids, key, values, mixed = None, [], [], [], False
+        for a in args:  # argument ids, the trace key, the int indices, one graph or several
             if type(a) is Expression:
+                acg = a.cg
                 if cg is None:
-                    cg = a.cg
+                    cg = acg
+                elif acg is not cg:
+                    mixed = True
                 ids.append(a.i)
-                key.append(a.cg.shape[a.i])
+                key.append(acg.shape[a.i])
             elif isinstance(a, (int, np.integer)) and not isinstance(a, bool):
                 values.append(int(a))
                 key.append("index")
@@ -279,14 +308,23 @@ class Block:
             cg = current()
         if plan.random:
             values = values + (cg._rand_base + len(cg.op),)
-        if any(a.cg is not cg for a in args if type(a) is Expression) or cg.retired:
+        if mixed or cg.retired:
             node = record(plan.op, [a for a in args if type(a) is Expression] + self._leaves(plan, cg), (), values)
+            cg, nid = node.cg, node.i
         else:
-            node = Expression(cg, cg.add(plan.op, tuple(ids) + plan.leaf_ids(cg), (), values))
-        outs, start = [], 0
-        for shape, n in zip(plan.out_shapes, plan.out_sizes):
-            outs.append(Expression(cg, cg.add(BLOCK_OUTPUT, (node.i,), (start, shape))))
-            start += n
+            cached = plan._leaf_cache  # plan.leaf_ids(cg), inline: it is asked once per call
+            if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
+                plan.leaf_ids(cg)
+                cached = plan._leaf_cache
+            nid = cg.add(plan.op, tuple(ids) + cached[2], (), values)
+        if plan.direct:
+            out = Expression(cg, nid)
+            return out if plan.single else (out,)
+        add, src, attrs = cg.add, (nid,), plan.out_attrs
+        if len(attrs) == 2:  # (h, c) of an LSTM cell: the common case, without a loop
+            return (Expression(cg, add(BLOCK_OUTPUT, src, attrs[0])),
+                    Expression(cg, add(BLOCK_OUTPUT, src, attrs[1])))
+        outs = [Expression(cg, add(BLOCK_OUTPUT, src, a)) for a in attrs]
         return outs[0] if plan.single else tuple(outs)
 
     @staticmethod

@@ -106,6 +106,61 @@ def test_block_records_one_node_per_call_plus_outputs():
     assert h.dim() == ((H,), 1) and c.dim() == ((H,), 1)
 
 
+def test_single_output_block_records_one_node_per_call():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((H, H))
+    cell = dy.block(lambda h: dy.tanh(W * h), name="one")
+    cg = dy.renew_cg()
+    h = dy.zeros(H)
+    h = cell(h)      # the first call also records the parameter's node
+    before = len(cg)
+    h2 = cell(h)
+    assert [cg.op[i].name for i in range(before, len(cg))] == ["block:one"]  # no block_output view
+    assert h2.dim() == ((H,), 1)
+
+
+def test_block_after_cg_revert_records_its_parameters_again():
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((H, H))
+    cell = dy.block(lambda h: dy.tanh(W * h), name="one")
+    dy.renew_cg()
+    x = dy.inputVector([0.3, -0.2, 0.5])
+    dy.cg_checkpoint()
+    cell(x)          # records W's node after the checkpoint
+    dy.cg_revert()   # ... which drops it: the plan's cached parameter ids are stale
+    y = cell(x)
+    want = np.tanh(W.as_array() @ np.array([0.3, -0.2, 0.5]))
+    assert np.allclose(y.npvalue(), want, rtol=1e-6, atol=1e-6)
+
+
+def _matrix_outputs(blocked: bool):
+    """A block whose one output is a matrix, returned bare and as a 1-tuple."""
+    def build(pc):
+        W, V = pc.add_parameters((2 * H, H)), pc.add_parameters((2, H))
+
+        def bare(x):
+            return dy.reshape(dy.tanh(W * x), (H, 2))
+
+        def tupled(m, x):
+            return (dy.logistic(m * dy.tanh(V * x)),)
+        f, g = (dy.block(bare), dy.block(tupled)) if blocked else (bare, tupled)
+        outs = []
+        for s in range(4):
+            x = dy.inputVector([0.1 * (s + k) - 0.2 for k in range(H)])
+            m = f(x)
+            (y,) = g(m, x)
+            outs.append(dy.sum_elems(dy.cmult(y, y)) + dy.sum_elems(m))
+        return outs
+    return build
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_single_output_blocks_equal_op_level(scheduler):
+    ref = run_graph("none", _matrix_outputs(False))
+    got = run_graph(scheduler, _matrix_outputs(True))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+
+
 def test_index_argument_is_checked_at_record_time():
     pc = dy.ParameterCollection()
     E = pc.add_lookup_parameters((5, H))
@@ -119,6 +174,20 @@ def test_index_argument_is_checked_at_record_time():
     assert "block <lambda>" in msg and "lookup" in msg and "(5, 3)" in msg
     assert f"test_subgraph.py:{line}" in msg
     assert dy.cg().stats.nodes == 0  # raised while recording
+
+
+def test_index_check_remembers_only_valid_indices():
+    pc = dy.ParameterCollection()
+    E = pc.add_lookup_parameters((5, H))
+    leaf = dy.block(lambda w: dy.tanh(E[w]))
+    dy.renew_cg()
+    for w in (4, 4, 0, 4):   # valid indices, the repeats answered from the plan's memo
+        leaf(w)
+    for _ in range(2):       # an invalid one is never remembered: it raises every time
+        with pytest.raises(dy.DynagraphIndexError):
+            leaf(5)
+        with pytest.raises(dy.DynagraphIndexError):
+            leaf(-6)
 
 
 def test_label_index_inside_block():
