@@ -64,6 +64,104 @@ static int borrowed_add(PyObject *ctx, Py_ssize_t b, PyObject *g, PyObject *gx, 
     return 1;
 }
 
+/* LEAF: a dense gradient kept in leaf_sums[bo], for one sum at the end. 1, or -1 on error. */
+static int keep_leaf_sum(PyObject *ctx, PyObject *bo, PyObject *gx) {
+    PyObject *parts = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo);
+    if (!parts) {
+        if (PyErr_Occurred() || !(parts = PyList_New(0)))
+            return -1;
+        int bad = PyDict_SetItem(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo, parts);
+        Py_DECREF(parts);
+        if (bad)
+            return -1;
+    }
+    return PyList_Append(parts, gx) < 0 ? -1 : 1;
+}
+
+/* SLICE, block b has no gradient yet: gx, exactly the block's shape from row 0 and
+   C-contiguous, is adopted as it, borrowed. 1 adopted, 0 not our case, -1 on error. */
+static int adopt_gradient(PyObject *ctx, PyObject *gb, Py_ssize_t b, PyObject *gx, Py_buffer *x, Py_ssize_t r0,
+                          Py_ssize_t B, Py_ssize_t vrows) {
+    if (r0 != 0 || B != vrows || !c_contiguous(x))
+        return 0;
+    PyObject *bkey = dg_int(b);
+    int bad = !bkey || PySet_Add(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0;
+    Py_XDECREF(bkey);
+    if (bad || b >= PyList_GET_SIZE(gb))  /* the set's hash ran no Python code: an int */
+        return -1;
+    Py_INCREF(gx);
+    PyList_SetItem(gb, b, gx);  /* steals; b is in range; the old item is None */
+    return 1;
+}
+
+/* SLICE into an owned gradient block g: x (C-contiguous) added into its rows r0 .. r0+B-1
+   in place. 1 added, 0 not our case (g not a writable C-contiguous array of those rows,
+   or an overlap: numpy buffers an overlapping add, this loop would not). */
+static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0, Py_ssize_t B, Py_ssize_t vrows) {
+    if (!c_contiguous(x))
+        return 0;
+    Py_INCREF(g);
+    Py_buffer d;
+    if (!array_view(ctx, g, &d)) {
+        Py_DECREF(g);
+        return 0;
+    }
+    int rc = 0, fits = !d.readonly && c_contiguous(&d) && d.ndim == x->ndim && d.shape[0] == vrows;
+    for (int i = 1; fits && i < d.ndim; i++)
+        fits = d.shape[i] == x->shape[i];
+    if (fits) {
+        Py_ssize_t width = 1;
+        for (int i = 1; i < d.ndim; i++)
+            width *= d.shape[i];
+        Py_ssize_t n = B * width;
+        char *dst = (char *)d.buf + r0 * width * d.itemsize;
+        const char *src = x->buf;
+        if (src + n * x->itemsize <= dst || dst + n * d.itemsize <= src) {
+            if (d.itemsize == 4) {
+                float *o = (float *)dst;
+                const float *a = (const float *)src;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    o[i] += a[i];
+            } else {
+                double *o = (double *)dst;
+                const double *a = (const double *)src;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    o[i] += a[i];
+            }
+            rc = 1;
+        }
+    }
+    PyBuffer_Release(&d);
+    Py_DECREF(g);
+    return rc;
+}
+
+/* SLICE (plan (1, b, r0)): gx's B rows into rows r0.. of block b's gradient: adopted when
+   there is none yet, added copy-on-write when it is borrowed, else added in place.
+   1 done, 0 not our case, -1 on error. */
+static int scatter_slice(PyObject *ctx, PyObject *plan, Py_ssize_t b, PyObject *gx, Py_buffer *x, Py_ssize_t B,
+                         Py_ssize_t vrows) {
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB);
+    Py_ssize_t r0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 2));
+    if (r0 == -1 && PyErr_Occurred())
+        return -1;
+    if (x->shape[0] != B || r0 < 0 || r0 + B > vrows)
+        return 0;  /* a broadcast row, or rows the reference reports */
+    PyObject *g = PyList_GET_ITEM(gb, b);
+    if (g == Py_None)
+        return adopt_gradient(ctx, gb, b, gx, x, r0, B, vrows);
+    PyObject *bkey = dg_int(b);
+    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
+    Py_XDECREF(bkey);
+    if (borrowed < 0)
+        return -1;
+    if (borrowed)
+        /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
+           block's own array in one pass (g + gx: the values of the reference's copy, then add) */
+        return borrowed_add(ctx, b, g, gx, x, r0, B, vrows);
+    return add_into_rows(ctx, g, x, r0, B, vrows);
+}
+
 /* The scatter cases done here; 1: done, 0: not a case of ours (the caller asks scatter_fn), -1: error.
      LEAF, a dense ndarray shaped like the block's rows: kept in leaf_sums (autodiff.scatter's first case);
      SLICE, no gradient yet, gx exactly the block's shape from row 0: adopted, borrowed (its second);
@@ -77,9 +175,8 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
     if (kind != LEAF && kind != SLICE)
         return 0;
     PyObject *bo = PyTuple_GET_ITEM(plan, 1), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
-    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB);
     Py_ssize_t b = dg_index_in(bo, PyList_GET_SIZE(blocks));
-    if (b < 0 || b >= PyList_GET_SIZE(gb)) {
+    if (b < 0 || b >= PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_GB))) {
         PyErr_Clear();
         return 0;  /* the reference raises its own error */
     }
@@ -98,97 +195,8 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
         same_rows = x.shape[i] == val.shape[i];
     Py_ssize_t vrows = val.shape[0];
     PyBuffer_Release(&val);
-    if (!same_rows)
-        goto out;
-    if (kind == LEAF) {
-        PyObject *parts = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo);
-        if (!parts) {
-            if (PyErr_Occurred() || !(parts = PyList_New(0))) {
-                rc = -1;
-                goto out;
-            }
-            int bad = PyDict_SetItem(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo, parts);
-            Py_DECREF(parts);
-            if (bad) {
-                rc = -1;
-                goto out;
-            }
-        }
-        rc = PyList_Append(parts, gx) < 0 ? -1 : 1;
-        goto out;
-    }
-    Py_ssize_t r0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 2));
-    if (r0 == -1 && PyErr_Occurred()) {
-        rc = -1;
-        goto out;
-    }
-    if (x.shape[0] != B || r0 < 0 || r0 + B > vrows)
-        goto out;  /* a broadcast row, or rows the reference reports */
-    PyObject *g = PyList_GET_ITEM(gb, b);
-    if (g == Py_None) {
-        if (r0 != 0 || B != vrows || !c_contiguous(&x))
-            goto out;
-        PyObject *bkey = dg_int(b);
-        int bad = !bkey || PySet_Add(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0;
-        Py_XDECREF(bkey);
-        if (bad || b >= PyList_GET_SIZE(gb)) {  /* the set's hash ran no Python code: an int */
-            rc = -1;
-            goto out;
-        }
-        Py_INCREF(gx);
-        PyList_SetItem(gb, b, gx);  /* steals; b is in range; the old item is None */
-        rc = 1;
-        goto out;
-    }
-    PyObject *bkey = dg_int(b);
-    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
-    Py_XDECREF(bkey);
-    if (borrowed < 0) {
-        rc = -1;
-        goto out;
-    }
-    if (borrowed) {
-        /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
-           block's own array in one pass (g + gx: the values of the reference's copy, then add) */
-        rc = borrowed_add(ctx, b, g, gx, &x, r0, B, vrows);
-        goto out;
-    }
-    if (!c_contiguous(&x))
-        goto out;
-    Py_INCREF(g);
-    Py_buffer d;
-    if (!array_view(ctx, g, &d)) {
-        Py_DECREF(g);
-        goto out;
-    }
-    int fits = !d.readonly && c_contiguous(&d) && d.ndim == x.ndim && d.shape[0] == vrows;
-    for (int i = 1; fits && i < d.ndim; i++)
-        fits = d.shape[i] == x.shape[i];
-    if (fits) {
-        Py_ssize_t width = 1;
-        for (int i = 1; i < d.ndim; i++)
-            width *= d.shape[i];
-        Py_ssize_t n = B * width;
-        char *dst = (char *)d.buf + r0 * width * d.itemsize;
-        const char *src = x.buf;
-        /* numpy buffers an overlapping add; this loop would not: such a case is the reference's */
-        if (src + n * x.itemsize <= dst || dst + n * d.itemsize <= src) {
-            if (d.itemsize == 4) {
-                float *o = (float *)dst;
-                const float *a = (const float *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            } else {
-                double *o = (double *)dst;
-                const double *a = (const double *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            }
-            rc = 1;
-        }
-    }
-    PyBuffer_Release(&d);
-    Py_DECREF(g);
+    if (same_rows)
+        rc = kind == LEAF ? keep_leaf_sum(ctx, bo, gx) : scatter_slice(ctx, plan, b, gx, &x, B, vrows);
 out:
     Py_DECREF(block);
     PyBuffer_Release(&x);
