@@ -219,22 +219,14 @@ static int shape_of(PyObject *ctx, PyObject *a, Py_ssize_t *shape) {
     return nd;
 }
 
-/* autodiff._defer_weight_grads for a batch whose operands are exact ndarrays: each product W x
-   with W a parameter's one row and x a batch of vectors keeps (g, x) in deferred and drops W from
-   *need (a new tuple). 1: done, 0: not ndarrays (the caller asks defer_fn; nothing was changed),
-   -1: error. */
-int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
-                      PyObject **need) {
-    enum { MAXP = 8 };
-    Py_ssize_t gs[4], ws[4], xsh[4], k = PyList_GET_SIZE(xs), np_, w_of[MAXP], x_of[MAXP];
-    int gnd = shape_of(ctx, g, gs), take[MAXP];
-    if (!gnd)
-        return 0;
-    if (gnd != 2)
-        return 1;  /* as the reference: only (B, rows) gradients */
+enum { MAXP = 8 };  /* the most weight products of one op that are deferred here */
+
+/* products_fn(k) as a tuple of (w, x) argument pairs, cached per (products_fn, k). A new
+   reference, or NULL with an exception set. */
+static PyObject *product_pairs(PyObject *ctx, PyObject *products_fn, Py_ssize_t k) {
     PyObject *cache = PyTuple_GET_ITEM(ctx, B_PRODUCTS), *key = Py_BuildValue("(On)", products_fn, k);
     if (!key)
-        return -1;
+        return NULL;
     PyObject *pairs = PyDict_GetItemWithError(cache, key);
     if (pairs)
         Py_INCREF(pairs);
@@ -245,12 +237,16 @@ int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *
             Py_CLEAR(pairs);
     }
     Py_DECREF(key);
-    if (!pairs)
-        return -1;
-    np_ = PyTuple_GET_SIZE(pairs);
-    int rc = np_ <= MAXP;
-    /* first every pair checked, nothing changed: anything unusual is the reference's */
-    for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
+    return pairs;
+}
+
+/* Every pair checked first, nothing changed: anything unusual is the reference's. take[p]:
+   whether pair p is a parameter's one row W (LEAF, shape (1, rows, cols)) times a batch of
+   vectors x (B, cols) with g (B, rows). 1 when every pair is ours to judge, else 0. */
+static int check_pairs(PyObject *ctx, PyObject *pairs, PyObject *xs, PyObject *plans, PyObject *need,
+                       const Py_ssize_t *gs, int *take, Py_ssize_t *w_of, Py_ssize_t *x_of) {
+    Py_ssize_t ws[4], xsh[4], k = PyList_GET_SIZE(xs);
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(pairs); p++) {
         PyObject *pair = PyTuple_GET_ITEM(pairs, p);
         Py_ssize_t w = -1, x = -1;
         if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2) {
@@ -258,59 +254,86 @@ int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *
             x = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
             PyErr_Clear();
         }
-        if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(*need) != k) {
-            rc = 0;
-            break;
-        }
+        if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(need) != k)
+            return 0;
         int wnd = shape_of(ctx, PyList_GET_ITEM(xs, w), ws), xnd = shape_of(ctx, PyList_GET_ITEM(xs, x), xsh);
-        if (!wnd || !xnd) {
-            rc = 0;
-            break;
-        }
+        if (!wnd || !xnd)
+            return 0;
         PyObject *plan = PyList_GET_ITEM(plans, w), *kind = PyTuple_CheckExact(plan) && PyTuple_GET_SIZE(plan) == 3
                                                              ? PyTuple_GET_ITEM(plan, 0) : NULL;
-        take[p] = PyTuple_GET_ITEM(*need, w) == Py_True && kind && PyLong_CheckExact(kind)
+        take[p] = PyTuple_GET_ITEM(need, w) == Py_True && kind && PyLong_CheckExact(kind)
                   && PyLong_AsLong(kind) == LEAF && wnd == 3 && ws[0] == 1 && xnd == 2 && xsh[0] == gs[0]
                   && gs[1] == ws[1] && xsh[1] == ws[2];
         w_of[p] = w;
         x_of[p] = x;
     }
+    return 1;
+}
+
+/* (g, x) appended to deferred[b], b the weight's block. 0, or -1 with an exception set. */
+static int defer_pair(PyObject *ctx, PyObject *b, PyObject *g, PyObject *x) {
+    PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED);
+    PyObject *lst = PyDict_GetItemWithError(deferred, b);
+    if (!lst) {
+        if (PyErr_Occurred() || !(lst = PyList_New(0)) || PyDict_SetItem(deferred, b, lst) < 0) {
+            Py_XDECREF(lst);
+            return -1;
+        }
+        Py_DECREF(lst);  /* the dict holds it */
+    }
+    PyObject *entry = PyTuple_Pack(2, g, x);
+    if (!entry || PyList_Append(lst, entry) < 0) {
+        Py_XDECREF(entry);
+        return -1;
+    }
+    Py_DECREF(entry);
+    return 0;
+}
+
+/* need[w] set to False in *out, made on first use as a new copy of need (the caller's need
+   may be shared). 0, or -1 with an exception set. */
+static int drop_need(PyObject *need, PyObject **out, Py_ssize_t w) {
+    if (!*out) {
+        Py_ssize_t k = PyTuple_GET_SIZE(need);
+        if (!(*out = PyTuple_New(k)))
+            return -1;
+        for (Py_ssize_t c = 0; c < k; c++) {
+            PyObject *v = PyTuple_GET_ITEM(need, c);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(*out, c, v);
+        }
+    }
+    PyObject *old = PyTuple_GET_ITEM(*out, w);
+    Py_INCREF(Py_False);
+    PyTuple_SET_ITEM(*out, w, Py_False);
+    Py_DECREF(old);
+    return 0;
+}
+
+/* autodiff._defer_weight_grads for a batch whose operands are exact ndarrays: each product W x
+   with W a parameter's one row and x a batch of vectors keeps (g, x) in deferred and drops W from
+   *need (a new tuple). 1: done, 0: not ndarrays (the caller asks defer_fn; nothing was changed),
+   -1: error. */
+int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
+                      PyObject **need) {
+    Py_ssize_t gs[4], w_of[MAXP], x_of[MAXP];
+    int gnd = shape_of(ctx, g, gs), take[MAXP];
+    if (!gnd)
+        return 0;
+    if (gnd != 2)
+        return 1;  /* as the reference: only (B, rows) gradients */
+    PyObject *pairs = product_pairs(ctx, products_fn, PyList_GET_SIZE(xs));
+    if (!pairs)
+        return -1;
+    Py_ssize_t np_ = PyTuple_GET_SIZE(pairs);
+    int rc = np_ <= MAXP && check_pairs(ctx, pairs, xs, plans, *need, gs, take, w_of, x_of);
     PyObject *out = NULL;
     for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
         if (!take[p])
             continue;
-        PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED), *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
-        PyObject *lst = PyDict_GetItemWithError(deferred, b);
-        if (!lst) {
-            if (PyErr_Occurred() || !(lst = PyList_New(0)) || PyDict_SetItem(deferred, b, lst) < 0) {
-                Py_XDECREF(lst);
-                rc = -1;
-                break;
-            }
-            Py_DECREF(lst);  /* the dict holds it */
-        }
-        PyObject *entry = PyTuple_Pack(2, g, PyList_GET_ITEM(xs, x_of[p]));
-        if (!entry || PyList_Append(lst, entry) < 0) {
-            Py_XDECREF(entry);
+        PyObject *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
+        if (defer_pair(ctx, b, g, PyList_GET_ITEM(xs, x_of[p])) < 0 || drop_need(*need, &out, w_of[p]) < 0)
             rc = -1;
-            break;
-        }
-        Py_DECREF(entry);
-        if (!out) {  /* a new tuple: the caller's need may be shared */
-            if (!(out = PyTuple_New(k))) {
-                rc = -1;
-                break;
-            }
-            for (Py_ssize_t c = 0; c < k; c++) {
-                PyObject *v = PyTuple_GET_ITEM(*need, c);
-                Py_INCREF(v);
-                PyTuple_SET_ITEM(out, c, v);
-            }
-        }
-        PyObject *old = PyTuple_GET_ITEM(out, w_of[p]);
-        Py_INCREF(Py_False);
-        PyTuple_SET_ITEM(out, w_of[p], Py_False);
-        Py_DECREF(old);
     }
     Py_DECREF(pairs);
     if (rc == 1 && out)
