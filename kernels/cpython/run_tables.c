@@ -71,14 +71,9 @@ static int64_t grad_address(PyObject *a, PyObject *value, const char *format, Py
     return at;
 }
 
-/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
-   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
-   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
-   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
-   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
-   (the row of an argument whose gradient is not needed: the kernel never writes it). */
-PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
+/* The format of grad_addresses(grads, values, format[, pair_slot, pair_off]), or NULL with
+   an exception set when the arguments are not its. */
+static const char *grad_addresses_format(PyObject *const *argv, Py_ssize_t nargs) {
     if ((nargs != 3 && nargs != 5) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
         || !PyUnicode_Check(argv[2])) {
         PyErr_SetString(PyExc_TypeError, "grad_addresses(grads: list, values: list, format: str"
@@ -92,11 +87,60 @@ PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t na
         PyErr_SetString(PyExc_ValueError, "grad_addresses: format must be 'f' or 'd'");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
-    if (PyList_GET_SIZE(argv[1]) != n) {
+    if (PyList_GET_SIZE(argv[1]) != PyList_GET_SIZE(argv[0])) {
         PyErr_SetString(PyExc_ValueError, "grad_addresses: one value block per gradient block");
         return NULL;
     }
+    return format;
+}
+
+/* Per pair p (pair_slot, pair_off: int64 buffers of equal length): the address of byte
+   pair_off[p] of gradient block pair_slot[p] (at[s], len[s] bytes; 0 where it is None).
+   A new bytearray, or NULL with an exception set. */
+static PyObject *pair_addresses(PyObject *pair_slot, PyObject *pair_off, const int64_t *at, const Py_ssize_t *len,
+                                Py_ssize_t n) {
+    Py_buffer ps, po;
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(pair_slot, &ps, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(pair_off, &po, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ps);
+        return NULL;
+    }
+    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
+    } else if ((out = PyByteArray_FromStringAndSize(NULL, ps.len))) {
+        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
+        const int64_t *slot = ps.buf, *off = po.buf;
+        int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+        for (Py_ssize_t p = 0; p < np_; p++) {
+            int64_t s = slot[p];
+            if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
+                PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
+                             p, (long long)s, (long long)off[p]);
+                Py_CLEAR(out);
+                break;
+            }
+            o[p] = at[s] ? at[s] + off[p] : 0;
+        }
+    }
+    PyBuffer_Release(&ps);
+    PyBuffer_Release(&po);
+    return out;
+}
+
+/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
+   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
+   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
+   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
+   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
+   (the row of an argument whose gradient is not needed: the kernel never writes it). */
+PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    const char *format = grad_addresses_format(argv, nargs);
+    if (!format)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
     int64_t *at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     Py_ssize_t *len = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
     PyObject *out = NULL;
@@ -120,43 +164,42 @@ PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t na
         if (at[i] == -1)
             goto done;
     }
-    if (nargs == 3) {
+    if (nargs == 3)
         out = PyByteArray_FromStringAndSize((const char *)at, n * (Py_ssize_t)sizeof(int64_t));
-        goto done;
-    }
-    Py_buffer ps, po;
-    if (PyObject_GetBuffer(argv[3], &ps, PyBUF_SIMPLE) < 0)
-        goto done;
-    if (PyObject_GetBuffer(argv[4], &po, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&ps);
-        goto done;
-    }
-    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
-        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
-    } else {
-        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
-        out = PyByteArray_FromStringAndSize(NULL, ps.len);
-        if (out) {
-            const int64_t *slot = ps.buf, *off = po.buf;
-            int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
-            for (Py_ssize_t p = 0; p < np_; p++) {
-                int64_t s = slot[p];
-                if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
-                    PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
-                                 p, (long long)s, (long long)off[p]);
-                    Py_CLEAR(out);
-                    break;
-                }
-                o[p] = at[s] ? at[s] + off[p] : 0;
-            }
-        }
-    }
-    PyBuffer_Release(&ps);
-    PyBuffer_Release(&po);
+    else
+        out = pair_addresses(argv[3], argv[4], at, len, n);
 done:
     PyMem_Free(at);
     PyMem_Free(len);
     return out;
+}
+
+/* The bytes [*lo, *hi) that `avoid` spans, whatever its strides; both NULL when it is None
+   or empty. 0, or -1 with an exception set. */
+static int avoid_span(PyObject *avoid, const char **lo, const char **hi) {
+    *lo = *hi = NULL;
+    if (avoid == Py_None)
+        return 0;
+    Py_buffer a;
+    if (PyObject_GetBuffer(avoid, &a, PyBUF_RECORDS_RO) < 0)
+        return -1;
+    const char *first = a.buf, *last = a.buf;
+    int empty = 0;
+    for (int i = 0; i < a.ndim; i++) {
+        if (a.shape[i] == 0)
+            empty = 1;
+        Py_ssize_t span = (a.shape[i] - 1) * (a.strides ? a.strides[i] : 0);
+        if (span < 0)
+            first += span;
+        else
+            last += span;
+    }
+    if (!empty) {
+        *lo = first;
+        *hi = last + a.itemsize;
+    }
+    PyBuffer_Release(&a);
+    return 0;
 }
 
 /* block_table(arrays, shapes, format, writable, avoid): the row movers' table of block addresses
@@ -179,29 +222,9 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "block_table: one shape per array");
         return NULL;
     }
-    const char *lo = NULL, *hi = NULL;  /* avoid's bytes */
-    if (argv[4] != Py_None) {
-        Py_buffer a;
-        if (PyObject_GetBuffer(argv[4], &a, PyBUF_RECORDS_RO) < 0)
-            return NULL;
-        /* the bytes spanned, whatever the strides */
-        const char *first = a.buf, *last = a.buf;
-        int empty = 0;
-        for (int i = 0; i < a.ndim; i++) {
-            if (a.shape[i] == 0)
-                empty = 1;
-            Py_ssize_t span = (a.shape[i] - 1) * (a.strides ? a.strides[i] : 0);
-            if (span < 0)
-                first += span;
-            else
-                last += span;
-        }
-        if (!empty) {
-            lo = first;
-            hi = last + a.itemsize;
-        }
-        PyBuffer_Release(&a);
-    }
+    const char *lo, *hi;  /* avoid's bytes */
+    if (avoid_span(argv[4], &lo, &hi) < 0)
+        return NULL;
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
     if (!out)
         return NULL;
@@ -232,6 +255,82 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
     return Py_BuildValue("(NO)", out, overlaps ? Py_True : Py_False);
 }
 
+enum { ROWS_MAX = 64 };  /* the most rows row_index_small takes */
+
+/* The n (block, row) pairs as int64 into b and r, and the sorted distinct block ids into
+   ids (*nid of them). 1, or 0 when a value is not an int or a block id is out of range. */
+static int small_rows(PyObject *blks, PyObject *rows, Py_ssize_t nb, int64_t *b, int64_t *r, int64_t *ids,
+                      Py_ssize_t *nid) {
+    *nid = 0;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(blks); j++) {
+        PyObject *bo = PyTuple_GET_ITEM(blks, j), *ro = PyTuple_GET_ITEM(rows, j);
+        if (!PyLong_CheckExact(bo) || !PyLong_CheckExact(ro))
+            return 0;
+        b[j] = PyLong_AsLongLong(bo);
+        r[j] = PyLong_AsLongLong(ro);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (b[j] < 0 || b[j] >= nb)
+            return 0;
+        Py_ssize_t at = 0;  /* insertion into the sorted distinct ids */
+        while (at < *nid && ids[at] < b[j])
+            at++;
+        if (at == *nid || ids[at] != b[j]) {
+            memmove(&ids[at + 1], &ids[at], (size_t)(*nid - at) * sizeof(int64_t));
+            ids[at] = b[j];
+            (*nid)++;
+        }
+    }
+    return 1;
+}
+
+/* The rows of a block shaped sh (a tuple of ints) whose row shape is s0's (the first
+   block's; NULL for the first block itself), or -1 when it is not. */
+static Py_ssize_t rows_of_shape(PyObject *sh, PyObject *s0) {
+    Py_ssize_t d = PyTuple_CheckExact(sh) ? PyTuple_GET_SIZE(sh) : 0;
+    int ok = d >= 1;
+    if (ok && s0) {  /* one row shape for all */
+        ok = PyTuple_GET_SIZE(s0) == d;
+        for (Py_ssize_t i = 1; ok && i < d; i++) {
+            PyObject *x = PyTuple_GET_ITEM(sh, i), *y = PyTuple_GET_ITEM(s0, i);
+            ok = PyLong_CheckExact(x) && PyLong_CheckExact(y) && PyLong_AsSsize_t(x) == PyLong_AsSsize_t(y);
+        }
+    }
+    return ok && PyLong_CheckExact(PyTuple_GET_ITEM(sh, 0)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : -1;
+}
+
+/* Per distinct block id: its int into idt, its .shape into shapes and its rows into nrows
+   (both tuples of nid, filled here). 1, 0 when some block is not one the index takes,
+   -1 with an exception set. */
+static int small_shapes(PyObject *blocks, const int64_t *ids, Py_ssize_t nid, PyObject *idt, PyObject *shapes,
+                        Py_ssize_t *nrows) {
+    for (Py_ssize_t k = 0; k < nid; k++) {
+        PyObject *io = PyLong_FromLongLong(ids[k]);
+        if (!io)
+            return -1;
+        PyTuple_SET_ITEM(idt, k, io);
+        if (ids[k] >= PyList_GET_SIZE(blocks))  /* a shape getter below may have changed the list */
+            return 0;
+        PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
+        Py_INCREF(blk);
+        PyObject *sh = PyObject_GetAttrString(blk, "shape");
+        Py_DECREF(blk);
+        if (!sh) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyTuple_SET_ITEM(shapes, k, sh);
+        nrows[k] = rows_of_shape(sh, k > 0 ? PyTuple_GET_ITEM(shapes, 0) : NULL);
+        if (nrows[k] < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* row_index_small(blocks, blks, rows): the cpu backend's row index for a few rows of Python ints
    (the executor's per-sentence gathers; backends/cpu/rows.py _row_index_small is the twin and
    reports every error). Returns None unless every value is an int, every block id is in range,
@@ -244,93 +343,33 @@ PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "row_index_small(blocks: list, blks: tuple, rows: tuple)");
         return NULL;
     }
-    enum { MAX = 64 };
     PyObject *blocks = argv[0];
-    Py_ssize_t n = PyTuple_GET_SIZE(argv[1]), nb = PyList_GET_SIZE(blocks);
-    if (n == 0 || n > MAX || PyTuple_GET_SIZE(argv[2]) != n)
+    Py_ssize_t n = PyTuple_GET_SIZE(argv[1]), nid;
+    if (n == 0 || n > ROWS_MAX || PyTuple_GET_SIZE(argv[2]) != n)
         Py_RETURN_NONE;
-    int64_t b[MAX], r[MAX], ids[MAX], local[MAX];
-    Py_ssize_t nid = 0;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *bo = PyTuple_GET_ITEM(argv[1], j), *ro = PyTuple_GET_ITEM(argv[2], j);
-        if (!PyLong_CheckExact(bo) || !PyLong_CheckExact(ro))
-            Py_RETURN_NONE;
-        b[j] = PyLong_AsLongLong(bo);
-        r[j] = PyLong_AsLongLong(ro);
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (b[j] < 0 || b[j] >= nb)
-            Py_RETURN_NONE;
-        Py_ssize_t at = 0;  /* insertion into the sorted distinct ids */
-        while (at < nid && ids[at] < b[j])
-            at++;
-        if (at == nid || ids[at] != b[j]) {
-            memmove(&ids[at + 1], &ids[at], (size_t)(nid - at) * sizeof(int64_t));
-            ids[at] = b[j];
-            nid++;
-        }
-    }
+    int64_t b[ROWS_MAX], r[ROWS_MAX], ids[ROWS_MAX], local[ROWS_MAX];
+    if (!small_rows(argv[1], argv[2], PyList_GET_SIZE(blocks), b, r, ids, &nid))
+        Py_RETURN_NONE;
     PyObject *shapes = PyTuple_New(nid), *idt = PyTuple_New(nid), *res = NULL;
-    Py_ssize_t nrows[MAX];
-    if (!shapes || !idt)
-        goto done;
-    for (Py_ssize_t k = 0; k < nid; k++) {
-        PyObject *io = PyLong_FromLongLong(ids[k]);
-        if (!io)
-            goto done;
-        PyTuple_SET_ITEM(idt, k, io);
-        if (ids[k] >= PyList_GET_SIZE(blocks)) {  /* a shape getter below may have changed the list */
-            res = Py_None;
-            goto done;
-        }
-        PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
-        Py_INCREF(blk);
-        PyObject *sh = PyObject_GetAttrString(blk, "shape");
-        Py_DECREF(blk);
-        if (!sh) {
-            PyErr_Clear();
-            res = Py_None;
-            goto done;
-        }
-        PyTuple_SET_ITEM(shapes, k, sh);
-        Py_ssize_t d = PyTuple_CheckExact(sh) ? PyTuple_GET_SIZE(sh) : 0;
-        int ok = d >= 1;
-        if (ok && k > 0) {  /* one row shape for all */
-            PyObject *s0 = PyTuple_GET_ITEM(shapes, 0);
-            ok = PyTuple_GET_SIZE(s0) == d;
-            for (Py_ssize_t i = 1; ok && i < d; i++) {
-                PyObject *x = PyTuple_GET_ITEM(sh, i), *y = PyTuple_GET_ITEM(s0, i);
-                ok = PyLong_CheckExact(x) && PyLong_CheckExact(y) && PyLong_AsSsize_t(x) == PyLong_AsSsize_t(y);
-            }
-        }
-        nrows[k] = ok && PyLong_CheckExact(PyTuple_GET_ITEM(sh, 0)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : -1;
-        if (!ok || nrows[k] < 0) {
-            PyErr_Clear();
-            res = Py_None;
-            goto done;
-        }
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
+    Py_ssize_t nrows[ROWS_MAX];
+    int got = shapes && idt ? small_shapes(blocks, ids, nid, idt, shapes, nrows) : -1;
+    for (Py_ssize_t j = 0; got == 1 && j < n; j++) {
         Py_ssize_t k = 0;
         while (ids[k] != b[j])
             k++;
-        if (r[j] < 0 || r[j] >= nrows[k]) {
-            res = Py_None;
-            goto done;
-        }
+        if (r[j] < 0 || r[j] >= nrows[k])
+            got = 0;
         local[j] = k;
     }
-    res = Py_BuildValue("(Ny#y#O)", idt, (const char *)local, n * (Py_ssize_t)sizeof(int64_t), (const char *)r,
-                        n * (Py_ssize_t)sizeof(int64_t), shapes);
-    idt = NULL;  /* stolen by N */
-    Py_DECREF(shapes);
-    return res;
-done:
+    if (got == 1) {
+        res = Py_BuildValue("(Ny#y#O)", idt, (const char *)local, n * (Py_ssize_t)sizeof(int64_t), (const char *)r,
+                            n * (Py_ssize_t)sizeof(int64_t), shapes);
+        idt = NULL;  /* stolen by N */
+    } else if (got == 0) {
+        res = Py_None;
+        Py_INCREF(res);
+    }
     Py_XDECREF(shapes);
     Py_XDECREF(idt);
-    if (res == Py_None)
-        Py_RETURN_NONE;
-    return NULL;
+    return res;
 }
