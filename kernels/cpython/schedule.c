@@ -62,6 +62,46 @@ static void free_groups(Group *gs, Py_ssize_t n) {
     PyMem_Free(gs);
 }
 
+/* The group of node i at depth d with signature s: found in the open-addressing table
+   (keys, slot; cap a power of two) by the key (d, s), or a new group, gs[*ng], entered in
+   the table unless the node runs alone. Its index, or -1 with MemoryError set. */
+static inline Py_ssize_t group_of(int64_t *keys, Py_ssize_t *slot, size_t cap, Group *gs, Py_ssize_t *ng, long d,
+                                  long s, long i, int alone) {
+    Py_ssize_t g = -1;
+    size_t h = 0;
+    int64_t key = ((int64_t)d << 32) | (int64_t)s;
+    if (!alone) {
+        h = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (slot[h] >= 0 && keys[h] != key)
+            h = (h + 1) & (cap - 1);
+        g = slot[h];
+    }
+    if (g >= 0)
+        return g;
+    g = (*ng)++;
+    gs[g].depth = d;
+    gs[g].first = i;
+    if (!(gs[g].nodes = PyList_New(0)))
+        return -1;
+    if (!alone) {
+        keys[h] = key;
+        slot[h] = g;
+    }
+    return g;
+}
+
+/* The groups' node lists as one list, in order (each moved out of gs), or NULL. */
+static PyObject *groups_list(Group *gs, Py_ssize_t ng) {
+    PyObject *result = PyList_New(ng);
+    if (!result)
+        return NULL;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyList_SET_ITEM(result, g, gs[g].nodes);  /* steals */
+        gs[g].nodes = NULL;
+    }
+    return result;
+}
+
 /* depth_batches(depth, sig, batchable, nodes): the depth scheduler. Nodes grouped by
    (depth, signature), an unbatchable one alone; groups ordered by (depth, first node).
    None when a signature id is outside `batchable` (then Python decides). */
@@ -110,36 +150,12 @@ PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nar
             goto done;
         }
         int alone = PyList_GET_ITEM(batchable, s) != Py_True;
-        Py_ssize_t g = -1;
-        size_t h = 0;
-        int64_t key = ((int64_t)d << 32) | (int64_t)s;
-        if (!alone) {
-            h = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-            while (slot[h] >= 0 && keys[h] != key)
-                h = (h + 1) & (cap - 1);
-            g = slot[h];
-        }
-        if (g < 0) {
-            g = ng++;
-            gs[g].depth = d;
-            gs[g].first = (long)i;
-            if (!(gs[g].nodes = PyList_New(0)))
-                goto done;
-            if (!alone) {
-                keys[h] = key;
-                slot[h] = g;
-            }
-        }
-        if (PyList_Append(gs[g].nodes, ids[j]) < 0)
+        Py_ssize_t g = group_of(keys, slot, cap, gs, &ng, d, s, (long)i, alone);
+        if (g < 0 || PyList_Append(gs[g].nodes, ids[j]) < 0)
             goto done;
     }
     qsort(gs, (size_t)ng, sizeof(Group), by_depth_then_first);
-    if (!(result = PyList_New(ng)))
-        goto done;
-    for (Py_ssize_t g = 0; g < ng; g++) {
-        PyList_SET_ITEM(result, g, gs[g].nodes);  /* steals */
-        gs[g].nodes = NULL;
-    }
+    result = groups_list(gs, ng);
 done:
     PyMem_Free(keys);
     PyMem_Free(slot);

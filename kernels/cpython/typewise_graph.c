@@ -475,16 +475,16 @@ done:
     return rc;
 }
 
-/* Columns of the pending graph: types (dense, first-recorded order), in-degrees, user and
-   argument lists (CSR, local ids, duplicates kept like users_of). 1: a signature outside the tables. */
-int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
-               Py_ssize_t lo, Py_ssize_t *sig_type) {
-    Py_ssize_t n = s->n;
+/* The pending nodes (ids, increasing within [lo, lo + n)) and their types: a batchable
+   signature's type in first-recorded order, -1 for one that runs alone. 0, 1 for a
+   signature outside the tables, -1 with an exception set. */
+static int pending_types(TW *s, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B, Py_ssize_t lo,
+                         Py_ssize_t *sig_type) {
     for (Py_ssize_t j = 0; j < B; j++) {
         Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
         if (i == -1 && PyErr_Occurred())
             return -1;
-        if (i < lo || i >= lo + n || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
+        if (i < lo || i >= lo + s->n || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
             PyErr_Format(PyExc_IndexError, "typewise_batches: node ids must increase, got %zd", i);
             return -1;
         }
@@ -504,6 +504,13 @@ int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObje
             s->typ[v] = -1;
         }
     }
+    return 0;
+}
+
+/* The user and argument lists among the pending nodes (CSR, local ids, duplicates kept
+   like users_of) and in-degrees: pass 0 counts, pass 1 fills. 0, or -1 with an exception set. */
+static int pending_edges(TW *s, PyObject *args, Py_ssize_t lo) {
+    Py_ssize_t n = s->n;
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
             if (!s->pending[v])
@@ -544,4 +551,12 @@ int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObje
         }
     }
     return 0;
+}
+
+/* Columns of the pending graph: types (dense, first-recorded order), in-degrees, user and
+   argument lists (CSR, local ids, duplicates kept like users_of). 1: a signature outside the tables. */
+int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
+               Py_ssize_t lo, Py_ssize_t *sig_type) {
+    int rc = pending_types(s, sig, batchable, ids, B, lo, sig_type);
+    return rc ? rc : pending_edges(s, args, lo);
 }
