@@ -37,7 +37,8 @@ def bookkeeping_extension() -> Extension:
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
     src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c",
-           "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/batch_run.c",
+           "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
+           "kernels/cpython/batch_run.c",
            "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c",
            "kernels/cpython/schedule.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c"]

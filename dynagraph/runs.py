@@ -113,7 +113,7 @@ def enabled(cg, be) -> bool:
 
 def _table_py(blk: list, row: list, args: list, needs_grad: list, steps: list, blocks: list, offs: list,
               reach: list, fmt: str):
-    """Twin of _bookkeeping.run_table (see kernels/cpython/run_tables.c for the fields):
+    """Twin of _bookkeeping.run_table (see kernels/cpython/run_reads.c for the fields):
     where every argument row of a run is read, checked against its block's size."""
     dt = np.dtype(fmt)
     slot_of, views, slots = {}, [], []

@@ -76,148 +76,139 @@ static int has_true(PyObject *need) {
     return 0;
 }
 
-/* The gradients of one record; 0 or -1 (error). Called with the info held. */
-static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, double *acc) {
-    PyObject *nodes = PyTuple_GET_ITEM(rec, 0), *xs = PyTuple_GET_ITEM(rec, 1), *bid = PyTuple_GET_ITEM(rec, 2);
-    PyObject *plans = PyTuple_GET_ITEM(rec, 3), *cols = PyTuple_GET_ITEM(rec, 4), *kctx = PyTuple_GET_ITEM(rec, 5);
-    if (!PyTuple_CheckExact(cols) || !PyList_CheckExact(plans) || !PyList_CheckExact(xs)
-        || PyList_GET_SIZE(plans) != PyTuple_GET_SIZE(cols)) {
-        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a malformed ExecutedBatch");
-        return -1;
-    }
+/* need: per argument column, True when some node of it needs its gradient (every column
+   in a full pass). A new tuple, or NULL with an exception set. */
+static PyObject *step_need(PyObject *ctx, PyObject *cols) {
     Py_ssize_t k = PyTuple_GET_SIZE(cols);
-    PyObject *seq = PySequence_Tuple(nodes);
-    if (!seq)
-        return -1;
-    Py_ssize_t B = PyTuple_GET_SIZE(seq);
-    PyObject *need = PyTuple_New(k), *data = Py_None, *gxs = NULL, *y = NULL;
-    Py_INCREF(data);
-    int rc = -1;
-    if (!need || B == 0)
-        goto done;
+    PyObject *need = PyTuple_New(k);
+    if (!need)
+        return NULL;
     int full = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, B_FULL));
     if (full < 0)
-        goto done;
+        goto fail;
     for (Py_ssize_t c = 0; c < k; c++) {
         PyObject *ids = PyTuple_GET_ITEM(cols, c);
         if (!PyTuple_CheckExact(ids) || PyTuple_GET_SIZE(ids) == 0) {
             PyErr_SetString(PyExc_TypeError, "backward_batch_native: argument columns must be tuples");
-            goto done;
+            goto fail;
         }
         int t = full ? 1 : any_flag(PyTuple_GET_ITEM(ctx, B_NEEDS), ids);
         if (t < 0)
-            goto done;
+            goto fail;
         PyObject *v = t ? Py_True : Py_False;
         Py_INCREF(v);
         PyTuple_SET_ITEM(need, c, v);
     }
-    if (!has_true(need)) {
-        rc = 0;
-        goto done;
+    return need;
+fail:
+    Py_DECREF(need);
+    return NULL;
+}
+
+/* The weight products of an op with some (info[5] not None): deferred to one GEMM per
+   parameter, here in C where dg_defer_here can, else by defer_fn; *need loses the
+   arguments deferred. 0, or -1 with an exception set. */
+static int step_defer(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *plans, PyObject *g, Py_ssize_t n0,
+                      Py_ssize_t k, PyObject **need) {
+    int here = dg_defer_here(ctx, PyTuple_GET_ITEM(info, 5), xs, plans, g, need);
+    if (here)
+        return here < 0 ? -1 : 0;
+    PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_OP), n0);  /* n0 checked by the caller */
+    PyObject *dargv[5] = {op, xs, plans, g, *need};
+    Py_INCREF(op);
+    PyObject *got = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_DEFER), dargv, 5, NULL);
+    Py_DECREF(op);
+    if (!got)
+        return -1;
+    if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != k) {
+        Py_DECREF(got);
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: defer_fn must return the need tuple");
+        return -1;
     }
-    double t0 = now();
-    Py_ssize_t n0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, 0));
-    if (n0 == -1 && PyErr_Occurred())
-        goto done;
-    if (PyTuple_GET_ITEM(info, 5) != Py_None) {  /* weight products: deferred to one GEMM per parameter */
-        int here = dg_defer_here(ctx, PyTuple_GET_ITEM(info, 5), xs, plans, g, &need);
-        if (here < 0)
-            goto done;
-        if (!here) {
-            PyObject *op = PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_OP), n0);  /* n0 checked by the caller */
-            PyObject *dargv[5] = {op, xs, plans, g, need};
-            Py_INCREF(op);
-            PyObject *got = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_DEFER), dargv, 5, NULL);
-            Py_DECREF(op);
-            if (!got)
-                goto done;
-            if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != k) {
-                Py_DECREF(got);
-                PyErr_SetString(PyExc_TypeError, "backward_batch_native: defer_fn must return the need tuple");
-                goto done;
-            }
-            Py_SETREF(need, got);
+    Py_SETREF(*need, got);
+    return 0;
+}
+
+/* The batch's data list (node ids in seq checked), for an op whose backward uses it.
+   A new list, or NULL with an exception set. */
+static PyObject *step_data(PyObject *ctx, PyObject *seq) {
+    PyObject *all = PyTuple_GET_ITEM(ctx, B_DATA);
+    Py_ssize_t B = PyTuple_GET_SIZE(seq);
+    PyObject *data = PyList_New(B);
+    if (!data)
+        return NULL;
+    for (Py_ssize_t j = 0; j < B; j++) {
+        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(seq, j), PyList_GET_SIZE(all));
+        if (i < 0) {
+            Py_DECREF(data);
+            return NULL;
         }
-        if (!has_true(need)) {
-            acc[ACC_BACKWARD] += now() - t0;
-            rc = 0;
-            goto done;
-        }
+        PyObject *d = PyList_GET_ITEM(all, i);
+        Py_INCREF(d);
+        PyList_SET_ITEM(data, j, d);
     }
-    int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1)), saves_ctx = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
-    if (uses_data < 0 || saves_ctx < 0)
-        goto done;
-    if (uses_data) {
-        PyObject *all = PyTuple_GET_ITEM(ctx, B_DATA);
-        Py_SETREF(data, PyList_New(B));
-        if (!data)
-            goto done;
-        for (Py_ssize_t j = 0; j < B; j++) {
-            Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(seq, j), PyList_GET_SIZE(all));
-            if (i < 0)
-                goto done;
-            PyObject *d = PyList_GET_ITEM(all, i);
-            Py_INCREF(d);
-            PyList_SET_ITEM(data, j, d);
-        }
-    }
+    return data;
+}
+
+/* The op's backward kernel, info[4](xp, attrs, data, xs, y, g, need[, ctx=kctx]): its
+   gradients (a new reference), or NULL with an exception set. *y gets the batch's value
+   block, held for the caller to release (it outlives the scatters, as in autodiff). */
+static PyObject *step_kernel(PyObject *ctx, PyObject *info, PyObject *bid, Py_ssize_t n0, PyObject *data,
+                             PyObject *xs, PyObject *g, PyObject *need, PyObject *kctx, PyObject **y) {
+    int saves_ctx = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
+    if (saves_ctx < 0)
+        return NULL;
     PyObject *attrs_l = PyTuple_GET_ITEM(ctx, B_ATTRS), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
     Py_ssize_t bi = dg_index_in(bid, PyList_GET_SIZE(blocks));
     if (bi < 0 || n0 >= PyList_GET_SIZE(attrs_l)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_IndexError, "backward_batch_native: node out of range");
-        goto done;
+        return NULL;
     }
     PyObject *attrs = PyList_GET_ITEM(attrs_l, n0);
-    y = PyList_GET_ITEM(blocks, bi);
+    *y = PyList_GET_ITEM(blocks, bi);
     Py_INCREF(attrs);
-    Py_INCREF(y);
-    PyObject *kargv[8] = {PyTuple_GET_ITEM(ctx, B_XP), attrs, data, xs, y, g, need, kctx};
+    Py_INCREF(*y);
+    PyObject *kargv[8] = {PyTuple_GET_ITEM(ctx, B_XP), attrs, data, xs, *y, g, need, kctx};
     static PyObject *ctx_name = NULL;
     if (!ctx_name && !(ctx_name = Py_BuildValue("(s)", "ctx"))) {
         Py_DECREF(attrs);
-        goto done;
+        return NULL;
     }
-    gxs = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, 7, saves_ctx ? ctx_name : NULL);
+    PyObject *gxs = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, 7, saves_ctx ? ctx_name : NULL);
     Py_DECREF(attrs);
-    if (!gxs)
-        goto done;
-    double t1 = now();
-    Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
-    if (inner == -1 && PyErr_Occurred())
-        goto done;
-    acc[ACC_KERNELS] += (double)inner;
-    acc[ACC_BACKWARD] += t1 - t0;
-    if (k > 8) {  /* dy.esum(losses): one add of g into the losses' rows (autodiff._one_row_run) */
-        PyObject *oargv[4] = {plans, gxs, need, NULL};
-        PyObject *bo = PyLong_FromSsize_t(B);
-        if (!bo)
-            goto done;
-        oargv[3] = bo;
-        PyObject *done_ = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_ONE_ROW), oargv, 4, NULL);
-        Py_DECREF(bo);
-        if (!done_)
-            goto done;
-        int handled = PyObject_IsTrue(done_);
-        Py_DECREF(done_);
-        if (handled < 0)
-            goto done;
-        if (handled) {
-            acc[ACC_MEMORY] += now() - t1;
-            rc = 0;
-            goto done;
-        }
-    }
-    PyObject *fast = PySequence_Fast(gxs, "backward_batch_native: a backward must return a sequence");
+    return gxs;
+}
+
+/* dy.esum(losses): one add of g into the losses' rows (autodiff._one_row_run).
+   1 when one_row_fn handled the gradients, 0 when not, -1 on error. */
+static int step_one_row(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t B) {
+    PyObject *bo = PyLong_FromSsize_t(B);
+    if (!bo)
+        return -1;
+    PyObject *oargv[4] = {plans, gxs, need, bo};
+    PyObject *done_ = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_ONE_ROW), oargv, 4, NULL);
+    Py_DECREF(bo);
+    if (!done_)
+        return -1;
+    int handled = PyObject_IsTrue(done_);
+    Py_DECREF(done_);
+    return handled;
+}
+
+/* Each needed argument's gradient scattered to the rows it was gathered from: in C where
+   dg_scatter_here can, else by scatter_fn. *gxs becomes a fast sequence. 0 or -1. */
+static int step_scatter(PyObject *ctx, PyObject *plans, PyObject **gxs, PyObject *need, Py_ssize_t k, Py_ssize_t B) {
+    PyObject *fast = PySequence_Fast(*gxs, "backward_batch_native: a backward must return a sequence");
     if (!fast)
-        goto done;
-    Py_SETREF(gxs, fast);
-    if (PySequence_Fast_GET_SIZE(gxs) < k) {
+        return -1;
+    Py_SETREF(*gxs, fast);
+    if (PySequence_Fast_GET_SIZE(fast) < k) {
         PyErr_SetString(PyExc_IndexError, "backward_batch_native: a backward returned fewer gradients than arguments");
-        goto done;
+        return -1;
     }
     for (Py_ssize_t c = 0; c < k; c++) {
-        PyObject *gx = PySequence_Fast_GET_ITEM(gxs, c);
+        PyObject *gx = PySequence_Fast_GET_ITEM(fast, c);
         if (PyTuple_GET_ITEM(need, c) != Py_True || gx == Py_None)
             continue;
         PyObject *plan = PyList_GET_ITEM(plans, c);
@@ -235,10 +226,83 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
         Py_DECREF(plan);
         Py_DECREF(gx);
         if (here < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* After the kernel (started at t0): its time and inner kernel count into acc, then the
+   gradients placed, by one row add or by scatters, their time into acc. 0 or -1. */
+static int step_place(PyObject *ctx, PyObject *info, PyObject *plans, PyObject **gxs, PyObject *need, Py_ssize_t k,
+                      Py_ssize_t B, double t0, double *acc) {
+    double t1 = now();
+    Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
+    if (inner == -1 && PyErr_Occurred())
+        return -1;
+    acc[ACC_KERNELS] += (double)inner;
+    acc[ACC_BACKWARD] += t1 - t0;
+    if (k > 8) {  /* dy.esum(losses): one add of g into the losses' rows */
+        int handled = step_one_row(ctx, plans, *gxs, need, B);
+        if (handled < 0)
+            return -1;
+        if (handled) {
+            acc[ACC_MEMORY] += now() - t1;
+            return 0;
+        }
+    }
+    if (step_scatter(ctx, plans, gxs, need, k, B) < 0)
+        return -1;
+    acc[ACC_MEMORY] += now() - t1;
+    return 0;
+}
+
+/* The gradients of one record; 0 or -1 (error). Called with the info held. */
+static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, double *acc) {
+    PyObject *nodes = PyTuple_GET_ITEM(rec, 0), *xs = PyTuple_GET_ITEM(rec, 1), *bid = PyTuple_GET_ITEM(rec, 2);
+    PyObject *plans = PyTuple_GET_ITEM(rec, 3), *cols = PyTuple_GET_ITEM(rec, 4), *kctx = PyTuple_GET_ITEM(rec, 5);
+    if (!PyTuple_CheckExact(cols) || !PyList_CheckExact(plans) || !PyList_CheckExact(xs)
+        || PyList_GET_SIZE(plans) != PyTuple_GET_SIZE(cols)) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a malformed ExecutedBatch");
+        return -1;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(cols);
+    PyObject *seq = PySequence_Tuple(nodes);
+    if (!seq)
+        return -1;
+    Py_ssize_t B = PyTuple_GET_SIZE(seq);
+    PyObject *need = NULL, *data = Py_None, *gxs = NULL, *y = NULL;
+    Py_INCREF(data);
+    int rc = -1;
+    if (B == 0 || !(need = step_need(ctx, cols)))
+        goto done;
+    if (!has_true(need)) {
+        rc = 0;
+        goto done;
+    }
+    double t0 = now();
+    Py_ssize_t n0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, 0));
+    if (n0 == -1 && PyErr_Occurred())
+        goto done;
+    if (PyTuple_GET_ITEM(info, 5) != Py_None) {  /* weight products: deferred to one GEMM per parameter */
+        if (step_defer(ctx, info, xs, plans, g, n0, k, &need) < 0)
+            goto done;
+        if (!has_true(need)) {
+            acc[ACC_BACKWARD] += now() - t0;
+            rc = 0;
+            goto done;
+        }
+    }
+    int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
+    if (uses_data < 0)
+        goto done;
+    if (uses_data) {
+        Py_SETREF(data, step_data(ctx, seq));
+        if (!data)
             goto done;
     }
-    acc[ACC_MEMORY] += now() - t1;
-    rc = 0;
+    if (!(gxs = step_kernel(ctx, info, bid, n0, data, xs, g, need, kctx, &y)))
+        goto done;
+    rc = step_place(ctx, info, plans, &gxs, need, k, B, t0, acc);
 done:
     Py_XDECREF(need);
     Py_XDECREF(data);

@@ -59,6 +59,61 @@ static PyObject *list_item(PyObject *ctx, int which, Py_ssize_t i) {
     return PyList_GET_ITEM(l, i);
 }
 
+/* A parameter's block, shared by every node of the column (the signature guarantees it):
+   *x the block, *plan (LEAF, b, None). Both NULL on error. */
+static void leaf_column(PyObject *ctx, Py_ssize_t first, PyObject **x, PyObject **plan) {
+    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
+    PyObject *b = list_item(ctx, C_BLK, first);
+    if (!b)
+        return;
+    Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks));
+    if (bi < 0)
+        return;
+    *x = PyList_GET_ITEM(blocks, bi);
+    Py_INCREF(*x);
+    *plan = Py_BuildValue("(iOO)", 0, b, Py_None);
+}
+
+/* SLICE (loc = (1, b, r0)): rows r0 .. r0+B-1 of block b, read in place as a view:
+   *x the view, *plan (SLICE, b, r0). Left NULL on error. */
+static void slice_column(PyObject *ctx, PyObject *loc, Py_ssize_t B, PyObject **x, PyObject **plan) {
+    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
+    PyObject *b = PyTuple_GET_ITEM(loc, 1), *r0 = PyTuple_GET_ITEM(loc, 2);
+    Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks)), start = PyLong_AsSsize_t(r0);
+    if (bi < 0 || (start == -1 && PyErr_Occurred()))
+        return;
+    PyObject *lo = dg_int(start), *hi = dg_int(start + B);
+    PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    PyObject *blk_b = PyList_GET_ITEM(blocks, bi);
+    Py_INCREF(blk_b);
+    *x = sl ? PyObject_GetItem(blk_b, sl) : NULL;
+    Py_DECREF(blk_b);
+    Py_XDECREF(sl);
+    *plan = *x ? Py_BuildValue("(iOO)", 1, b, r0) : NULL;
+}
+
+/* Anything else: gather_fn(ids, c, op) -> (x, plan). Left NULL on error. */
+static void gather_column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject **x,
+                          PyObject **plan) {
+    PyObject *co = PyLong_FromSsize_t(c);
+    PyObject *gargv[3] = {ids, co, op};
+    PyObject *got = co ? PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_GATHER), gargv, 3, NULL) : NULL;
+    Py_XDECREF(co);
+    if (got && (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2)) {
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: gather_fn must return (x, plan)");
+        Py_CLEAR(got);
+    }
+    if (got) {
+        *x = PyTuple_GET_ITEM(got, 0);
+        *plan = PyTuple_GET_ITEM(got, 1);
+        Py_INCREF(*x);
+        Py_INCREF(*plan);
+        Py_DECREF(got);
+    }
+}
+
 /* Argument column `ids` of the batch: appends its value and plan to xs and plans.
    A parameter's block and a slice of one block are made here; anything else is gather_fn's. */
 static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans) {
@@ -73,56 +128,17 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
     int leaf = PyObject_IsTrue(PyTuple_GET_ITEM(info, 0));
     if (leaf < 0)
         return -1;
-    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
-    if (leaf) {  /* a shared parameter: the signature guarantees every node shares its block */
-        PyObject *b = list_item(ctx, C_BLK, first);
-        if (!b)
-            return -1;
-        Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks));
-        if (bi < 0)
-            return -1;
-        x = PyList_GET_ITEM(blocks, bi);
-        Py_INCREF(x);
-        plan = Py_BuildValue("(iOO)", 0, b, Py_None);
+    if (leaf) {
+        leaf_column(ctx, first, &x, &plan);
     } else {
         PyObject *largv[3] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids};
         PyObject *loc = dg_locate(NULL, largv, 3);
         if (!loc)
             return -1;
-        if (PyLong_AsLong(PyTuple_GET_ITEM(loc, 0)) == 1) {  /* SLICE: rows r0 .. r0+B-1 of block b, in place */
-            PyObject *b = PyTuple_GET_ITEM(loc, 1), *r0 = PyTuple_GET_ITEM(loc, 2);
-            Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks)), start = PyLong_AsSsize_t(r0);
-            if (bi < 0 || (start == -1 && PyErr_Occurred())) {
-                Py_DECREF(loc);
-                return -1;
-            }
-            PyObject *lo = dg_int(start), *hi = dg_int(start + B);
-            PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
-            Py_XDECREF(lo);
-            Py_XDECREF(hi);
-            PyObject *blk_b = PyList_GET_ITEM(blocks, bi);
-            Py_INCREF(blk_b);
-            x = sl ? PyObject_GetItem(blk_b, sl) : NULL;
-            Py_DECREF(blk_b);
-            Py_XDECREF(sl);
-            plan = x ? Py_BuildValue("(iOO)", 1, b, r0) : NULL;
-        } else {
-            PyObject *co = PyLong_FromSsize_t(c);
-            PyObject *gargv[3] = {ids, co, op};
-            PyObject *got = co ? PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_GATHER), gargv, 3, NULL) : NULL;
-            Py_XDECREF(co);
-            if (got && (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2)) {
-                PyErr_SetString(PyExc_TypeError, "run_batch_native: gather_fn must return (x, plan)");
-                Py_CLEAR(got);
-            }
-            if (got) {
-                x = PyTuple_GET_ITEM(got, 0);
-                plan = PyTuple_GET_ITEM(got, 1);
-                Py_INCREF(x);
-                Py_INCREF(plan);
-                Py_DECREF(got);
-            }
-        }
+        if (PyLong_AsLong(PyTuple_GET_ITEM(loc, 0)) == 1)
+            slice_column(ctx, loc, B, &x, &plan);
+        else
+            gather_column(ctx, ids, c, op, &x, &plan);
         Py_DECREF(loc);
     }
     int rc = x && plan && PyList_Append(xs, x) == 0 && PyList_Append(plans, plan) == 0 ? 0 : -1;
@@ -169,19 +185,19 @@ static PyObject *record(PyObject *cls, PyObject **items, Py_ssize_t n) {
     return r;
 }
 
-/* run_batch_native(ctx, nodes): executor.run_batch for one batch (see the top of this file). */
-PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
+/* The arguments are (ctx, nodes) with ctx shaped as the top of this file says. 0, or -1
+   with a TypeError set. */
+static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != C_SIZE
         || (!PyTuple_CheckExact(argv[1]) && !PyList_CheckExact(argv[1]))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native(ctx: tuple, nodes: tuple or list)");
-        return NULL;
+        return -1;
     }
     PyObject *ctx = argv[0];
     for (int i = C_OP; i <= C_EXECUTED; i++)
         if (!PyList_CheckExact(PyTuple_GET_ITEM(ctx, i))) {
             PyErr_Format(PyExc_TypeError, "run_batch_native: context item %d must be a list", i);
-            return NULL;
+            return -1;
         }
     if (!PyDict_CheckExact(PyTuple_GET_ITEM(ctx, C_INFOS)) || !PyByteArray_CheckExact(PyTuple_GET_ITEM(ctx, C_ACC))
         || PyByteArray_GET_SIZE(PyTuple_GET_ITEM(ctx, C_ACC)) != ACC_SIZE * (Py_ssize_t)sizeof(double)
@@ -190,8 +206,145 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
+        return -1;
+    }
+    return 0;
+}
+
+/* *data: the batch's data list when the op's kernel uses it (info[1]), else left as is.
+   0, or -1 with an exception set (*data NULL where the list was begun). */
+static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject **data) {
+    int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
+    if (uses_data <= 0)
+        return uses_data;
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes);
+    Py_SETREF(*data, PyList_New(B));
+    if (!*data)
+        return -1;
+    for (Py_ssize_t j = 0; j < B; j++) {
+        PyObject *d = list_item(ctx, C_DATA, PyLong_AsSsize_t(PyTuple_GET_ITEM(nodes, j)));
+        if (!d)
+            return -1;
+        Py_INCREF(d);
+        PyList_SET_ITEM(*data, j, d);
+    }
+    return 0;
+}
+
+/* The op's kernel, info[4](xp, attrs, data, *xs): its output y (a new reference), or NULL
+   on error. A saves_ctx op returns (y, ctx): *kctx takes the ctx. *t1: when the call began. */
+static PyObject *call_kernel(PyObject *ctx, PyObject *info, PyObject *attrs, PyObject *data, PyObject *xs,
+                             PyObject **kctx, double *t1) {
+    Py_ssize_t k = PyList_GET_SIZE(xs);
+    PyObject **kargv = PyMem_Malloc((size_t)(k + 3) * sizeof(PyObject *));
+    if (!kargv)
+        return PyErr_NoMemory();
+    kargv[0] = PyTuple_GET_ITEM(ctx, C_XP);
+    kargv[1] = attrs;
+    kargv[2] = data;
+    for (Py_ssize_t c = 0; c < k; c++)
+        kargv[c + 3] = PyList_GET_ITEM(xs, c);
+    Py_INCREF(attrs);
+    *t1 = now();
+    PyObject *y = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, (size_t)(k + 3), NULL);
+    Py_DECREF(attrs);
+    PyMem_Free(kargv);
+    if (!y)
+        return NULL;
+    int saves_ctx = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
+    if (saves_ctx <= 0) {
+        if (saves_ctx < 0)
+            Py_CLEAR(y);
+        return y;
+    }
+    if (!PyTuple_Check(y) || PyTuple_GET_SIZE(y) != 2) {
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: a saves_ctx op must return (y, ctx)");
+        Py_DECREF(y);
         return NULL;
     }
+    PyObject *pair = y;
+    y = PyTuple_GET_ITEM(pair, 0);
+    Py_SETREF(*kctx, PyTuple_GET_ITEM(pair, 1));
+    Py_INCREF(y);
+    Py_INCREF(*kctx);
+    Py_DECREF(pair);
+    return y;
+}
+
+/* *y as the batch's block: kept when ready, else replaced by finish_fn(y, nodes). 0 or -1. */
+static int finish_output(PyObject *ctx, PyObject **y, PyObject *nodes, Py_ssize_t n0) {
+    PyObject *shape = list_item(ctx, C_SHAPE, n0);
+    if (!shape)
+        return -1;
+    if (ready(ctx, *y, PyTuple_GET_SIZE(nodes), shape))
+        return 0;
+    PyObject *fargv[2] = {*y, nodes};
+    PyObject *fixed = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_FINISH), fargv, 2, NULL);
+    if (!fixed)
+        return -1;
+    Py_SETREF(*y, fixed);
+    return 0;
+}
+
+/* y appended as a new block, the nodes placed in its rows, the ExecutedBatch recorded and
+   the batch logged. *xs, *plans and *kctx are stolen by the record (set to NULL). 0 or -1. */
+static int place_and_record(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject *cols, PyObject *y,
+                            PyObject **xs, PyObject **plans, PyObject **kctx) {
+    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
+    PyObject *bid = dg_int(PyList_GET_SIZE(blocks));
+    if (!bid || PyList_Append(blocks, y) < 0) {
+        Py_XDECREF(bid);
+        return -1;
+    }
+    PyObject *pargv[4] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), nodes, bid};
+    PyObject *placed = dg_place(NULL, pargv, 4);
+    if (!placed) {
+        Py_DECREF(bid);
+        return -1;
+    }
+    Py_DECREF(placed);
+    Py_INCREF(nodes);
+    Py_INCREF(cols);
+    PyObject *items[6] = {nodes, *xs, bid, *plans, cols, *kctx};
+    *xs = *plans = *kctx = NULL;  /* stolen by the record */
+    PyObject *rec = record(PyTuple_GET_ITEM(ctx, C_RECORD), items, 6);
+    if (!rec || PyList_Append(PyTuple_GET_ITEM(ctx, C_EXECUTED), rec) < 0) {
+        Py_XDECREF(rec);
+        return -1;
+    }
+    Py_DECREF(rec);
+    PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
+    if (PyList_CheckExact(log) && PyList_GET_SIZE(log) < 100000) {
+        PyObject *entry = Py_BuildValue("(On)", PyTuple_GET_ITEM(info, 5), PyTuple_GET_SIZE(nodes));
+        int bad = !entry || PyList_Append(log, entry) < 0;
+        Py_XDECREF(entry);
+        if (bad)
+            return -1;
+    }
+    return 0;
+}
+
+/* The batch's counts and times into acc: memory before the kernel (t0..t1) and after it
+   (t2..now), the kernel itself (t1..t2). 0 or -1. */
+static int account(PyObject *ctx, PyObject *info, Py_ssize_t B, double t0, double t1, double t2) {
+    Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
+    if (inner == -1 && PyErr_Occurred())
+        return -1;
+    double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, C_ACC));
+    acc[ACC_KERNELS] += (double)inner;
+    acc[ACC_BATCHES] += 1;
+    acc[ACC_NODES] += (double)B;
+    acc[ACC_MEMORY] += (t1 - t0) + (now() - t2);
+    acc[ACC_EXECUTE] += t2 - t1;
+    return 0;
+}
+
+/* run_batch_native(ctx, nodes): executor.run_batch for one batch (see the top of this file). */
+PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (check_context(argv, nargs) < 0)
+        return NULL;
+    PyObject *ctx = argv[0];
     double t0 = now();
     PyObject *nodes = PySequence_Tuple(argv[1]);  /* private: nothing below can change it */
     if (!nodes)
@@ -221,108 +374,15 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++)
         if (column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans) < 0)
             goto done_info;
-    int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
-    if (uses_data < 0)
+    if (batch_data(ctx, info, nodes, &data) < 0)
         goto done_info;
-    if (uses_data) {
-        Py_SETREF(data, PyList_New(B));
-        if (!data)
-            goto done_info;
-        for (Py_ssize_t j = 0; j < B; j++) {
-            PyObject *d = list_item(ctx, C_DATA, PyLong_AsSsize_t(PyTuple_GET_ITEM(nodes, j)));
-            if (!d)
-                goto done_info;
-            Py_INCREF(d);
-            PyList_SET_ITEM(data, j, d);
-        }
-    }
     PyObject *attrs = list_item(ctx, C_ATTRS, n0);
-    if (!attrs)
+    double t1 = t0;  /* set by call_kernel */
+    if (!attrs || !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1)) || finish_output(ctx, &y, nodes, n0) < 0)
         goto done_info;
-    Py_ssize_t k = PyList_GET_SIZE(xs);
-    PyObject **kargv = PyMem_Malloc((size_t)(k + 3) * sizeof(PyObject *));
-    if (!kargv) {
-        PyErr_NoMemory();
-        goto done_info;
-    }
-    kargv[0] = PyTuple_GET_ITEM(ctx, C_XP);
-    kargv[1] = attrs;
-    kargv[2] = data;
-    for (Py_ssize_t c = 0; c < k; c++)
-        kargv[c + 3] = PyList_GET_ITEM(xs, c);
-    Py_INCREF(attrs);
-    double t1 = now();
-    y = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, (size_t)(k + 3), NULL);
-    Py_DECREF(attrs);
-    PyMem_Free(kargv);
-    if (!y)
-        goto done_info;
-    int saves_ctx = PyObject_IsTrue(PyTuple_GET_ITEM(info, 2));
-    if (saves_ctx < 0)
-        goto done_info;
-    if (saves_ctx) {
-        if (!PyTuple_Check(y) || PyTuple_GET_SIZE(y) != 2) {
-            PyErr_SetString(PyExc_TypeError, "run_batch_native: a saves_ctx op must return (y, ctx)");
-            goto done_info;
-        }
-        PyObject *pair = y;
-        y = PyTuple_GET_ITEM(pair, 0);
-        Py_SETREF(kctx, PyTuple_GET_ITEM(pair, 1));
-        Py_INCREF(y);
-        Py_INCREF(kctx);
-        Py_DECREF(pair);
-    }
-    PyObject *shape = list_item(ctx, C_SHAPE, n0);
-    if (!shape)
-        goto done_info;
-    if (!ready(ctx, y, B, shape)) {
-        PyObject *fargv[2] = {y, nodes};
-        PyObject *fixed = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_FINISH), fargv, 2, NULL);
-        if (!fixed)
-            goto done_info;
-        Py_SETREF(y, fixed);
-    }
     double t2 = now();
-    PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
-    PyObject *bid = dg_int(PyList_GET_SIZE(blocks));
-    if (!bid || PyList_Append(blocks, y) < 0) {
-        Py_XDECREF(bid);
+    if (place_and_record(ctx, info, nodes, cols, y, &xs, &plans, &kctx) < 0 || account(ctx, info, B, t0, t1, t2) < 0)
         goto done_info;
-    }
-    PyObject *pargv[4] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), nodes, bid};
-    PyObject *placed = dg_place(NULL, pargv, 4);
-    if (!placed) {
-        Py_DECREF(bid);
-        goto done_info;
-    }
-    Py_DECREF(placed);
-    Py_INCREF(nodes);
-    Py_INCREF(cols);
-    PyObject *items[6] = {nodes, xs, bid, plans, cols, kctx};
-    xs = plans = kctx = NULL;  /* stolen by the record */
-    PyObject *rec = record(PyTuple_GET_ITEM(ctx, C_RECORD), items, 6);
-    if (!rec || PyList_Append(PyTuple_GET_ITEM(ctx, C_EXECUTED), rec) < 0) {
-        Py_XDECREF(rec);
-        goto done_info;
-    }
-    Py_DECREF(rec);
-    PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
-    if (PyList_CheckExact(log) && PyList_GET_SIZE(log) < 100000) {
-        PyObject *entry = Py_BuildValue("(On)", PyTuple_GET_ITEM(info, 5), B);
-        int bad = !entry || PyList_Append(log, entry) < 0;
-        Py_XDECREF(entry);
-        if (bad)
-            goto done_info;
-    }
-    Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
-    if (inner == -1 && PyErr_Occurred())
-        goto done_info;
-    double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, C_ACC));
-    acc[ACC_KERNELS] += (double)inner;
-    acc[ACC_BATCHES] += 1;
-    acc[ACC_NODES] += (double)B;
-    acc[ACC_MEMORY] += (t1 - t0) + (now() - t2);
-    acc[ACC_EXECUTE] += t2 - t1;
     res = Py_None;
     Py_INCREF(res);
 done_info:

@@ -10,7 +10,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   batch_run.c  executor.run_batch (run_batch_native: one batch per call)
   backward_batch.c  autodiff.backward's step for one batch (backward_batch_native); its scatters
                and weight-product deferral in grad_scatter.c
-  run_tables.c dynagraph/runs.py (run_table, addresses, grad_addresses); block_table and
+  run_reads.c  dynagraph/runs.py's run_table (where a run reads every argument row)
+  run_tables.c dynagraph/runs.py (addresses, grad_addresses); block_table and
                row_index_small for backends/cpu/rows.py (its Python paths are the twins)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py

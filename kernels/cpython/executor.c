@@ -153,6 +153,69 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* Whether ids[1:] share ids[0]'s block b0 (*same) and follow its row start one by one
+   (*consecutive). A block id's __eq__ may run Python code: each index is checked against the
+   lists' sizes as they are at that moment. 0, or -1 with an exception set. */
+static int locate_scan(PyObject *blk, PyObject *row, PyObject **ids, Py_ssize_t B, PyObject *b0, Py_ssize_t start,
+                       int *same, int *consecutive) {
+    *same = *consecutive = 1;
+    for (Py_ssize_t j = 1; j < B && *same; j++) {
+        Py_ssize_t n = PyList_GET_SIZE(blk), i;
+        if (PyList_GET_SIZE(row) != n) {
+            PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
+            return -1;
+        }
+        if ((i = dg_index_in(ids[j], n)) < 0)
+            return -1;
+        PyObject *b = PyList_GET_ITEM(blk, i), *r = PyList_GET_ITEM(row, i);
+        Py_ssize_t rv = PyLong_AsSsize_t(r);
+        if (rv == -1 && PyErr_Occurred())
+            return -1;
+        if (b != b0) {
+            Py_INCREF(b);
+            int eq = PyObject_RichCompareBool(b, b0, Py_EQ);  /* may run Python code */
+            Py_DECREF(b);
+            if (eq < 0)
+                return -1;
+            *same = eq;
+        }
+        if (*consecutive)
+            *consecutive = rv == start + j;
+    }
+    return 0;
+}
+
+/* TAKE (2, b0, rows) when every id shares block b0, else MANY (3, blks, rows): the tuples of
+   each id's row (and block). A new reference, or NULL with an exception set. */
+static PyObject *locate_rows(PyObject *blk, PyObject *row, PyObject **ids, Py_ssize_t B, int same, PyObject *b0) {
+    PyObject *res = NULL, *rows = PyTuple_New(B), *blks = same ? NULL : PyTuple_New(B);
+    if (!rows || (!same && !blks))
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(blk);  /* nothing below runs Python code */
+    if (PyList_GET_SIZE(row) != n) {
+        PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < B; j++) {
+        Py_ssize_t i = dg_index_in(ids[j], n);
+        if (i < 0)
+            goto done;
+        PyObject *r = PyList_GET_ITEM(row, i);
+        Py_INCREF(r);
+        PyTuple_SET_ITEM(rows, j, r);
+        if (blks) {
+            PyObject *b = PyList_GET_ITEM(blk, i);
+            Py_INCREF(b);
+            PyTuple_SET_ITEM(blks, j, b);
+        }
+    }
+    res = same ? Py_BuildValue("(iOO)", 2, b0, rows) : Py_BuildValue("(iOO)", 3, blks, rows);
+done:
+    Py_XDECREF(rows);
+    Py_XDECREF(blks);
+    return res;
+}
+
 /* locate(blk, row, ids): where a batch argument's values are.
      (1, b, r0)       one block, rows r0, r0+1, ...  (SLICE: used in place)
      (2, b, rows)     one block, other rows          (TAKE)
@@ -169,7 +232,7 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     PyObject *nodes = PySequence_Tuple(argv[2]);
     if (!nodes)
         return NULL;
-    PyObject *res = NULL, *b0 = NULL, *r0 = NULL, *rows = NULL, *blks = NULL;
+    PyObject *res = NULL, *b0 = NULL, *r0 = NULL;
     Py_ssize_t B = PyTuple_GET_SIZE(nodes), n = PyList_GET_SIZE(blk);
     PyObject **ids = &PyTuple_GET_ITEM(nodes, 0);
     if (B == 0 || PyList_GET_SIZE(row) != n) {
@@ -184,64 +247,14 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     Py_INCREF(b0);
     Py_INCREF(r0);
     Py_ssize_t start = PyLong_AsSsize_t(r0);
-    if (start == -1 && PyErr_Occurred())
+    int same, consecutive;
+    if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, b0, start, &same, &consecutive) < 0)
         goto done;
-    int same = 1, consecutive = 1;
-    for (Py_ssize_t j = 1; j < B && same; j++) {
-        n = PyList_GET_SIZE(blk);
-        if (PyList_GET_SIZE(row) != n) {
-            PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
-            goto done;
-        }
-        if ((i = dg_index_in(ids[j], n)) < 0)
-            goto done;
-        PyObject *b = PyList_GET_ITEM(blk, i), *r = PyList_GET_ITEM(row, i);
-        Py_ssize_t rv = PyLong_AsSsize_t(r);
-        if (rv == -1 && PyErr_Occurred())
-            goto done;
-        if (b != b0) {
-            Py_INCREF(b);
-            int eq = PyObject_RichCompareBool(b, b0, Py_EQ);  /* may run Python code */
-            Py_DECREF(b);
-            if (eq < 0)
-                goto done;
-            same = eq;
-        }
-        if (consecutive)
-            consecutive = rv == start + j;
-    }
-    if (same && consecutive) {
+    if (same && consecutive)
         res = Py_BuildValue("(iOO)", 1, b0, r0);
-        goto done;
-    }
-    rows = PyTuple_New(B);
-    blks = same ? NULL : PyTuple_New(B);
-    if (!rows || (!same && !blks))
-        goto done;
-    n = PyList_GET_SIZE(blk);  /* nothing below runs Python code */
-    if (PyList_GET_SIZE(row) != n) {
-        PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
-        goto done;
-    }
-    for (Py_ssize_t j = 0; j < B; j++) {
-        if ((i = dg_index_in(ids[j], n)) < 0)
-            goto done;
-        PyObject *r = PyList_GET_ITEM(row, i);
-        Py_INCREF(r);
-        PyTuple_SET_ITEM(rows, j, r);
-        if (blks) {
-            PyObject *b = PyList_GET_ITEM(blk, i);
-            Py_INCREF(b);
-            PyTuple_SET_ITEM(blks, j, b);
-        }
-    }
-    if (same)
-        res = Py_BuildValue("(iOO)", 2, b0, rows);
     else
-        res = Py_BuildValue("(iOO)", 3, blks, rows);
+        res = locate_rows(blk, row, ids, B, same, b0);
 done:
-    Py_XDECREF(rows);
-    Py_XDECREF(blks);
     Py_XDECREF(b0);
     Py_XDECREF(r0);
     Py_DECREF(nodes);

@@ -64,6 +64,104 @@ static int borrowed_add(PyObject *ctx, Py_ssize_t b, PyObject *g, PyObject *gx, 
     return 1;
 }
 
+/* LEAF: a dense gradient kept in leaf_sums[bo], for one sum at the end. 1, or -1 on error. */
+static int keep_leaf_sum(PyObject *ctx, PyObject *bo, PyObject *gx) {
+    PyObject *parts = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo);
+    if (!parts) {
+        if (PyErr_Occurred() || !(parts = PyList_New(0)))
+            return -1;
+        int bad = PyDict_SetItem(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo, parts);
+        Py_DECREF(parts);
+        if (bad)
+            return -1;
+    }
+    return PyList_Append(parts, gx) < 0 ? -1 : 1;
+}
+
+/* SLICE, block b has no gradient yet: gx, exactly the block's shape from row 0 and
+   C-contiguous, is adopted as it, borrowed. 1 adopted, 0 not our case, -1 on error. */
+static int adopt_gradient(PyObject *ctx, PyObject *gb, Py_ssize_t b, PyObject *gx, Py_buffer *x, Py_ssize_t r0,
+                          Py_ssize_t B, Py_ssize_t vrows) {
+    if (r0 != 0 || B != vrows || !c_contiguous(x))
+        return 0;
+    PyObject *bkey = dg_int(b);
+    int bad = !bkey || PySet_Add(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0;
+    Py_XDECREF(bkey);
+    if (bad || b >= PyList_GET_SIZE(gb))  /* the set's hash ran no Python code: an int */
+        return -1;
+    Py_INCREF(gx);
+    PyList_SetItem(gb, b, gx);  /* steals; b is in range; the old item is None */
+    return 1;
+}
+
+/* SLICE into an owned gradient block g: x (C-contiguous) added into its rows r0 .. r0+B-1
+   in place. 1 added, 0 not our case (g not a writable C-contiguous array of those rows,
+   or an overlap: numpy buffers an overlapping add, this loop would not). */
+static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0, Py_ssize_t B, Py_ssize_t vrows) {
+    if (!c_contiguous(x))
+        return 0;
+    Py_INCREF(g);
+    Py_buffer d;
+    if (!array_view(ctx, g, &d)) {
+        Py_DECREF(g);
+        return 0;
+    }
+    int rc = 0, fits = !d.readonly && c_contiguous(&d) && d.ndim == x->ndim && d.shape[0] == vrows;
+    for (int i = 1; fits && i < d.ndim; i++)
+        fits = d.shape[i] == x->shape[i];
+    if (fits) {
+        Py_ssize_t width = 1;
+        for (int i = 1; i < d.ndim; i++)
+            width *= d.shape[i];
+        Py_ssize_t n = B * width;
+        char *dst = (char *)d.buf + r0 * width * d.itemsize;
+        const char *src = x->buf;
+        if (src + n * x->itemsize <= dst || dst + n * d.itemsize <= src) {
+            if (d.itemsize == 4) {
+                float *o = (float *)dst;
+                const float *a = (const float *)src;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    o[i] += a[i];
+            } else {
+                double *o = (double *)dst;
+                const double *a = (const double *)src;
+                for (Py_ssize_t i = 0; i < n; i++)
+                    o[i] += a[i];
+            }
+            rc = 1;
+        }
+    }
+    PyBuffer_Release(&d);
+    Py_DECREF(g);
+    return rc;
+}
+
+/* SLICE (plan (1, b, r0)): gx's B rows into rows r0.. of block b's gradient: adopted when
+   there is none yet, added copy-on-write when it is borrowed, else added in place.
+   1 done, 0 not our case, -1 on error. */
+static int scatter_slice(PyObject *ctx, PyObject *plan, Py_ssize_t b, PyObject *gx, Py_buffer *x, Py_ssize_t B,
+                         Py_ssize_t vrows) {
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB);
+    Py_ssize_t r0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 2));
+    if (r0 == -1 && PyErr_Occurred())
+        return -1;
+    if (x->shape[0] != B || r0 < 0 || r0 + B > vrows)
+        return 0;  /* a broadcast row, or rows the reference reports */
+    PyObject *g = PyList_GET_ITEM(gb, b);
+    if (g == Py_None)
+        return adopt_gradient(ctx, gb, b, gx, x, r0, B, vrows);
+    PyObject *bkey = dg_int(b);
+    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
+    Py_XDECREF(bkey);
+    if (borrowed < 0)
+        return -1;
+    if (borrowed)
+        /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
+           block's own array in one pass (g + gx: the values of the reference's copy, then add) */
+        return borrowed_add(ctx, b, g, gx, x, r0, B, vrows);
+    return add_into_rows(ctx, g, x, r0, B, vrows);
+}
+
 /* The scatter cases done here; 1: done, 0: not a case of ours (the caller asks scatter_fn), -1: error.
      LEAF, a dense ndarray shaped like the block's rows: kept in leaf_sums (autodiff.scatter's first case);
      SLICE, no gradient yet, gx exactly the block's shape from row 0: adopted, borrowed (its second);
@@ -77,9 +175,8 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
     if (kind != LEAF && kind != SLICE)
         return 0;
     PyObject *bo = PyTuple_GET_ITEM(plan, 1), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
-    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB);
     Py_ssize_t b = dg_index_in(bo, PyList_GET_SIZE(blocks));
-    if (b < 0 || b >= PyList_GET_SIZE(gb)) {
+    if (b < 0 || b >= PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_GB))) {
         PyErr_Clear();
         return 0;  /* the reference raises its own error */
     }
@@ -98,97 +195,8 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
         same_rows = x.shape[i] == val.shape[i];
     Py_ssize_t vrows = val.shape[0];
     PyBuffer_Release(&val);
-    if (!same_rows)
-        goto out;
-    if (kind == LEAF) {
-        PyObject *parts = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo);
-        if (!parts) {
-            if (PyErr_Occurred() || !(parts = PyList_New(0))) {
-                rc = -1;
-                goto out;
-            }
-            int bad = PyDict_SetItem(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS), bo, parts);
-            Py_DECREF(parts);
-            if (bad) {
-                rc = -1;
-                goto out;
-            }
-        }
-        rc = PyList_Append(parts, gx) < 0 ? -1 : 1;
-        goto out;
-    }
-    Py_ssize_t r0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 2));
-    if (r0 == -1 && PyErr_Occurred()) {
-        rc = -1;
-        goto out;
-    }
-    if (x.shape[0] != B || r0 < 0 || r0 + B > vrows)
-        goto out;  /* a broadcast row, or rows the reference reports */
-    PyObject *g = PyList_GET_ITEM(gb, b);
-    if (g == Py_None) {
-        if (r0 != 0 || B != vrows || !c_contiguous(&x))
-            goto out;
-        PyObject *bkey = dg_int(b);
-        int bad = !bkey || PySet_Add(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) < 0;
-        Py_XDECREF(bkey);
-        if (bad || b >= PyList_GET_SIZE(gb)) {  /* the set's hash ran no Python code: an int */
-            rc = -1;
-            goto out;
-        }
-        Py_INCREF(gx);
-        PyList_SetItem(gb, b, gx);  /* steals; b is in range; the old item is None */
-        rc = 1;
-        goto out;
-    }
-    PyObject *bkey = dg_int(b);
-    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
-    Py_XDECREF(bkey);
-    if (borrowed < 0) {
-        rc = -1;
-        goto out;
-    }
-    if (borrowed) {
-        /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
-           block's own array in one pass (g + gx: the values of the reference's copy, then add) */
-        rc = borrowed_add(ctx, b, g, gx, &x, r0, B, vrows);
-        goto out;
-    }
-    if (!c_contiguous(&x))
-        goto out;
-    Py_INCREF(g);
-    Py_buffer d;
-    if (!array_view(ctx, g, &d)) {
-        Py_DECREF(g);
-        goto out;
-    }
-    int fits = !d.readonly && c_contiguous(&d) && d.ndim == x.ndim && d.shape[0] == vrows;
-    for (int i = 1; fits && i < d.ndim; i++)
-        fits = d.shape[i] == x.shape[i];
-    if (fits) {
-        Py_ssize_t width = 1;
-        for (int i = 1; i < d.ndim; i++)
-            width *= d.shape[i];
-        Py_ssize_t n = B * width;
-        char *dst = (char *)d.buf + r0 * width * d.itemsize;
-        const char *src = x.buf;
-        /* numpy buffers an overlapping add; this loop would not: such a case is the reference's */
-        if (src + n * x.itemsize <= dst || dst + n * d.itemsize <= src) {
-            if (d.itemsize == 4) {
-                float *o = (float *)dst;
-                const float *a = (const float *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            } else {
-                double *o = (double *)dst;
-                const double *a = (const double *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            }
-            rc = 1;
-        }
-    }
-    PyBuffer_Release(&d);
-    Py_DECREF(g);
+    if (same_rows)
+        rc = kind == LEAF ? keep_leaf_sum(ctx, bo, gx) : scatter_slice(ctx, plan, b, gx, &x, B, vrows);
 out:
     Py_DECREF(block);
     PyBuffer_Release(&x);
@@ -211,22 +219,14 @@ static int shape_of(PyObject *ctx, PyObject *a, Py_ssize_t *shape) {
     return nd;
 }
 
-/* autodiff._defer_weight_grads for a batch whose operands are exact ndarrays: each product W x
-   with W a parameter's one row and x a batch of vectors keeps (g, x) in deferred and drops W from
-   *need (a new tuple). 1: done, 0: not ndarrays (the caller asks defer_fn; nothing was changed),
-   -1: error. */
-int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
-                      PyObject **need) {
-    enum { MAXP = 8 };
-    Py_ssize_t gs[4], ws[4], xsh[4], k = PyList_GET_SIZE(xs), np_, w_of[MAXP], x_of[MAXP];
-    int gnd = shape_of(ctx, g, gs), take[MAXP];
-    if (!gnd)
-        return 0;
-    if (gnd != 2)
-        return 1;  /* as the reference: only (B, rows) gradients */
+enum { MAXP = 8 };  /* the most weight products of one op that are deferred here */
+
+/* products_fn(k) as a tuple of (w, x) argument pairs, cached per (products_fn, k). A new
+   reference, or NULL with an exception set. */
+static PyObject *product_pairs(PyObject *ctx, PyObject *products_fn, Py_ssize_t k) {
     PyObject *cache = PyTuple_GET_ITEM(ctx, B_PRODUCTS), *key = Py_BuildValue("(On)", products_fn, k);
     if (!key)
-        return -1;
+        return NULL;
     PyObject *pairs = PyDict_GetItemWithError(cache, key);
     if (pairs)
         Py_INCREF(pairs);
@@ -237,12 +237,16 @@ int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *
             Py_CLEAR(pairs);
     }
     Py_DECREF(key);
-    if (!pairs)
-        return -1;
-    np_ = PyTuple_GET_SIZE(pairs);
-    int rc = np_ <= MAXP;
-    /* first every pair checked, nothing changed: anything unusual is the reference's */
-    for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
+    return pairs;
+}
+
+/* Every pair checked first, nothing changed: anything unusual is the reference's. take[p]:
+   whether pair p is a parameter's one row W (LEAF, shape (1, rows, cols)) times a batch of
+   vectors x (B, cols) with g (B, rows). 1 when every pair is ours to judge, else 0. */
+static int check_pairs(PyObject *ctx, PyObject *pairs, PyObject *xs, PyObject *plans, PyObject *need,
+                       const Py_ssize_t *gs, int *take, Py_ssize_t *w_of, Py_ssize_t *x_of) {
+    Py_ssize_t ws[4], xsh[4], k = PyList_GET_SIZE(xs);
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(pairs); p++) {
         PyObject *pair = PyTuple_GET_ITEM(pairs, p);
         Py_ssize_t w = -1, x = -1;
         if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2) {
@@ -250,59 +254,86 @@ int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *
             x = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
             PyErr_Clear();
         }
-        if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(*need) != k) {
-            rc = 0;
-            break;
-        }
+        if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(need) != k)
+            return 0;
         int wnd = shape_of(ctx, PyList_GET_ITEM(xs, w), ws), xnd = shape_of(ctx, PyList_GET_ITEM(xs, x), xsh);
-        if (!wnd || !xnd) {
-            rc = 0;
-            break;
-        }
+        if (!wnd || !xnd)
+            return 0;
         PyObject *plan = PyList_GET_ITEM(plans, w), *kind = PyTuple_CheckExact(plan) && PyTuple_GET_SIZE(plan) == 3
                                                              ? PyTuple_GET_ITEM(plan, 0) : NULL;
-        take[p] = PyTuple_GET_ITEM(*need, w) == Py_True && kind && PyLong_CheckExact(kind)
+        take[p] = PyTuple_GET_ITEM(need, w) == Py_True && kind && PyLong_CheckExact(kind)
                   && PyLong_AsLong(kind) == LEAF && wnd == 3 && ws[0] == 1 && xnd == 2 && xsh[0] == gs[0]
                   && gs[1] == ws[1] && xsh[1] == ws[2];
         w_of[p] = w;
         x_of[p] = x;
     }
+    return 1;
+}
+
+/* (g, x) appended to deferred[b], b the weight's block. 0, or -1 with an exception set. */
+static int defer_pair(PyObject *ctx, PyObject *b, PyObject *g, PyObject *x) {
+    PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED);
+    PyObject *lst = PyDict_GetItemWithError(deferred, b);
+    if (!lst) {
+        if (PyErr_Occurred() || !(lst = PyList_New(0)) || PyDict_SetItem(deferred, b, lst) < 0) {
+            Py_XDECREF(lst);
+            return -1;
+        }
+        Py_DECREF(lst);  /* the dict holds it */
+    }
+    PyObject *entry = PyTuple_Pack(2, g, x);
+    if (!entry || PyList_Append(lst, entry) < 0) {
+        Py_XDECREF(entry);
+        return -1;
+    }
+    Py_DECREF(entry);
+    return 0;
+}
+
+/* need[w] set to False in *out, made on first use as a new copy of need (the caller's need
+   may be shared). 0, or -1 with an exception set. */
+static int drop_need(PyObject *need, PyObject **out, Py_ssize_t w) {
+    if (!*out) {
+        Py_ssize_t k = PyTuple_GET_SIZE(need);
+        if (!(*out = PyTuple_New(k)))
+            return -1;
+        for (Py_ssize_t c = 0; c < k; c++) {
+            PyObject *v = PyTuple_GET_ITEM(need, c);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(*out, c, v);
+        }
+    }
+    PyObject *old = PyTuple_GET_ITEM(*out, w);
+    Py_INCREF(Py_False);
+    PyTuple_SET_ITEM(*out, w, Py_False);
+    Py_DECREF(old);
+    return 0;
+}
+
+/* autodiff._defer_weight_grads for a batch whose operands are exact ndarrays: each product W x
+   with W a parameter's one row and x a batch of vectors keeps (g, x) in deferred and drops W from
+   *need (a new tuple). 1: done, 0: not ndarrays (the caller asks defer_fn; nothing was changed),
+   -1: error. */
+int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
+                      PyObject **need) {
+    Py_ssize_t gs[4], w_of[MAXP], x_of[MAXP];
+    int gnd = shape_of(ctx, g, gs), take[MAXP];
+    if (!gnd)
+        return 0;
+    if (gnd != 2)
+        return 1;  /* as the reference: only (B, rows) gradients */
+    PyObject *pairs = product_pairs(ctx, products_fn, PyList_GET_SIZE(xs));
+    if (!pairs)
+        return -1;
+    Py_ssize_t np_ = PyTuple_GET_SIZE(pairs);
+    int rc = np_ <= MAXP && check_pairs(ctx, pairs, xs, plans, *need, gs, take, w_of, x_of);
     PyObject *out = NULL;
     for (Py_ssize_t p = 0; rc == 1 && p < np_; p++) {
         if (!take[p])
             continue;
-        PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED), *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
-        PyObject *lst = PyDict_GetItemWithError(deferred, b);
-        if (!lst) {
-            if (PyErr_Occurred() || !(lst = PyList_New(0)) || PyDict_SetItem(deferred, b, lst) < 0) {
-                Py_XDECREF(lst);
-                rc = -1;
-                break;
-            }
-            Py_DECREF(lst);  /* the dict holds it */
-        }
-        PyObject *entry = PyTuple_Pack(2, g, PyList_GET_ITEM(xs, x_of[p]));
-        if (!entry || PyList_Append(lst, entry) < 0) {
-            Py_XDECREF(entry);
+        PyObject *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
+        if (defer_pair(ctx, b, g, PyList_GET_ITEM(xs, x_of[p])) < 0 || drop_need(*need, &out, w_of[p]) < 0)
             rc = -1;
-            break;
-        }
-        Py_DECREF(entry);
-        if (!out) {  /* a new tuple: the caller's need may be shared */
-            if (!(out = PyTuple_New(k))) {
-                rc = -1;
-                break;
-            }
-            for (Py_ssize_t c = 0; c < k; c++) {
-                PyObject *v = PyTuple_GET_ITEM(*need, c);
-                Py_INCREF(v);
-                PyTuple_SET_ITEM(out, c, v);
-            }
-        }
-        PyObject *old = PyTuple_GET_ITEM(out, w_of[p]);
-        Py_INCREF(Py_False);
-        PyTuple_SET_ITEM(out, w_of[p], Py_False);
-        Py_DECREF(old);
     }
     Py_DECREF(pairs);
     if (rc == 1 && out)

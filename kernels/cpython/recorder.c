@@ -298,92 +298,88 @@ static PyObject *known_from_cache(GraphObject *g, PyObject *op, PyObject *attrs,
     return known;
 }
 
-/* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
-   with *slow = 1 when Python must handle the call (nothing has been appended then). */
-static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data, int *slow) {
-    *slow = 1;
-    if (g->immediate || !PyTuple_CheckExact(ids) || (data && Py_TYPE(data) == (PyTypeObject *)IndexSlotType))
-        return NULL;
+/* Whether the graph's columns are the lists (of one length) that the fast path appends to;
+   anything else is Python's. */
+static inline int columns_ready(GraphObject *g) {
     LIST_OR_SLOW(g->op); LIST_OR_SLOW(g->args); LIST_OR_SLOW(g->attrs); LIST_OR_SLOW(g->data);
     LIST_OR_SLOW(g->shape); LIST_OR_SLOW(g->depth); LIST_OR_SLOW(g->sig); LIST_OR_SLOW(g->sig_part);
     LIST_OR_SLOW(g->needs_grad);
     if (!g->sig_id || !PyDict_CheckExact(g->sig_id))
-        return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(ids), nodes = PyList_GET_SIZE(g->op);
-    if (PyList_GET_SIZE(g->depth) != nodes || PyList_GET_SIZE(g->sig_part) != nodes ||
-        PyList_GET_SIZE(g->needs_grad) != nodes || PyList_GET_SIZE(g->shape) != nodes)
-        return NULL;
-    /* The signature key, built exactly as _add_py builds it (so equal keys hash alike). */
-    long depth = 0;
-    int needs = 0;
-    PyObject *part[SIG_CACHE_ARGS];  /* borrowed: the arguments' sig_part, for the cache */
-    for (Py_ssize_t k = 0; k < n; k++) {
+        return 0;
+    Py_ssize_t nodes = PyList_GET_SIZE(g->op);
+    return PyList_GET_SIZE(g->depth) == nodes && PyList_GET_SIZE(g->sig_part) == nodes
+           && PyList_GET_SIZE(g->needs_grad) == nodes && PyList_GET_SIZE(g->shape) == nodes;
+}
+
+/* The arguments' ids checked, their sig_part (part, the first SIG_CACHE_ARGS, borrowed),
+   the deepest depth and whether any needs a gradient. 1, or 0 when Python must decide. */
+static inline int scan_args(GraphObject *g, PyObject *ids, Py_ssize_t nodes, PyObject **part, long *depth,
+                            int *needs) {
+    *depth = 0;
+    *needs = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ids); k++) {
         Py_ssize_t i = node_index(PyTuple_GET_ITEM(ids, k), nodes);
         if (i < 0)
-            return NULL;
+            return 0;
         if (k < SIG_CACHE_ARGS)
             part[k] = PyList_GET_ITEM(g->sig_part, i);
         PyObject *d = PyList_GET_ITEM(g->depth, i);
         long dv = PyLong_CheckExact(d) ? PyLong_AsLong(d) : -1;
         if (dv < 0) {
             PyErr_Clear();
-            return NULL;
+            return 0;
         }
-        if (dv > depth)
-            depth = dv;
+        if (dv > *depth)
+            *depth = dv;
         if (PyList_GET_ITEM(g->needs_grad, i) == Py_True)
-            needs = 1;
+            *needs = 1;
     }
-    PyObject *known = sig_cache_get(g, op, attrs, part, n);
-    if (!known) {
-        PyObject *parts;
-        if (n == 1) {
-            parts = part[0];
-            Py_INCREF(parts);
-        } else if (!(parts = PyTuple_New(n))) {
-            *slow = 0;
-            return NULL;
-        } else {
-            for (Py_ssize_t k = 0; k < n; k++) {
-                PyObject *p = PyList_GET_ITEM(g->sig_part, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));  /* checked */
-                Py_INCREF(p);
-                PyTuple_SET_ITEM(parts, k, p);
-            }
+    return 1;
+}
+
+/* The signature's `known` tuple (borrowed), past the per-graph signature cache: from sig_id
+   by the key built exactly as _add_py builds it (so equal keys hash alike), else from the
+   shared shape cache. NULL with *slow = 1 for a new signature (Python runs the shape rule),
+   NULL with *slow = 0 and an error set on failure. */
+static PyObject *lookup_signature(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *ids, PyObject **part,
+                                  int *slow) {
+    Py_ssize_t n = PyTuple_GET_SIZE(ids);
+    PyObject *parts;
+    if (n == 1) {
+        parts = part[0];
+        Py_INCREF(parts);
+    } else if (!(parts = PyTuple_New(n))) {
+        *slow = 0;
+        return NULL;
+    } else {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *p = PyList_GET_ITEM(g->sig_part, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));  /* checked */
+            Py_INCREF(p);
+            PyTuple_SET_ITEM(parts, k, p);
         }
-        PyObject *key = PyTuple_Pack(3, op, attrs, parts);
-        Py_DECREF(parts);
-        if (!key) {
-            *slow = 0;
-            return NULL;
-        }
-        known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
-        if (!known && !PyErr_Occurred())
-            known = known_from_cache(g, op, attrs, ids, key);
-        Py_DECREF(key);
-        if (!known) {
-            if (PyErr_Occurred()) {
-                *slow = 0;
-                return NULL;
-            }
-            return NULL;  /* a new signature: Python runs the shape rule */
-        }
+    }
+    PyObject *key = PyTuple_Pack(3, op, attrs, parts);
+    Py_DECREF(parts);
+    if (!key) {
+        *slow = 0;
+        return NULL;
+    }
+    PyObject *known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
+    if (!known && !PyErr_Occurred())
+        known = known_from_cache(g, op, attrs, ids, key);
+    Py_DECREF(key);
+    if (!known && PyErr_Occurred())
+        *slow = 0;
+    else if (known)
         sig_cache_put(g, op, attrs, part, n, known);
-    }
-    if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
-        return NULL;
-    PyObject *check = PyTuple_GET_ITEM(known, 3);
-    if (check != Py_None) {
-        int ok = run_check(g, check, attrs, data ? data : Py_None, ids, n);
-        if (ok <= 0) {
-            *slow = ok == 0;
-            return NULL;
-        }
-    }
-    *slow = 0;
+    return known;
+}
+
+/* Node `nid` appended to every column. 0, or -1 with an error set: out of memory between
+   appends, the columns may disagree then. */
+static inline int append_node(GraphObject *g, PyObject *op, PyObject *ids, PyObject *known, PyObject *data,
+                              PyObject *nid, long depth, int needs) {
     PyObject *shape = PyTuple_GET_ITEM(known, 1);
-    PyObject *nid = PyLong_FromSsize_t(nodes);
-    if (!nid)
-        return NULL;
     PyObject *value = data ? data : Py_None;
     Py_INCREF(value);
     if (data == RandomKey) {
@@ -398,8 +394,44 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
         append_steal(g->depth, PyLong_FromLong(depth + 1)) < 0 ||
         col_append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
         col_append(g->sig_part, shape) < 0 ||
-        col_append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0) {
-        Py_DECREF(nid);  /* out of memory between appends: the columns may disagree now */
+        col_append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0)
+        return -1;
+    return 0;
+}
+
+/* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
+   with *slow = 1 when Python must handle the call (nothing has been appended then). */
+static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data, int *slow) {
+    *slow = 1;
+    if (g->immediate || !PyTuple_CheckExact(ids) || (data && Py_TYPE(data) == (PyTypeObject *)IndexSlotType))
+        return NULL;
+    if (!columns_ready(g))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(ids), nodes = PyList_GET_SIZE(g->op);
+    long depth;
+    int needs;
+    PyObject *part[SIG_CACHE_ARGS];  /* borrowed: the arguments' sig_part, for the cache */
+    if (!scan_args(g, ids, nodes, part, &depth, &needs))
+        return NULL;
+    PyObject *known = sig_cache_get(g, op, attrs, part, n);
+    if (!known && !(known = lookup_signature(g, op, attrs, ids, part, slow)))
+        return NULL;
+    if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
+        return NULL;
+    PyObject *check = PyTuple_GET_ITEM(known, 3);
+    if (check != Py_None) {
+        int ok = run_check(g, check, attrs, data ? data : Py_None, ids, n);
+        if (ok <= 0) {
+            *slow = ok == 0;
+            return NULL;
+        }
+    }
+    *slow = 0;
+    PyObject *nid = PyLong_FromSsize_t(nodes);
+    if (!nid)
+        return NULL;
+    if (append_node(g, op, ids, known, data, nid, depth, needs) < 0) {
+        Py_DECREF(nid);
         return NULL;
     }
     /* node ids only (checked above): no cycle can pass through it, and the collector need

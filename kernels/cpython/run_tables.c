@@ -6,225 +6,6 @@ built here, every block checked for dtype, contiguity and size (the twins are in
 */
 #include "bookkeeping.h"
 
-/* One value block of a run, seen through the buffer protocol. */
-typedef struct {
-    Py_buffer view;
-    Py_ssize_t rows, width; /* rows, elements per row */
-    int held;
-} RunSlot;
-
-/* Block b as a run reads it: `format` elements, C-contiguous, at least one row. */
-static int run_slot(RunSlot *s, PyObject *block, const char *format, Py_ssize_t itemsize) {
-    if (PyObject_GetBuffer(block, &s->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    s->held = 1;
-    if (s->view.ndim < 1 || s->view.itemsize != itemsize || !s->view.format || strcmp(s->view.format, format)
-        || s->view.shape[0] < 1 || s->view.len == 0)
-        return 0;
-    s->rows = s->view.shape[0];
-    s->width = s->view.len / itemsize / s->rows;
-    return 1;
-}
-
-/* run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run
-   (dynagraph/runs.py) reads every argument row; the twin of runs._table_py.
-   offs[j] / reach[j], per step and argument: the first element read in a source row and
-   the elements that row must hold. Returns None when some block cannot be read in place
-   (another dtype, not contiguous), else
-     src        bytearray of row addresses (int64), per step, per argument, per node;
-     pair_slot  bytearray of int64: the slot each address is in;
-     pair_off   bytearray of int64: its byte offset from the slot's start;
-     slots      the blocks read (ids), in order of first use;
-     need       bytes per step and argument: whether any of its nodes needs a gradient;
-     slot_last  bytearray of int64 per slot: the last step whose needed argument reads it, or -1.
-   Every node id, block id, row and width is checked against the block's own size. */
-PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 9 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2])
-        || !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) || !PyList_CheckExact(argv[5])
-        || !PyList_CheckExact(argv[6]) || !PyList_CheckExact(argv[7]) || !PyUnicode_Check(argv[8])) {
-        PyErr_SetString(PyExc_TypeError, "run_table(blk, row, args, needs_grad, steps, blocks: lists, "
-                                         "offs, reach: lists, format: str)");
-        return NULL;
-    }
-    PyObject *blk = argv[0], *row = argv[1], *args = argv[2], *flags = argv[3], *steps = argv[4];
-    PyObject *blocks = argv[5], *offs = argv[6], *reach = argv[7];
-    const char *format = PyUnicode_AsUTF8(argv[8]);
-    if (!format)
-        return NULL;
-    Py_ssize_t itemsize = !strcmp(format, "f") ? 4 : !strcmp(format, "d") ? 8 : 0;
-    Py_ssize_t n = PyList_GET_SIZE(args), nblocks = PyList_GET_SIZE(blocks), nsteps = PyList_GET_SIZE(steps);
-    if (!itemsize || PyList_GET_SIZE(blk) != n || PyList_GET_SIZE(row) != n || PyList_GET_SIZE(flags) != n) {
-        PyErr_SetString(PyExc_ValueError, "run_table: format must be 'f' or 'd'; blk, row, args and needs_grad "
-                                          "must have one entry per node");
-        return NULL;
-    }
-    Py_ssize_t total = 0, nj = 0, maxB = 1;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {  /* sizes first: one allocation each */
-        PyObject *s = PyList_GET_ITEM(steps, m);
-        if (!PyList_CheckExact(s) && !PyTuple_CheckExact(s)) {
-            PyErr_SetString(PyExc_TypeError, "run_table: each step must be a list or tuple of node ids");
-            return NULL;
-        }
-        Py_ssize_t B = PySequence_Fast_GET_SIZE(s), i;
-        if (B == 0) {
-            PyErr_SetString(PyExc_ValueError, "run_table: an empty step");
-            return NULL;
-        }
-        if ((i = dg_index_in(PySequence_Fast_ITEMS(s)[0], n)) < 0)
-            return NULL;
-        PyObject *a = PyList_GET_ITEM(args, i);
-        if (!PyTuple_CheckExact(a)) {
-            PyErr_SetString(PyExc_TypeError, "run_table: argument lists must be tuples");
-            return NULL;
-        }
-        total += PyTuple_GET_SIZE(a) * B;
-        nj += PyTuple_GET_SIZE(a);
-        if (B > maxB)
-            maxB = B;
-    }
-    if (PyList_GET_SIZE(offs) != nj || PyList_GET_SIZE(reach) != nj) {
-        PyErr_SetString(PyExc_ValueError, "run_table: offs and reach need one entry per step and argument");
-        return NULL;
-    }
-    PyObject *res = NULL, *slots = PyList_New(0), *need = PyBytes_FromStringAndSize(NULL, nj);
-    Py_ssize_t bytes = total * (Py_ssize_t)sizeof(int64_t);
-    PyObject *src = PyByteArray_FromStringAndSize(NULL, bytes), *pslot = PyByteArray_FromStringAndSize(NULL, bytes);
-    PyObject *poff = PyByteArray_FromStringAndSize(NULL, bytes);
-    int *slot_of = PyMem_Malloc((size_t)(nblocks ? nblocks : 1) * sizeof(int));
-    RunSlot *sl = PyMem_Calloc((size_t)(nblocks ? nblocks : 1), sizeof(RunSlot));  /* at most one per block */
-    PyObject **arow = PyMem_Malloc((size_t)maxB * sizeof(PyObject *));
-    Py_ssize_t nslots = 0;
-    if (!slots || !need || !src || !pslot || !poff || !slot_of || !sl || !arow) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t b = 0; b < nblocks; b++)
-        slot_of[b] = -1;
-    int64_t *o_src = (int64_t *)PyByteArray_AS_STRING(src), *o_slot = (int64_t *)PyByteArray_AS_STRING(pslot);
-    int64_t *o_off = (int64_t *)PyByteArray_AS_STRING(poff);
-    char *nd = PyBytes_AS_STRING(need);
-    Py_ssize_t at = 0, j = 0;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {
-        PyObject *s = PyList_GET_ITEM(steps, m);
-        Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
-        PyObject **ids = PySequence_Fast_ITEMS(s);
-        Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(ids[0])));  /* checked above */
-        /* each node's argument tuple, checked once and read for every column (borrowed: nothing
-           below runs Python code that could change the lists) */
-        for (Py_ssize_t r = 0; r < B; r++) {
-            Py_ssize_t i = dg_index_in(ids[r], n);
-            if (i < 0)
-                goto done;
-            PyObject *a = PyList_GET_ITEM(args, i);
-            if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
-                PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
-                goto done;
-            }
-            arow[r] = a;
-        }
-        for (Py_ssize_t c = 0; c < k; c++) {
-            Py_ssize_t off = PyLong_AsSsize_t(PyList_GET_ITEM(offs, j + c));
-            Py_ssize_t rch = PyLong_AsSsize_t(PyList_GET_ITEM(reach, j + c));
-            if ((off == -1 || rch == -1) && PyErr_Occurred())
-                goto done;
-            if (off < 0 || rch < off) {
-                PyErr_SetString(PyExc_ValueError, "run_table: a negative offset or reach");
-                goto done;
-            }
-            nd[j + c] = 0;
-            for (Py_ssize_t r = 0; r < B; r++) {
-                Py_ssize_t x = dg_index_in(PyTuple_GET_ITEM(arow[r], c), n);
-                if (x < 0)
-                    goto done;
-                Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(blk, x)), rw = PyLong_AsSsize_t(PyList_GET_ITEM(row, x));
-                if ((b == -1 || rw == -1) && PyErr_Occurred())
-                    goto done;
-                if (b < 0 || b >= nblocks) {
-                    PyErr_Format(PyExc_ValueError, "run_table: argument node %zd has no value (block %zd)", x, b);
-                    goto done;
-                }
-                if (slot_of[b] < 0) {
-                    if (!run_slot(&sl[nslots], PyList_GET_ITEM(blocks, b), format, itemsize)) {
-                        Py_INCREF(Py_None);  /* not readable in place: the caller runs batch by batch */
-                        res = Py_None;
-                        if (!sl[nslots].held)
-                            goto done;
-                        nslots++;
-                        goto done;
-                    }
-                    PyObject *bo = PyLong_FromSsize_t(b);
-                    if (!bo || PyList_Append(slots, bo) < 0) {
-                        Py_XDECREF(bo);
-                        nslots++;
-                        goto done;
-                    }
-                    Py_DECREF(bo);
-                    slot_of[b] = (int)nslots++;
-                }
-                RunSlot *q = &sl[slot_of[b]];
-                if (rw < 0 || rw >= q->rows || rch > q->width) {
-                    PyErr_Format(PyExc_ValueError, "run_table: node %zd reads row %zd (elements %zd..%zd) of a block "
-                                                   "of %zd rows of %zd", x, rw, off, rch, q->rows, q->width);
-                    goto done;
-                }
-                int64_t byte_off = (int64_t)rw * q->width * itemsize + (int64_t)off * itemsize;
-                Py_ssize_t p = at + c * B + r;
-                o_src[p] = (int64_t)(intptr_t)q->view.buf + byte_off;
-                o_slot[p] = slot_of[b];
-                o_off[p] = byte_off;
-                if (!nd[j + c]) {
-                    /* Only bools and ints: their truth runs no Python code, which could
-                       otherwise change every list this loop holds borrowed items of. */
-                    PyObject *f = PyList_GET_ITEM(flags, x);
-                    int t = f == Py_True ? 1 : f == Py_False ? 0 : PyLong_CheckExact(f) ? PyObject_IsTrue(f) : -2;
-                    if (t == -2)
-                        PyErr_Format(PyExc_TypeError, "run_table: needs_grad[%zd] must be a bool, got %s", x,
-                                     Py_TYPE(f)->tp_name);
-                    if (t < 0)
-                        goto done;
-                    nd[j + c] = (char)t;
-                }
-            }
-        }
-        at += k * B;
-        j += k;
-    }
-    PyObject *slot_last = PyByteArray_FromStringAndSize(NULL, nslots * (Py_ssize_t)sizeof(int64_t));
-    if (!slot_last)
-        goto done;
-    int64_t *sn = (int64_t *)PyByteArray_AS_STRING(slot_last);
-    for (Py_ssize_t q = 0; q < nslots; q++)
-        sn[q] = -1;
-    at = j = 0;
-    for (Py_ssize_t m = 0; m < nsteps; m++) {  /* steps in order: the last reader wins */
-        PyObject *s = PyList_GET_ITEM(steps, m);
-        Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
-        Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(args, PyLong_AsSsize_t(PySequence_Fast_ITEMS(s)[0])));
-        for (Py_ssize_t c = 0; c < k; c++, j++)
-            for (Py_ssize_t r = 0; r < B && nd[j]; r++)
-                sn[o_slot[at + c * B + r]] = m;
-        at += k * B;
-    }
-    res = Py_BuildValue("(OOOOON)", src, pslot, poff, slots, need, slot_last);
-done:
-    for (Py_ssize_t q = 0; sl && q < nslots; q++)
-        if (sl[q].held)
-            PyBuffer_Release(&sl[q].view);
-    PyMem_Free(sl);
-    PyMem_Free(arow);
-    PyMem_Free(slot_of);
-    Py_XDECREF(slots);
-    Py_XDECREF(need);
-    Py_XDECREF(src);
-    Py_XDECREF(pslot);
-    Py_XDECREF(poff);
-    return res;
-}
-
 /* addresses(arrays, format): bytearray of int64, the data address of each array (0 for
    None). Each must be a C-contiguous buffer of `format` ('f' or 'd') elements, else
    ValueError: the caller hands these to a kernel that writes through them. */
@@ -290,14 +71,9 @@ static int64_t grad_address(PyObject *a, PyObject *value, const char *format, Py
     return at;
 }
 
-/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
-   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
-   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
-   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
-   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
-   (the row of an argument whose gradient is not needed: the kernel never writes it). */
-PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
+/* The format of grad_addresses(grads, values, format[, pair_slot, pair_off]), or NULL with
+   an exception set when the arguments are not its. */
+static const char *grad_addresses_format(PyObject *const *argv, Py_ssize_t nargs) {
     if ((nargs != 3 && nargs != 5) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
         || !PyUnicode_Check(argv[2])) {
         PyErr_SetString(PyExc_TypeError, "grad_addresses(grads: list, values: list, format: str"
@@ -311,11 +87,60 @@ PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t na
         PyErr_SetString(PyExc_ValueError, "grad_addresses: format must be 'f' or 'd'");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
-    if (PyList_GET_SIZE(argv[1]) != n) {
+    if (PyList_GET_SIZE(argv[1]) != PyList_GET_SIZE(argv[0])) {
         PyErr_SetString(PyExc_ValueError, "grad_addresses: one value block per gradient block");
         return NULL;
     }
+    return format;
+}
+
+/* Per pair p (pair_slot, pair_off: int64 buffers of equal length): the address of byte
+   pair_off[p] of gradient block pair_slot[p] (at[s], len[s] bytes; 0 where it is None).
+   A new bytearray, or NULL with an exception set. */
+static PyObject *pair_addresses(PyObject *pair_slot, PyObject *pair_off, const int64_t *at, const Py_ssize_t *len,
+                                Py_ssize_t n) {
+    Py_buffer ps, po;
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(pair_slot, &ps, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(pair_off, &po, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ps);
+        return NULL;
+    }
+    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
+    } else if ((out = PyByteArray_FromStringAndSize(NULL, ps.len))) {
+        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
+        const int64_t *slot = ps.buf, *off = po.buf;
+        int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+        for (Py_ssize_t p = 0; p < np_; p++) {
+            int64_t s = slot[p];
+            if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
+                PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
+                             p, (long long)s, (long long)off[p]);
+                Py_CLEAR(out);
+                break;
+            }
+            o[p] = at[s] ? at[s] + off[p] : 0;
+        }
+    }
+    PyBuffer_Release(&ps);
+    PyBuffer_Release(&po);
+    return out;
+}
+
+/* grad_addresses(grads, values, format[, pair_slot, pair_off]): the twin of
+   runs._grad_addresses_py. grads[i] is None or the gradient block of values[i] (checked by
+   grad_address). Without pairs: bytearray of int64, each gradient block's address (0 for
+   None). With pairs (int64 buffers of equal length, as run_table returns them): per pair p,
+   the address of byte pair_off[p] of grads[pair_slot[p]], or 0 where that block is None
+   (the row of an argument whose gradient is not needed: the kernel never writes it). */
+PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    const char *format = grad_addresses_format(argv, nargs);
+    if (!format)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]);
     int64_t *at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     Py_ssize_t *len = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
     PyObject *out = NULL;
@@ -339,43 +164,42 @@ PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t na
         if (at[i] == -1)
             goto done;
     }
-    if (nargs == 3) {
+    if (nargs == 3)
         out = PyByteArray_FromStringAndSize((const char *)at, n * (Py_ssize_t)sizeof(int64_t));
-        goto done;
-    }
-    Py_buffer ps, po;
-    if (PyObject_GetBuffer(argv[3], &ps, PyBUF_SIMPLE) < 0)
-        goto done;
-    if (PyObject_GetBuffer(argv[4], &po, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&ps);
-        goto done;
-    }
-    if (ps.len != po.len || ps.len % (Py_ssize_t)sizeof(int64_t)) {
-        PyErr_SetString(PyExc_ValueError, "grad_addresses: pair_slot and pair_off must be int64 of equal length");
-    } else {
-        Py_ssize_t np_ = ps.len / (Py_ssize_t)sizeof(int64_t);
-        out = PyByteArray_FromStringAndSize(NULL, ps.len);
-        if (out) {
-            const int64_t *slot = ps.buf, *off = po.buf;
-            int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
-            for (Py_ssize_t p = 0; p < np_; p++) {
-                int64_t s = slot[p];
-                if (s < 0 || s >= n || off[p] < 0 || (at[s] && off[p] >= len[s])) {
-                    PyErr_Format(PyExc_ValueError, "grad_addresses: pair %zd (slot %lld, byte %lld) is out of range",
-                                 p, (long long)s, (long long)off[p]);
-                    Py_CLEAR(out);
-                    break;
-                }
-                o[p] = at[s] ? at[s] + off[p] : 0;
-            }
-        }
-    }
-    PyBuffer_Release(&ps);
-    PyBuffer_Release(&po);
+    else
+        out = pair_addresses(argv[3], argv[4], at, len, n);
 done:
     PyMem_Free(at);
     PyMem_Free(len);
     return out;
+}
+
+/* The bytes [*lo, *hi) that `avoid` spans, whatever its strides; both NULL when it is None
+   or empty. 0, or -1 with an exception set. */
+static int avoid_span(PyObject *avoid, const char **lo, const char **hi) {
+    *lo = *hi = NULL;
+    if (avoid == Py_None)
+        return 0;
+    Py_buffer a;
+    if (PyObject_GetBuffer(avoid, &a, PyBUF_RECORDS_RO) < 0)
+        return -1;
+    const char *first = a.buf, *last = a.buf;
+    int empty = 0;
+    for (int i = 0; i < a.ndim; i++) {
+        if (a.shape[i] == 0)
+            empty = 1;
+        Py_ssize_t span = (a.shape[i] - 1) * (a.strides ? a.strides[i] : 0);
+        if (span < 0)
+            first += span;
+        else
+            last += span;
+    }
+    if (!empty) {
+        *lo = first;
+        *hi = last + a.itemsize;
+    }
+    PyBuffer_Release(&a);
+    return 0;
 }
 
 /* block_table(arrays, shapes, format, writable, avoid): the row movers' table of block addresses
@@ -398,29 +222,9 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "block_table: one shape per array");
         return NULL;
     }
-    const char *lo = NULL, *hi = NULL;  /* avoid's bytes */
-    if (argv[4] != Py_None) {
-        Py_buffer a;
-        if (PyObject_GetBuffer(argv[4], &a, PyBUF_RECORDS_RO) < 0)
-            return NULL;
-        /* the bytes spanned, whatever the strides */
-        const char *first = a.buf, *last = a.buf;
-        int empty = 0;
-        for (int i = 0; i < a.ndim; i++) {
-            if (a.shape[i] == 0)
-                empty = 1;
-            Py_ssize_t span = (a.shape[i] - 1) * (a.strides ? a.strides[i] : 0);
-            if (span < 0)
-                first += span;
-            else
-                last += span;
-        }
-        if (!empty) {
-            lo = first;
-            hi = last + a.itemsize;
-        }
-        PyBuffer_Release(&a);
-    }
+    const char *lo, *hi;  /* avoid's bytes */
+    if (avoid_span(argv[4], &lo, &hi) < 0)
+        return NULL;
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
     if (!out)
         return NULL;
@@ -451,6 +255,82 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
     return Py_BuildValue("(NO)", out, overlaps ? Py_True : Py_False);
 }
 
+enum { ROWS_MAX = 64 };  /* the most rows row_index_small takes */
+
+/* The n (block, row) pairs as int64 into b and r, and the sorted distinct block ids into
+   ids (*nid of them). 1, or 0 when a value is not an int or a block id is out of range. */
+static int small_rows(PyObject *blks, PyObject *rows, Py_ssize_t nb, int64_t *b, int64_t *r, int64_t *ids,
+                      Py_ssize_t *nid) {
+    *nid = 0;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(blks); j++) {
+        PyObject *bo = PyTuple_GET_ITEM(blks, j), *ro = PyTuple_GET_ITEM(rows, j);
+        if (!PyLong_CheckExact(bo) || !PyLong_CheckExact(ro))
+            return 0;
+        b[j] = PyLong_AsLongLong(bo);
+        r[j] = PyLong_AsLongLong(ro);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (b[j] < 0 || b[j] >= nb)
+            return 0;
+        Py_ssize_t at = 0;  /* insertion into the sorted distinct ids */
+        while (at < *nid && ids[at] < b[j])
+            at++;
+        if (at == *nid || ids[at] != b[j]) {
+            memmove(&ids[at + 1], &ids[at], (size_t)(*nid - at) * sizeof(int64_t));
+            ids[at] = b[j];
+            (*nid)++;
+        }
+    }
+    return 1;
+}
+
+/* The rows of a block shaped sh (a tuple of ints) whose row shape is s0's (the first
+   block's; NULL for the first block itself), or -1 when it is not. */
+static Py_ssize_t rows_of_shape(PyObject *sh, PyObject *s0) {
+    Py_ssize_t d = PyTuple_CheckExact(sh) ? PyTuple_GET_SIZE(sh) : 0;
+    int ok = d >= 1;
+    if (ok && s0) {  /* one row shape for all */
+        ok = PyTuple_GET_SIZE(s0) == d;
+        for (Py_ssize_t i = 1; ok && i < d; i++) {
+            PyObject *x = PyTuple_GET_ITEM(sh, i), *y = PyTuple_GET_ITEM(s0, i);
+            ok = PyLong_CheckExact(x) && PyLong_CheckExact(y) && PyLong_AsSsize_t(x) == PyLong_AsSsize_t(y);
+        }
+    }
+    return ok && PyLong_CheckExact(PyTuple_GET_ITEM(sh, 0)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : -1;
+}
+
+/* Per distinct block id: its int into idt, its .shape into shapes and its rows into nrows
+   (both tuples of nid, filled here). 1, 0 when some block is not one the index takes,
+   -1 with an exception set. */
+static int small_shapes(PyObject *blocks, const int64_t *ids, Py_ssize_t nid, PyObject *idt, PyObject *shapes,
+                        Py_ssize_t *nrows) {
+    for (Py_ssize_t k = 0; k < nid; k++) {
+        PyObject *io = PyLong_FromLongLong(ids[k]);
+        if (!io)
+            return -1;
+        PyTuple_SET_ITEM(idt, k, io);
+        if (ids[k] >= PyList_GET_SIZE(blocks))  /* a shape getter below may have changed the list */
+            return 0;
+        PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
+        Py_INCREF(blk);
+        PyObject *sh = PyObject_GetAttrString(blk, "shape");
+        Py_DECREF(blk);
+        if (!sh) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyTuple_SET_ITEM(shapes, k, sh);
+        nrows[k] = rows_of_shape(sh, k > 0 ? PyTuple_GET_ITEM(shapes, 0) : NULL);
+        if (nrows[k] < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* row_index_small(blocks, blks, rows): the cpu backend's row index for a few rows of Python ints
    (the executor's per-sentence gathers; backends/cpu/rows.py _row_index_small is the twin and
    reports every error). Returns None unless every value is an int, every block id is in range,
@@ -463,93 +343,33 @@ PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "row_index_small(blocks: list, blks: tuple, rows: tuple)");
         return NULL;
     }
-    enum { MAX = 64 };
     PyObject *blocks = argv[0];
-    Py_ssize_t n = PyTuple_GET_SIZE(argv[1]), nb = PyList_GET_SIZE(blocks);
-    if (n == 0 || n > MAX || PyTuple_GET_SIZE(argv[2]) != n)
+    Py_ssize_t n = PyTuple_GET_SIZE(argv[1]), nid;
+    if (n == 0 || n > ROWS_MAX || PyTuple_GET_SIZE(argv[2]) != n)
         Py_RETURN_NONE;
-    int64_t b[MAX], r[MAX], ids[MAX], local[MAX];
-    Py_ssize_t nid = 0;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *bo = PyTuple_GET_ITEM(argv[1], j), *ro = PyTuple_GET_ITEM(argv[2], j);
-        if (!PyLong_CheckExact(bo) || !PyLong_CheckExact(ro))
-            Py_RETURN_NONE;
-        b[j] = PyLong_AsLongLong(bo);
-        r[j] = PyLong_AsLongLong(ro);
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (b[j] < 0 || b[j] >= nb)
-            Py_RETURN_NONE;
-        Py_ssize_t at = 0;  /* insertion into the sorted distinct ids */
-        while (at < nid && ids[at] < b[j])
-            at++;
-        if (at == nid || ids[at] != b[j]) {
-            memmove(&ids[at + 1], &ids[at], (size_t)(nid - at) * sizeof(int64_t));
-            ids[at] = b[j];
-            nid++;
-        }
-    }
+    int64_t b[ROWS_MAX], r[ROWS_MAX], ids[ROWS_MAX], local[ROWS_MAX];
+    if (!small_rows(argv[1], argv[2], PyList_GET_SIZE(blocks), b, r, ids, &nid))
+        Py_RETURN_NONE;
     PyObject *shapes = PyTuple_New(nid), *idt = PyTuple_New(nid), *res = NULL;
-    Py_ssize_t nrows[MAX];
-    if (!shapes || !idt)
-        goto done;
-    for (Py_ssize_t k = 0; k < nid; k++) {
-        PyObject *io = PyLong_FromLongLong(ids[k]);
-        if (!io)
-            goto done;
-        PyTuple_SET_ITEM(idt, k, io);
-        if (ids[k] >= PyList_GET_SIZE(blocks)) {  /* a shape getter below may have changed the list */
-            res = Py_None;
-            goto done;
-        }
-        PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
-        Py_INCREF(blk);
-        PyObject *sh = PyObject_GetAttrString(blk, "shape");
-        Py_DECREF(blk);
-        if (!sh) {
-            PyErr_Clear();
-            res = Py_None;
-            goto done;
-        }
-        PyTuple_SET_ITEM(shapes, k, sh);
-        Py_ssize_t d = PyTuple_CheckExact(sh) ? PyTuple_GET_SIZE(sh) : 0;
-        int ok = d >= 1;
-        if (ok && k > 0) {  /* one row shape for all */
-            PyObject *s0 = PyTuple_GET_ITEM(shapes, 0);
-            ok = PyTuple_GET_SIZE(s0) == d;
-            for (Py_ssize_t i = 1; ok && i < d; i++) {
-                PyObject *x = PyTuple_GET_ITEM(sh, i), *y = PyTuple_GET_ITEM(s0, i);
-                ok = PyLong_CheckExact(x) && PyLong_CheckExact(y) && PyLong_AsSsize_t(x) == PyLong_AsSsize_t(y);
-            }
-        }
-        nrows[k] = ok && PyLong_CheckExact(PyTuple_GET_ITEM(sh, 0)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : -1;
-        if (!ok || nrows[k] < 0) {
-            PyErr_Clear();
-            res = Py_None;
-            goto done;
-        }
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
+    Py_ssize_t nrows[ROWS_MAX];
+    int got = shapes && idt ? small_shapes(blocks, ids, nid, idt, shapes, nrows) : -1;
+    for (Py_ssize_t j = 0; got == 1 && j < n; j++) {
         Py_ssize_t k = 0;
         while (ids[k] != b[j])
             k++;
-        if (r[j] < 0 || r[j] >= nrows[k]) {
-            res = Py_None;
-            goto done;
-        }
+        if (r[j] < 0 || r[j] >= nrows[k])
+            got = 0;
         local[j] = k;
     }
-    res = Py_BuildValue("(Ny#y#O)", idt, (const char *)local, n * (Py_ssize_t)sizeof(int64_t), (const char *)r,
-                        n * (Py_ssize_t)sizeof(int64_t), shapes);
-    idt = NULL;  /* stolen by N */
-    Py_DECREF(shapes);
-    return res;
-done:
+    if (got == 1) {
+        res = Py_BuildValue("(Ny#y#O)", idt, (const char *)local, n * (Py_ssize_t)sizeof(int64_t), (const char *)r,
+                            n * (Py_ssize_t)sizeof(int64_t), shapes);
+        idt = NULL;  /* stolen by N */
+    } else if (got == 0) {
+        res = Py_None;
+        Py_INCREF(res);
+    }
     Py_XDECREF(shapes);
     Py_XDECREF(idt);
-    if (res == Py_None)
-        Py_RETURN_NONE;
-    return NULL;
+    return res;
 }

@@ -62,6 +62,46 @@ static void free_groups(Group *gs, Py_ssize_t n) {
     PyMem_Free(gs);
 }
 
+/* The group of node i at depth d with signature s: found in the open-addressing table
+   (keys, slot; cap a power of two) by the key (d, s), or a new group, gs[*ng], entered in
+   the table unless the node runs alone. Its index, or -1 with MemoryError set. */
+static inline Py_ssize_t group_of(int64_t *keys, Py_ssize_t *slot, size_t cap, Group *gs, Py_ssize_t *ng, long d,
+                                  long s, long i, int alone) {
+    Py_ssize_t g = -1;
+    size_t h = 0;
+    int64_t key = ((int64_t)d << 32) | (int64_t)s;
+    if (!alone) {
+        h = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (slot[h] >= 0 && keys[h] != key)
+            h = (h + 1) & (cap - 1);
+        g = slot[h];
+    }
+    if (g >= 0)
+        return g;
+    g = (*ng)++;
+    gs[g].depth = d;
+    gs[g].first = i;
+    if (!(gs[g].nodes = PyList_New(0)))
+        return -1;
+    if (!alone) {
+        keys[h] = key;
+        slot[h] = g;
+    }
+    return g;
+}
+
+/* The groups' node lists as one list, in order (each moved out of gs), or NULL. */
+static PyObject *groups_list(Group *gs, Py_ssize_t ng) {
+    PyObject *result = PyList_New(ng);
+    if (!result)
+        return NULL;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyList_SET_ITEM(result, g, gs[g].nodes);  /* steals */
+        gs[g].nodes = NULL;
+    }
+    return result;
+}
+
 /* depth_batches(depth, sig, batchable, nodes): the depth scheduler. Nodes grouped by
    (depth, signature), an unbatchable one alone; groups ordered by (depth, first node).
    None when a signature id is outside `batchable` (then Python decides). */
@@ -110,36 +150,12 @@ PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nar
             goto done;
         }
         int alone = PyList_GET_ITEM(batchable, s) != Py_True;
-        Py_ssize_t g = -1;
-        size_t h = 0;
-        int64_t key = ((int64_t)d << 32) | (int64_t)s;
-        if (!alone) {
-            h = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-            while (slot[h] >= 0 && keys[h] != key)
-                h = (h + 1) & (cap - 1);
-            g = slot[h];
-        }
-        if (g < 0) {
-            g = ng++;
-            gs[g].depth = d;
-            gs[g].first = (long)i;
-            if (!(gs[g].nodes = PyList_New(0)))
-                goto done;
-            if (!alone) {
-                keys[h] = key;
-                slot[h] = g;
-            }
-        }
-        if (PyList_Append(gs[g].nodes, ids[j]) < 0)
+        Py_ssize_t g = group_of(keys, slot, cap, gs, &ng, d, s, (long)i, alone);
+        if (g < 0 || PyList_Append(gs[g].nodes, ids[j]) < 0)
             goto done;
     }
     qsort(gs, (size_t)ng, sizeof(Group), by_depth_then_first);
-    if (!(result = PyList_New(ng)))
-        goto done;
-    for (Py_ssize_t g = 0; g < ng; g++) {
-        PyList_SET_ITEM(result, g, gs[g].nodes);  /* steals */
-        gs[g].nodes = NULL;
-    }
+    result = groups_list(gs, ng);
 done:
     PyMem_Free(keys);
     PyMem_Free(slot);
@@ -331,162 +347,215 @@ static void agenda_push(Agenda *a, const Py_ssize_t *ready, Py_ssize_t m, Entry 
     }
 }
 
-/* agenda_batches(args, sig, depth, batchable, cost, nodes): DyNet's agenda scheduler.
-   batchable[s], cost[s]: per signature id. Twin: AgendaBatching.schedule_py. Returns the
-   batches, or None when a node's signature is outside the tables (Python decides). */
-PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
+/* The arguments of agenda_batches, and the range [lo, hi] of its (increasing) node ids.
+   1 to go on, 0 for no nodes, -1 with an exception set. */
+static int agenda_check(PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t *lo, Py_ssize_t *hi) {
     if (nargs != 6 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2]) ||
         !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) ||
         !(PyList_CheckExact(argv[5]) || PyTuple_CheckExact(argv[5]))) {
         PyErr_SetString(PyExc_TypeError, "agenda_batches(args, sig, depth, batchable, cost: lists, nodes)");
-        return NULL;
+        return -1;
     }
-    PyObject *args = argv[0], *sig = argv[1], *depth = argv[2], *nodes = argv[5];
-    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), S = PyList_GET_SIZE(argv[3]), total = PyList_GET_SIZE(args);
-    PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    Py_ssize_t B = PySequence_Fast_GET_SIZE(argv[5]), S = PyList_GET_SIZE(argv[3]), total = PyList_GET_SIZE(argv[0]);
+    PyObject **ids = PySequence_Fast_ITEMS(argv[5]);
     if (B == 0)
-        return PyList_New(0);
-    if (PyList_GET_SIZE(argv[4]) != S || PyList_GET_SIZE(sig) != total || PyList_GET_SIZE(depth) != total) {
+        return 0;
+    if (PyList_GET_SIZE(argv[4]) != S || PyList_GET_SIZE(argv[1]) != total || PyList_GET_SIZE(argv[2]) != total) {
         PyErr_SetString(PyExc_ValueError, "agenda_batches: column or table lengths differ");
-        return NULL;
+        return -1;
     }
-    Py_ssize_t lo = PyLong_AsSsize_t(ids[0]), hi = PyLong_AsSsize_t(ids[B - 1]);
+    *lo = PyLong_AsSsize_t(ids[0]);
+    *hi = PyLong_AsSsize_t(ids[B - 1]);
     if (PyErr_Occurred())
-        return NULL;
-    if (lo < 0 || hi >= total || hi < lo) {
-        PyErr_Format(PyExc_IndexError, "agenda_batches: nodes [%zd, %zd] outside the graph or not increasing", lo, hi);
-        return NULL;
+        return -1;
+    if (*lo < 0 || *hi >= total || *hi < *lo) {
+        PyErr_Format(PyExc_IndexError, "agenda_batches: nodes [%zd, %zd] outside the graph or not increasing", *lo,
+                     *hi);
+        return -1;
     }
-    Py_ssize_t n = hi + 1 - lo;
-    Agenda a = {0};
-    PyObject *result = NULL;
-    a.local_sig = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    a.indeg = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    a.start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a.fill = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a.ready = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a.bucket = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a.pending = PyMem_Calloc((size_t)n, 1);
-    a.bucket_len = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
-    a.bucket_start = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
-    a.first = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
-    a.depth_sum = PyMem_Calloc((size_t)S + 1, sizeof(double));
-    a.count = PyMem_Calloc((size_t)S + 1, sizeof(long));
-    a.cost = PyMem_Calloc((size_t)S + 1, sizeof(long));
-    a.batchable = PyMem_Calloc((size_t)S + 1, 1);
-    a.fresh = PyMem_Calloc((size_t)S + 1, 1);
-    a.heap = PyMem_Calloc((size_t)S + 1, sizeof(Entry));
-    a.node = PyMem_Calloc((size_t)n, sizeof(PyObject *));
-    if (!a.node || !a.local_sig || !a.indeg || !a.start || !a.fill || !a.ready || !a.bucket || !a.pending || !a.bucket_len ||
-        !a.bucket_start || !a.first || !a.depth_sum || !a.count || !a.cost || !a.batchable || !a.fresh || !a.heap) {
+    return 1;
+}
+
+/* Every array of the agenda for n local nodes and S signatures (users comes later, once
+   its size is known). 0, or -1 with MemoryError set. */
+static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
+    a->local_sig = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    a->indeg = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    a->start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a->fill = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a->ready = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a->bucket = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a->pending = PyMem_Calloc((size_t)n, 1);
+    a->bucket_len = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
+    a->bucket_start = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
+    a->first = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
+    a->depth_sum = PyMem_Calloc((size_t)S + 1, sizeof(double));
+    a->count = PyMem_Calloc((size_t)S + 1, sizeof(long));
+    a->cost = PyMem_Calloc((size_t)S + 1, sizeof(long));
+    a->batchable = PyMem_Calloc((size_t)S + 1, 1);
+    a->fresh = PyMem_Calloc((size_t)S + 1, 1);
+    a->heap = PyMem_Calloc((size_t)S + 1, sizeof(Entry));
+    a->node = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    if (!a->node || !a->local_sig || !a->indeg || !a->start || !a->fill || !a->ready || !a->bucket || !a->pending
+        || !a->bucket_len || !a->bucket_start || !a->first || !a->depth_sum || !a->count || !a->cost || !a->batchable
+        || !a->fresh || !a->heap) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
+    return 0;
+}
+
+/* The per-signature tables, then the pending nodes, their signatures and the mean depth per
+   signature. 1 to go on, 0 when a node's signature is outside the tables, -1 on error. */
+static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssize_t hi) {
+    PyObject *sig = argv[1], *depth = argv[2];
+    Py_ssize_t B = PySequence_Fast_GET_SIZE(argv[5]), S = PyList_GET_SIZE(argv[3]);
+    PyObject **ids = PySequence_Fast_ITEMS(argv[5]);
     for (Py_ssize_t s = 0; s < S; s++) {
-        a.batchable[s] = PyList_GET_ITEM(argv[3], s) == Py_True;
-        a.cost[s] = PyLong_AsLong(PyList_GET_ITEM(argv[4], s));
+        a->batchable[s] = PyList_GET_ITEM(argv[3], s) == Py_True;
+        a->cost[s] = PyLong_AsLong(PyList_GET_ITEM(argv[4], s));
     }
     if (PyErr_Occurred())
-        goto done;
-    /* pending nodes, their signatures and the mean depth per signature */
+        return -1;
     for (Py_ssize_t j = 0; j < B; j++) {
         Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
         if (i == -1 && PyErr_Occurred())
-            goto done;
+            return -1;
         if (i < lo || i > hi || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
             PyErr_Format(PyExc_IndexError, "agenda_batches: node ids must increase within [%zd, %zd], got %zd", lo, hi, i);
-            goto done;
+            return -1;
         }
         long s = PyLong_AsLong(PyList_GET_ITEM(sig, i));
         PyObject *dv = PyList_GET_ITEM(depth, i);  /* depths are ints: skip float()'s slow path */
         double d = PyLong_CheckExact(dv) ? (double)PyLong_AsLong(dv) : PyFloat_AsDouble(dv);
         if (PyErr_Occurred())
-            goto done;
-        if (s < 0 || s >= S) {
-            Py_INCREF(Py_None);
-            result = Py_None;
-            goto done;
-        }
-        a.pending[i - lo] = 1;
-        a.node[i - lo] = ids[j];
-        a.local_sig[i - lo] = s;
-        a.depth_sum[s] += d;
-        a.count[s]++;
+            return -1;
+        if (s < 0 || s >= S)
+            return 0;
+        a->pending[i - lo] = 1;
+        a->node[i - lo] = ids[j];
+        a->local_sig[i - lo] = s;
+        a->depth_sum[s] += d;
+        a->count[s]++;
     }
-    /* users of each pending node among the pending nodes (CSR), and in-degrees */
+    return 1;
+}
+
+/* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees:
+   pass 0 counts, pass 1 fills. 0, or -1 with an exception set. */
+static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) {
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
-            if (!a.pending[v])
+            if (!a->pending[v])
                 continue;
             PyObject *t = PyList_GET_ITEM(args, lo + v);
             if (!PyTuple_CheckExact(t)) {
                 PyErr_SetString(PyExc_TypeError, "agenda_batches: argument lists must be tuples");
-                goto done;
+                return -1;
             }
             for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
                 Py_ssize_t u = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k)) - lo;
                 if (PyErr_Occurred())
-                    goto done;
-                if (u < 0 || u >= n || !a.pending[u])
+                    return -1;
+                if (u < 0 || u >= n || !a->pending[u])
                     continue;
                 if (pass == 0) {
-                    a.start[u + 1]++;
-                    a.indeg[v]++;
+                    a->start[u + 1]++;
+                    a->indeg[v]++;
                 } else {
-                    a.users[a.fill[u]++] = v;
+                    a->users[a->fill[u]++] = v;
                 }
             }
         }
         if (pass == 0) {
             for (Py_ssize_t v = 0; v < n; v++)
-                a.start[v + 1] += a.start[v];
-            memcpy(a.fill, a.start, (size_t)(n + 1) * sizeof(Py_ssize_t));
-            if (!(a.users = PyMem_Calloc((size_t)a.start[n] + 1, sizeof(Py_ssize_t)))) {
+                a->start[v + 1] += a->start[v];
+            memcpy(a->fill, a->start, (size_t)(n + 1) * sizeof(Py_ssize_t));
+            if (!(a->users = PyMem_Calloc((size_t)a->start[n] + 1, sizeof(Py_ssize_t)))) {
                 PyErr_NoMemory();
-                goto done;
+                return -1;
             }
         }
     }
+    return 0;
+}
+
+/* The m nodes of a popped bucket (local ids in batch) appended to result: one list of m
+   nodes, or m lists of one (not batchable), each filled at its final size. 0 or -1. */
+static inline int agenda_emit(const Agenda *a, PyObject *result, const Py_ssize_t *batch, Py_ssize_t m,
+                              int batchable) {
+    Py_ssize_t per = batchable ? m : 1;
+    for (Py_ssize_t k = 0; k < m; k += per) {
+        PyObject *cur = PyList_New(per);
+        if (!cur || PyList_Append(result, cur) < 0) {
+            Py_XDECREF(cur);
+            return -1;
+        }
+        Py_DECREF(cur);  /* result holds it */
+        for (Py_ssize_t q = 0; q < per; q++) {
+            PyObject *v = a->node[batch[k + q]];
+            Py_INCREF(v);
+            PyList_SET_ITEM(cur, q, v);
+        }
+    }
+    return 0;
+}
+
+/* The agenda itself over n local nodes and S signatures: pop the signature the heap ranks
+   first, run its whole bucket as batches, release its users. The batches, or NULL. */
+static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
     /* bucket s holds at most count[s] nodes over the whole run: give each its own range */
     for (Py_ssize_t s = 1; s <= S; s++)
-        a.bucket_start[s] = a.bucket_start[s - 1] + a.count[s - 1];
+        a->bucket_start[s] = a->bucket_start[s - 1] + a->count[s - 1];
     Py_ssize_t nready = 0, nheap = 0;
     for (Py_ssize_t v = 0; v < n; v++)
-        if (a.pending[v] && a.indeg[v] == 0)
-            a.ready[nready++] = v;
-    if (!(result = PyList_New(0)))
-        goto done;
-    agenda_push(&a, a.ready, nready, a.heap, &nheap);
+        if (a->pending[v] && a->indeg[v] == 0)
+            a->ready[nready++] = v;
+    PyObject *result = PyList_New(0);
+    if (!result)
+        return NULL;
+    agenda_push(a, a->ready, nready, a->heap, &nheap);
     while (nheap > 0) {
-        Py_ssize_t s = heap_pop(a.heap, &nheap).sig;
-        Py_ssize_t *batch = a.bucket + a.bucket_start[s], m = a.bucket_len[s];
-        a.bucket_start[s] += m;  /* the range is used up: later arrivals go after it */
-        a.bucket_len[s] = 0;
+        Py_ssize_t s = heap_pop(a->heap, &nheap).sig;
+        Py_ssize_t *batch = a->bucket + a->bucket_start[s], m = a->bucket_len[s];
+        a->bucket_start[s] += m;  /* the range is used up: later arrivals go after it */
+        a->bucket_len[s] = 0;
         dg_sort_ids(batch, m);  /* recording order */
-        /* one list of m nodes, or m lists of one (not batchable), each filled at its final size */
-        Py_ssize_t per = a.batchable[s] ? m : 1;
-        for (Py_ssize_t k = 0; k < m; k += per) {
-            PyObject *cur = PyList_New(per);
-            if (!cur || PyList_Append(result, cur) < 0) {
-                Py_XDECREF(cur);
-                Py_CLEAR(result);
-                goto done;
-            }
-            Py_DECREF(cur);  /* result holds it */
-            for (Py_ssize_t q = 0; q < per; q++) {
-                PyObject *v = a.node[batch[k + q]];
-                Py_INCREF(v);
-                PyList_SET_ITEM(cur, q, v);
-            }
+        if (agenda_emit(a, result, batch, m, a->batchable[s]) < 0) {
+            Py_DECREF(result);
+            return NULL;
         }
         nready = 0;
         for (Py_ssize_t k = 0; k < m; k++)
-            for (Py_ssize_t e = a.start[batch[k]]; e < a.start[batch[k] + 1]; e++)
-                if (--a.indeg[a.users[e]] == 0)
-                    a.ready[nready++] = a.users[e];
-        agenda_push(&a, a.ready, nready, a.heap, &nheap);
+            for (Py_ssize_t e = a->start[batch[k]]; e < a->start[batch[k] + 1]; e++)
+                if (--a->indeg[a->users[e]] == 0)
+                    a->ready[nready++] = a->users[e];
+        agenda_push(a, a->ready, nready, a->heap, &nheap);
     }
+    return result;
+}
+
+/* agenda_batches(args, sig, depth, batchable, cost, nodes): DyNet's agenda scheduler.
+   batchable[s], cost[s]: per signature id. Twin: AgendaBatching.schedule_py. Returns the
+   batches, or None when a node's signature is outside the tables (Python decides). */
+PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    Py_ssize_t lo = 0, hi = 0;
+    int go = agenda_check(argv, nargs, &lo, &hi);
+    if (go <= 0)
+        return go < 0 ? NULL : PyList_New(0);
+    Py_ssize_t n = hi + 1 - lo, S = PyList_GET_SIZE(argv[3]);
+    Agenda a = {0};
+    PyObject *result = NULL;
+    if (agenda_alloc(&a, n, S) < 0 || (go = agenda_nodes(&a, argv, lo, hi)) < 0)
+        goto done;
+    if (go == 0) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    if (agenda_users(&a, argv[0], lo, n) == 0)
+        result = agenda_run(&a, n, S);
 done:
     agenda_free(&a);
     return result;

@@ -143,30 +143,33 @@ static int all_parents_of(const TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t 
 
 #define DEEP_PRUNE 4  /* near sets larger than this after dropping parents get the ancestor walk */
 
-/* The pruned union of pool ranges (xo, xl) and (yo, yl), appended to the pool; its range in *off, *len.
-   Members that are G_a parents of other members are dropped (pset holds each typed node's parents). */
-static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t mark,
-                      Py_ssize_t *off, Py_ssize_t *len) {
-    /* the common case, a node and the cell before it: one side is a single node whose
-       G_a parents hold the whole other side, so the union is that side, shared */
+/* The union when it is one side already: the common case, a node and the cell before it
+   (one side is a single node whose G_a parents hold the whole other side, so the union is
+   that side, shared), or one set reached along two paths. 1 with *off, *len set, else 0. */
+static int shared_union(const TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t *off,
+                        Py_ssize_t *len) {
     if (yl == 1 && all_parents_of(s, xo, xl, s->pool[yo])) {
         *off = yo;
         *len = 1;
-        return 0;
+        return 1;
     }
     if (xl == 1 && all_parents_of(s, yo, yl, s->pool[xo])) {
         *off = xo;
         *len = 1;
-        return 0;
+        return 1;
     }
     if (xl == yl && memcmp(s->pool + xo, s->pool + yo, (size_t)xl * sizeof(Py_ssize_t)) == 0) {
-        *off = xo;  /* one set reached along two paths */
+        *off = xo;
         *len = xl;
-        return 0;
+        return 1;
     }
-    if (pool_reserve(s, xl + yl) < 0)
-        return -1;
-    Py_ssize_t *x = s->pool + xo, *y = s->pool + yo, *out = s->pool + s->pool_len, i = 0, j = 0, m = 0;
+    return 0;
+}
+
+/* The sorted union of sorted x (xl) and y (yl) into out; its length. */
+static inline Py_ssize_t merge_sorted(const Py_ssize_t *x, Py_ssize_t xl, const Py_ssize_t *y, Py_ssize_t yl,
+                                      Py_ssize_t *out) {
+    Py_ssize_t i = 0, j = 0, m = 0;
     while (i < xl || j < yl) {
         Py_ssize_t v;
         if (j >= yl || (i < xl && x[i] < y[j]))
@@ -179,11 +182,13 @@ static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssi
         }
         out[m++] = v;
     }
-    for (Py_ssize_t k = 0; k < m; k++)
-        s->stamp[out[k]] = mark;
-    /* drop the members that are G_a parents of other members (stamp: mark = live member,
-       mark - 1 = dropped member) */
-    Py_ssize_t dropped = 0, live = m;
+    return m;
+}
+
+/* Stamps the members that are G_a parents of other members as dropped (stamp: mark = live
+   member, mark - 1 = dropped member); *live counts down. Whether any was dropped. */
+static inline int drop_parents(TW *s, const Py_ssize_t *out, Py_ssize_t m, Py_ssize_t mark, Py_ssize_t *live) {
+    int dropped = 0;
     for (Py_ssize_t k = 0; k < m; k++) {
         Py_ssize_t q = out[k];
         for (Py_ssize_t e = 0; e < s->pset_len[q]; e++) {
@@ -191,42 +196,64 @@ static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssi
             if (s->stamp[r] == mark) {
                 s->stamp[r] = mark - 1;
                 dropped = 1;
-                live--;
+                (*live)--;
             }
         }
     }
-    /* A set still larger than DEEP_PRUNE: drop the members that are further G_a ancestors of
-       others too, walking up the parent sets from each member through nodes recorded after the
-       first member (no earlier node leads to one; mark + 1 = visited non-member). Without it an
-       LSTM cell state, which passes no tanh, kept every earlier candidate gate (158k G_a edges on
-       32 NER lattices, 59k with it). Small sets (trees: a node's two subtrees) skip the walk, which
-       finds nothing there. The walk is capped: a capped union keeps a few ancestors, a larger
-       cover that counts down to zero at the same moment. */
-    if (live > DEEP_PRUNE) {
-        Py_ssize_t lo = out[0], top = 0, budget = 8 * live + 64;
-        for (Py_ssize_t k = m - 1; k >= 0 && budget > 0; k--) {
-            Py_ssize_t q = out[k];
-            for (;;) {
-                for (Py_ssize_t e = 0; e < s->pset_len[q]; e++) {
-                    Py_ssize_t r = s->pool[s->pset_off[q] + e];
-                    if (r < lo)
-                        continue;
-                    Py_ssize_t st = s->stamp[r];
-                    if (st == mark) {
-                        s->stamp[r] = mark - 1;
-                        dropped = 1;
-                    } else if (st != mark - 1 && st != mark + 1) {
-                        s->stamp[r] = mark + 1;
-                        s->walk[top++] = r;
-                    }
+    return dropped;
+}
+
+/* For a set still larger than DEEP_PRUNE: drop the members that are further G_a ancestors of
+   others too, walking up the parent sets from each member through nodes recorded after the
+   first member (no earlier node leads to one; mark + 1 = visited non-member). Without it an
+   LSTM cell state, which passes no tanh, kept every earlier candidate gate (158k G_a edges on
+   32 NER lattices, 59k with it). Small sets (trees: a node's two subtrees) skip the walk, which
+   finds nothing there. The walk is capped: a capped union keeps a few ancestors, a larger
+   cover that counts down to zero at the same moment. Whether any was dropped. */
+static int drop_ancestors(TW *s, const Py_ssize_t *out, Py_ssize_t m, Py_ssize_t live, Py_ssize_t mark) {
+    int dropped = 0;
+    Py_ssize_t lo = out[0], top = 0, budget = 8 * live + 64;
+    for (Py_ssize_t k = m - 1; k >= 0 && budget > 0; k--) {
+        Py_ssize_t q = out[k];
+        for (;;) {
+            for (Py_ssize_t e = 0; e < s->pset_len[q]; e++) {
+                Py_ssize_t r = s->pool[s->pset_off[q] + e];
+                if (r < lo)
+                    continue;
+                Py_ssize_t st = s->stamp[r];
+                if (st == mark) {
+                    s->stamp[r] = mark - 1;
+                    dropped = 1;
+                } else if (st != mark - 1 && st != mark + 1) {
+                    s->stamp[r] = mark + 1;
+                    s->walk[top++] = r;
                 }
-                if (top == 0 || --budget <= 0)
-                    break;
-                q = s->walk[--top];
             }
-            top = 0;
+            if (top == 0 || --budget <= 0)
+                break;
+            q = s->walk[--top];
         }
+        top = 0;
     }
+    return dropped;
+}
+
+/* The pruned union of pool ranges (xo, xl) and (yo, yl), appended to the pool; its range in *off, *len.
+   Members that are G_a parents of other members are dropped (pset holds each typed node's parents). */
+static int near_union(TW *s, Py_ssize_t xo, Py_ssize_t xl, Py_ssize_t yo, Py_ssize_t yl, Py_ssize_t mark,
+                      Py_ssize_t *off, Py_ssize_t *len) {
+    if (shared_union(s, xo, xl, yo, yl, off, len))
+        return 0;
+    if (pool_reserve(s, xl + yl) < 0)
+        return -1;
+    Py_ssize_t *out = s->pool + s->pool_len;
+    Py_ssize_t m = merge_sorted(s->pool + xo, xl, s->pool + yo, yl, out);
+    for (Py_ssize_t k = 0; k < m; k++)
+        s->stamp[out[k]] = mark;
+    Py_ssize_t live = m;
+    int dropped = drop_parents(s, out, m, mark, &live);
+    if (live > DEEP_PRUNE && drop_ancestors(s, out, m, live, mark))
+        dropped = 1;
     if (dropped) {
         Py_ssize_t w = 0;
         for (Py_ssize_t k = 0; k < m; k++)
@@ -448,16 +475,16 @@ done:
     return rc;
 }
 
-/* Columns of the pending graph: types (dense, first-recorded order), in-degrees, user and
-   argument lists (CSR, local ids, duplicates kept like users_of). 1: a signature outside the tables. */
-int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
-               Py_ssize_t lo, Py_ssize_t *sig_type) {
-    Py_ssize_t n = s->n;
+/* The pending nodes (ids, increasing within [lo, lo + n)) and their types: a batchable
+   signature's type in first-recorded order, -1 for one that runs alone. 0, 1 for a
+   signature outside the tables, -1 with an exception set. */
+static int pending_types(TW *s, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B, Py_ssize_t lo,
+                         Py_ssize_t *sig_type) {
     for (Py_ssize_t j = 0; j < B; j++) {
         Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
         if (i == -1 && PyErr_Occurred())
             return -1;
-        if (i < lo || i >= lo + n || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
+        if (i < lo || i >= lo + s->n || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
             PyErr_Format(PyExc_IndexError, "typewise_batches: node ids must increase, got %zd", i);
             return -1;
         }
@@ -477,6 +504,13 @@ int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObje
             s->typ[v] = -1;
         }
     }
+    return 0;
+}
+
+/* The user and argument lists among the pending nodes (CSR, local ids, duplicates kept
+   like users_of) and in-degrees: pass 0 counts, pass 1 fills. 0, or -1 with an exception set. */
+static int pending_edges(TW *s, PyObject *args, Py_ssize_t lo) {
+    Py_ssize_t n = s->n;
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
             if (!s->pending[v])
@@ -517,4 +551,12 @@ int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObje
         }
     }
     return 0;
+}
+
+/* Columns of the pending graph: types (dense, first-recorded order), in-degrees, user and
+   argument lists (CSR, local ids, duplicates kept like users_of). 1: a signature outside the tables. */
+int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
+               Py_ssize_t lo, Py_ssize_t *sig_type) {
+    int rc = pending_types(s, sig, batchable, ids, B, lo, sig_type);
+    return rc ? rc : pending_edges(s, args, lo);
 }
