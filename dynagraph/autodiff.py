@@ -14,6 +14,7 @@ import numpy as np
 from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
 from .ops.base import Sliced, SparseRows
 from .recording import NATIVE
+from .stats import add_accumulated
 from .runs import backward_run
 
 
@@ -187,11 +188,7 @@ class _NativeBackward:
                     deferred, _PRODUCTS)
 
     def close(self) -> None:
-        stats = self.stats
-        for name, v in zip(_ACC, memoryview(self.acc).cast("d")):
-            if v:
-                setattr(stats, name, getattr(stats, name) + (v if name.startswith("t_") else int(v)))
-        self.acc[:] = bytes(len(self.acc))
+        add_accumulated(self.stats, _ACC, self.acc)
 
 
 def _one_row_add(cg, xp, gb, plans: list, gxs, need: tuple, B: int, stats) -> bool:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .config import config
 from .errors import DynagraphError
 from .ghosts import align_depths, groups_by_depth
-from .graph import SAMPLE, current
+from .graph import SAMPLE, current, needed_within
 
 try:
     from greenlet import getcurrent, greenlet
@@ -159,13 +159,7 @@ class _Deferred:
             self.seen = max(self.seen, pending[-1] + 1)
         left = self.left + new_left if new_left else self.left
         if not tainted.isdisjoint(targets):  # the deferred nodes a read needs, walked back
-            needed = {t for t in targets if t in tainted}
-            stack = list(needed)
-            while stack:
-                for a in args[stack.pop()]:
-                    if a in tainted and a not in needed:
-                        needed.add(a)
-                        stack.append(a)
+            needed = needed_within(args, tainted, targets)
             tainted -= needed
             left = list(filterfalse(needed.__contains__, left))
             run = sorted(run + list(needed))

@@ -110,14 +110,7 @@ def _split_deferred(cg, pending: list[int], defer, targets) -> tuple[list[int], 
             tainted.add(nid)
     if tainted.isdisjoint(targets):  # nothing waited for is deferred, so nothing it needs is
         return [n for n in pending if n not in tainted], sorted(tainted)
-    needed = {t for t in targets if t in tainted}  # and the deferred nodes they read, walked back
-    stack = list(needed)
-    while stack:
-        for a in args[stack.pop()]:
-            if a in tainted and a not in needed:
-                needed.add(a)
-                stack.append(a)
-    tainted -= needed
+    tainted -= graph.needed_within(args, tainted, targets)  # and the deferred nodes they read
     return [n for n in pending if n not in tainted], sorted(tainted)
 
 

@@ -17,6 +17,7 @@ from . import runs
 from .config import config
 from .errors import NonFiniteError
 from .recording import NATIVE
+from .stats import add_accumulated
 
 
 class ExecutedBatch(NamedTuple):
@@ -193,11 +194,7 @@ class _NativeBatches:
         self.stats = stats
 
     def close(self) -> None:
-        stats = self.stats
-        for name, v in zip(_ACC, memoryview(self.acc).cast("d")):
-            if v:
-                setattr(stats, name, getattr(stats, name) + (v if name.startswith("t_") else int(v)))
-        self.acc[:] = bytes(len(self.acc))
+        add_accumulated(self.stats, _ACC, self.acc)
 
 
 def _batch_runner(cg, be):

@@ -453,6 +453,19 @@ class ComputationGraph(GraphBase):
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
 
 
+def needed_within(args, within: set, targets) -> set:
+    """The nodes of `within` that `targets` need: the targets in it and, walked back through
+    `args`, every node of it they read (dy.phase: the deferred nodes a value read waits for)."""
+    needed = {t for t in targets if t in within}
+    stack = list(needed)
+    while stack:
+        for a in args[stack.pop()]:
+            if a in within and a not in needed:
+                needed.add(a)
+                stack.append(a)
+    return needed
+
+
 def random_key():
     """The data of a random op: a per-node key, or inside a dy.autobatch_map sample the next key
     of that sample's own stream, so a sample draws the same masks whatever runs beside it."""
