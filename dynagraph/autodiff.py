@@ -8,6 +8,7 @@ tables receive one sparse row update per batch.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -219,20 +220,17 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     deferred: dict = {}  # parameter block -> [(g, x), ...] of its products, summed at the end
     leaf_sums: dict = {}  # parameter block -> [its dense gradient per batch], summed at the end
     native = _NativeBackward(cg, be, gb, full, deferred, leaf_sums) if _backward_native is not None else None
+    if native is not None:
+        step = partial(_backward_native, native.ctx)  # partial: no Python frame per batch
+    else:
+        def step(record: ExecutedBatch) -> None:
+            _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
     try:
-        if native is not None:
-            step, ctx = _backward_native, native.ctx
-            for record in reversed(cg.executed):
-                if type(record) is ExecutedBatch:
-                    step(ctx, record)
-                else:
-                    _other_record(cg, be, gb, record, full, grad_block, deferred)
-        else:
-            for record in reversed(cg.executed):
-                if type(record) is ExecutedBatch:
-                    _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
-                else:
-                    _other_record(cg, be, gb, record, full, grad_block, deferred)
+        for record in reversed(cg.executed):
+            if type(record) is ExecutedBatch:
+                step(record)
+            else:
+                _other_record(cg, be, gb, record, full, grad_block, deferred)
     finally:
         if native is not None:
             native.close()

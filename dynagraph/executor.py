@@ -115,15 +115,13 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     cols = columns(cg.args, nodes)
     xs, plans = [], []
     ops, blocks = cg.op, cg.blocks
-    in_place = op.rows_args if be.rows_operand is not None else ()  # OpDef.rows_args (per-sample matrices)
     for ids in cols:
         if ops[ids[0]].leaf:  # a shared parameter, as in gather(), without the call
             b = cg.blk[ids[0]]
             xs.append(blocks[b])
             plans.append((LEAF, b, None))
             continue
-        x, plan = gather(cg, be, ids, stats, in_place is True or len(xs) in in_place) if in_place \
-            else gather(cg, be, ids, stats)
+        x, plan = _gather_arg(cg, be, ids, len(xs), op, stats)
         xs.append(x)
         plans.append(plan)
     data = list(pick(cg.data, nodes)) if op.uses_data else None
@@ -133,9 +131,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     if op.saves_ctx:
         y, ctx = y
     B = len(nodes)
-    if y.shape[0] != B:  # every node computed the same thing from shared arguments
-        y = xp.broadcast_to(y, (B,) + y.shape[1:])
-    y = xp.ascontiguousarray(y.reshape((B,) + cg.shape[n0]), dtype=cg.dtype)
+    y = _finish(cg, be, y, nodes)
     if cg.check_validity and not bool(be.to_host(xp.isfinite(y).all())):  # one explicit scalar copy
         raise NonFiniteError(f"{op.name} produced a non-finite value (nodes {list(nodes)[:5]}...)")
     t2 = time.perf_counter()
@@ -170,7 +166,7 @@ def _finish(cg, be, y, nodes: Sequence[int]):
     """run_batch's output block from a kernel's result that is not already one (run_batch_native's
     uncommon case: broadcast from shared arguments, reshaped, cast or made contiguous)."""
     xp, B = be.xp, len(nodes)
-    if y.shape[0] != B:
+    if y.shape[0] != B:  # every node computed the same thing from shared arguments
         y = xp.broadcast_to(y, (B,) + y.shape[1:])
     return xp.ascontiguousarray(y.reshape((B,) + cg.shape[nodes[0]]), dtype=cg.dtype)
 

@@ -129,27 +129,6 @@ static int step_defer(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *pla
     return 0;
 }
 
-/* The batch's data list (node ids in seq checked), for an op whose backward uses it.
-   A new list, or NULL with an exception set. */
-static PyObject *step_data(PyObject *ctx, PyObject *seq) {
-    PyObject *all = PyTuple_GET_ITEM(ctx, B_DATA);
-    Py_ssize_t B = PyTuple_GET_SIZE(seq);
-    PyObject *data = PyList_New(B);
-    if (!data)
-        return NULL;
-    for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(seq, j), PyList_GET_SIZE(all));
-        if (i < 0) {
-            Py_DECREF(data);
-            return NULL;
-        }
-        PyObject *d = PyList_GET_ITEM(all, i);
-        Py_INCREF(d);
-        PyList_SET_ITEM(data, j, d);
-    }
-    return data;
-}
-
 /* The op's backward kernel, info[4](xp, attrs, data, xs, y, g, need[, ctx=kctx]): its
    gradients (a new reference), or NULL with an exception set. *y gets the batch's value
    block, held for the caller to release (it outlives the scatters, as in autodiff). */
@@ -296,7 +275,7 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
     if (uses_data < 0)
         goto done;
     if (uses_data) {
-        Py_SETREF(data, step_data(ctx, seq));
+        Py_SETREF(data, dg_pick_list(PyTuple_GET_ITEM(ctx, B_DATA), seq));
         if (!data)
             goto done;
     }

@@ -212,23 +212,13 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
 }
 
 /* *data: the batch's data list when the op's kernel uses it (info[1]), else left as is.
-   0, or -1 with an exception set (*data NULL where the list was begun). */
+   0, or -1 with an exception set (*data NULL then). */
 static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject **data) {
     int uses_data = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
     if (uses_data <= 0)
         return uses_data;
-    Py_ssize_t B = PyTuple_GET_SIZE(nodes);
-    Py_SETREF(*data, PyList_New(B));
-    if (!*data)
-        return -1;
-    for (Py_ssize_t j = 0; j < B; j++) {
-        PyObject *d = list_item(ctx, C_DATA, PyLong_AsSsize_t(PyTuple_GET_ITEM(nodes, j)));
-        if (!d)
-            return -1;
-        Py_INCREF(d);
-        PyList_SET_ITEM(*data, j, d);
-    }
-    return 0;
+    Py_SETREF(*data, dg_pick_list(PyTuple_GET_ITEM(ctx, C_DATA), nodes));
+    return *data ? 0 : -1;
 }
 
 /* The op's kernel, info[4](xp, attrs, data, *xs): its output y (a new reference), or NULL

@@ -34,6 +34,26 @@ static inline Py_ssize_t dg_index_in(PyObject *v, Py_ssize_t n) {
     return i;
 }
 
+/* all[i] for each node id i of the tuple `ids`, as a new list (a batch's data list, forward and
+   backward), or NULL with an exception set. */
+static inline PyObject *dg_pick_list(PyObject *all, PyObject *ids) {
+    Py_ssize_t B = PyTuple_GET_SIZE(ids);
+    PyObject *out = PyList_New(B);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t j = 0; j < B; j++) {
+        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(ids, j), PyList_GET_SIZE(all));
+        if (i < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *d = PyList_GET_ITEM(all, i);
+        Py_INCREF(d);
+        PyList_SET_ITEM(out, j, d);
+    }
+    return out;
+}
+
 int dg_recorder_add_types(PyObject *module);
 int dg_expr_add_types(PyObject *module);
 PyObject *dg_configure(PyObject *self, PyObject *args);

@@ -243,6 +243,18 @@ def test_value_of_an_inner_node_after_evaluation():
     assert l1 == pytest.approx(l0, rel=TOL)
 
 
+def _recorded(spec, detail):
+    """(graph, its non-leaf nodes) for a random graph, cells differing in `detail` and a
+    TreeLSTM, each recorded afresh; graphs with fewer than two such nodes are skipped."""
+    for build in (lambda pc: rg.record(pc, spec), _cells(detail, 1, 2, 4), _treelstm(2, 2)):
+        cg = dy.renew_cg(scheduler="agenda")
+        with dy.cg():
+            build(dy.ParameterCollection())
+        pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
+        if len(pending) >= 2:
+            yield cg, pending
+
+
 @settings(max_examples=20, **_SETTINGS)
 @given(spec=rg.graph_spec, detail=st.sampled_from(DETAILS))
 def test_compiled_pass_equals_its_python_twin(spec, detail):
@@ -250,13 +262,7 @@ def test_compiled_pass_equals_its_python_twin(spec, detail):
     from dynagraph.coarsen import detect
     if detect._NATIVE is None:
         pytest.skip("dynagraph._coarsen not built")
-    for build in (lambda pc: rg.record(pc, spec), _cells(detail, 1, 2, 4), _treelstm(2, 2)):
-        cg = dy.renew_cg(scheduler="agenda")
-        with dy.cg():
-            build(dy.ParameterCollection())
-        pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
-        if len(pending) < 2:
-            continue
+    for cg, pending in _recorded(spec, detail):
         native = detect._NATIVE.find(cg.args, cg.sig, cg.op, cg.data, pending, detect.MAX_NODES,
                                      detect.MAX_ARGS, len(cg.signatures))
         assert tuple(native) == tuple(detect.instances_py(cg, pending))
@@ -270,13 +276,7 @@ def test_compiled_plan_equals_its_python_twins(spec, detail):
     from dynagraph.coarsen import Coarsened, detect
     if detect._NATIVE is None:
         pytest.skip("dynagraph._coarsen not built")
-    for build in (lambda pc: rg.record(pc, spec), _cells(detail, 1, 2, 4), _treelstm(2, 2)):
-        cg = dy.renew_cg(scheduler="agenda")
-        with dy.cg():
-            build(dy.ParameterCollection())
-        pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
-        if len(pending) < 2:
-            continue
+    for cg, pending in _recorded(spec, detail):
         patterns, batches = detect.plan_native(cg, pending)
         twin, owner = find_patterns(cg, pending)
         assert patterns == detect.heads(twin)
