@@ -69,7 +69,7 @@ class Engine:
             if config.debug or not getattr(sched, "trusted", False):
                 schedulers.validate(cg, pending, batches, getattr(sched, "name", type(sched).__name__))
             if cache is not None:
-                cache.put(cg, pending, batches)
+                batches = cache.put(cg, pending, batches)
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, get_backend(), batches)
         self._done(cg, stats, upto, left)

@@ -205,9 +205,70 @@ def _batch_runner(cg, be):
 def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
     run_one, close = _batch_runner(cg, be)
     try:
-        _execute(cg, be, batches, run_one)
+        plan = _plan_of(cg, be, batches)
+        if plan is None:
+            _execute(cg, be, batches, run_one)
+        else:
+            _replay(cg, be, plan, run_one)
     finally:
         close()
+
+
+def _plan_of(cg, be, batches) -> list | None:
+    """The execution plan of a cached schedule (schedule_cache.Schedule) for this backend, dtype,
+    fuse setting and RUN_MIN_STEPS, made at its first evaluation; None for a schedule that is not cached.
+    A plan is a list of items: a batch's nodes as a tuple (one run_batch), or a _Stretch
+    (consecutive batches that are steps of one run, with their step specs). It depends only
+    on what the cache compared (ops, attributes, shapes, wiring), so it holds for every graph
+    that replays the schedule; whether a run can read its arguments in place is still
+    decided per graph (_flush)."""
+    plans = getattr(batches, "plans", None)
+    if plans is None:
+        return None
+    key = (be, cg.dtype, config.fuse, RUN_MIN_STEPS)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _make_plan(cg, be, batches)
+    return plan
+
+
+class _Stretch(NamedTuple):
+    steps: list   # the batches' node lists
+    specs: list   # their step specs
+
+
+def _make_plan(cg, be, batches) -> list:
+    if not (config.fuse and runs.enabled(cg, be)):
+        return [tuple(nodes) for nodes in batches]
+    plan: list = []
+    stretch: list = []
+    specs: list = []
+
+    def end_stretch() -> None:
+        if len(stretch) >= RUN_MIN_STEPS:
+            plan.append(_Stretch(list(stretch), list(specs)))
+        else:
+            plan.extend(tuple(nodes) for nodes in stretch)
+        stretch.clear()
+        specs.clear()
+    for nodes in batches:
+        s = runs.step_spec(cg, nodes[0])
+        if s is not None:
+            stretch.append(nodes)
+            specs.append(s)
+            continue
+        end_stretch()
+        plan.append(tuple(nodes))
+    end_stretch()
+    return plan
+
+
+def _replay(cg, be, plan: list, run_one) -> None:
+    for item in plan:
+        if type(item) is tuple:
+            run_one(item)
+        else:
+            _flush(cg, be, item.steps, item.specs, run_one)
 
 
 def _execute(cg, be, batches: Sequence[Sequence[int]], run_one) -> None:

@@ -23,6 +23,17 @@ from collections import OrderedDict
 CACHED = frozenset({"agenda", "depth"})
 
 
+class Schedule(list):
+    """A cached schedule (its batches, as a list) and what the executor derived from it once:
+    `plans` maps the executor's key (backend, dtype, fuse) to its execution plan, so a
+    replayed graph skips the per-batch derivations (executor._plan_of)."""
+    __slots__ = ("plans",)
+
+    def __init__(self, batches):
+        super().__init__(batches)
+        self.plans: dict = {}
+
+
 class ScheduleCache:
     def __init__(self, capacity: int = 128, max_nodes: int = 4096):
         self.capacity, self.max_nodes = capacity, max_nodes
@@ -37,7 +48,7 @@ class ScheduleCache:
             return None
         return cg.scheduler, lo, hi, len(pending), tuple(cg.sig[lo:hi])
 
-    def get(self, cg, pending: list) -> list | None:
+    def get(self, cg, pending: list) -> Schedule | None:
         """The schedule computed for a graph whose pending nodes are structurally equal, or None."""
         key = self._key(cg, pending)
         if key is None:
@@ -54,10 +65,13 @@ class ScheduleCache:
         self.misses += 1
         return None
 
-    def put(self, cg, pending: list, batches: list) -> None:
+    def put(self, cg, pending: list, batches: list) -> list:
+        """Keeps `batches` for graphs structured like cg; returns the Schedule kept (or batches
+        when this graph is not cached), which the caller executes."""
         key = self._key(cg, pending)
         if key is None:
-            return
+            return batches
+        batches = Schedule(batches)
         lo, hi = key[1], key[2]
         # Every graph that replays the schedule shares its node lists: the executor, autodiff
         # and the stats only read them (nothing in the package mutates a scheduled batch).
@@ -65,6 +79,7 @@ class ScheduleCache:
         self.entries.move_to_end(key)
         if len(self.entries) > self.capacity:
             self.entries.popitem(last=False)
+        return batches
 
     def clear(self) -> None:
         self.entries.clear()

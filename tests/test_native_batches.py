@@ -208,3 +208,42 @@ def test_native_backward_rejects_malformed_input():
             run(ctx, bad[:2] + (len(gb) + 3,) + bad[3:])
         run(ctx, record)  # no gradient for its block yet: nothing to do
         assert all(g is None for g in gb) and not deferred and not sums
+
+
+@settings(**{**_SETTINGS, "max_examples": 15})
+@given(spec=rg.graph_spec)
+def test_replayed_execution_plans_match_fresh_execution(monkeypatch, spec):
+    """A graph that replays a cached schedule also replays its execution plan (executor._plan_of):
+    which batches form runs, their step specs. Every replay leaves exactly what a graph executed
+    without the cache leaves, with and without runs, compiled batches or not. The graphs share
+    their parameters (a graph over other parameters is structured differently), which the
+    first graph's collection holds: the others compare values, blocks and records."""
+    from dynagraph.schedule_cache import SCHEDULES
+    for dtype, fuse, native in (("float64", True, True), ("float32", True, False), ("float64", False, True)):
+        shared: list = []
+        with monkeypatch.context() as m:
+            m.setattr(rg, "Params", _SharedParams(rg.Params, shared))
+            SCHEDULES.clear()
+            try:
+                _run(monkeypatch, spec, "agenda", dtype, native, fuse)  # scheduled, kept, its plan made
+                m.setattr(dynagraph_config, "schedule_cache", False)
+                fresh = _run(monkeypatch, spec, "agenda", dtype, native, fuse)
+                m.setattr(dynagraph_config, "schedule_cache", True)
+                hits = SCHEDULES.hits
+                for _ in range(2):
+                    _same(_run(monkeypatch, spec, "agenda", dtype, native, fuse), fresh)
+                assert SCHEDULES.hits - hits == 2 or not SCHEDULES.entries  # a graph too large is not kept
+            finally:
+                SCHEDULES.clear()
+
+
+class _SharedParams:
+    """rg.Params made once and handed to every later graph."""
+
+    def __init__(self, make, shared: list):
+        self.make, self.shared = make, shared
+
+    def __call__(self, pc):
+        if not self.shared:
+            self.shared.append(self.make(pc))
+        return self.shared[0]

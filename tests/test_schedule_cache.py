@@ -175,8 +175,9 @@ def test_the_cache_is_bounded_and_forgets_the_oldest():
             cg = dy.cg()
             pending = _pending(cg)
             batches = schedulers.get("agenda").schedule(cg, pending)
-            cache.put(cg, pending, batches)
-            graphs.append((cg, pending, batches))
+            kept = cache.put(cg, pending, batches)
+            assert kept == batches
+            graphs.append((cg, pending, kept))
         assert len(cache.entries) == 2
         assert cache.get(*graphs[0][:2]) is None
         assert cache.get(*graphs[2][:2]) is graphs[2][2]
