@@ -80,6 +80,7 @@ any_true = NATIVE.any_true if NATIVE else _any_true_py
 _run_batch_native = getattr(NATIVE, "run_batch_native", None)
 _NDARRAY = np.ndarray
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
+_EMPTY_LIKE = np.empty_like
 
 
 def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
@@ -126,7 +127,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
         plans.append(plan)
     data = list(pick(cg.data, nodes)) if op.uses_data else None
     t1 = time.perf_counter()
-    y = be.forward_kernels.get(op.name, op.forward)(xp, cg.attrs[n0], data, *xs)
+    y = _kernel_of(be, op)(xp, cg.attrs[n0], data, *xs)
     ctx = None
     if op.saves_ctx:
         y, ctx = y
@@ -149,10 +150,26 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
         stats.batch_log.append((op.name, B))
 
 
+def _direct_of(be, op):
+    """The backend's direct kernel of op (the `direct_kernels` capability): (descriptor, twin) or None."""
+    direct = getattr(be, "direct_kernels", None)
+    return direct.get(op.name) if direct is not None and not op.saves_ctx and not op.uses_data else None
+
+
+def _kernel_of(be, op):
+    """The kernel a batch of op runs: the direct kernel's Python twin where the backend has one
+    (the same decision and kernel as run_batch_native's direct call), else the backend's override
+    or the op's own forward."""
+    direct = _direct_of(be, op)
+    return direct[1] if direct is not None else be.forward_kernels.get(op.name, op.forward)
+
+
 def _op_info(be, op) -> tuple:
-    """What run_batch reads from an op, for run_batch_native (one tuple per op and evaluation)."""
-    return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, be.forward_kernels.get(op.name, op.forward),
-            op.name)
+    """What run_batch reads from an op, for run_batch_native (one tuple per op and evaluation);
+    the 7th item is the direct kernel's descriptor (batch_run.c) or None."""
+    direct = _direct_of(be, op)
+    return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, _kernel_of(be, op), op.name,
+            direct[0] if direct is not None else None)
 
 
 def _gather_arg(cg, be, ids: Sequence[int], k: int, op, stats) -> tuple:
@@ -186,7 +203,7 @@ class _NativeBatches:
         self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
-                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc)
+                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _EMPTY_LIKE)
         self.stats = stats
 
     def close(self) -> None:
@@ -216,7 +233,7 @@ def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
 
 def _plan_of(cg, be, batches) -> list | None:
     """The execution plan of a cached schedule (schedule_cache.Schedule) for this backend, dtype,
-    fuse setting and RUN_MIN_STEPS, made at its first evaluation; None for a schedule that is not cached.
+    whether runs are on and RUN_MIN_STEPS, made at its first evaluation; None for a schedule that is not cached.
     A plan is a list of items: a batch's nodes as a tuple (one run_batch), or a _Stretch
     (consecutive batches that are steps of one run, with their step specs). It depends only
     on what the cache compared (ops, attributes, shapes, wiring), so it holds for every graph
@@ -225,10 +242,11 @@ def _plan_of(cg, be, batches) -> list | None:
     plans = getattr(batches, "plans", None)
     if plans is None:
         return None
-    key = (be, cg.dtype, config.fuse, RUN_MIN_STEPS)
+    fuse = config.fuse and runs.enabled(cg, be)  # asked each time: a capability may be switched off
+    key = (be, cg.dtype, fuse, RUN_MIN_STEPS)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = _make_plan(cg, be, batches)
+        plan = plans[key] = _make_plan(cg, batches, fuse)
     return plan
 
 
@@ -237,8 +255,8 @@ class _Stretch(NamedTuple):
     specs: list   # their step specs
 
 
-def _make_plan(cg, be, batches) -> list:
-    if not (config.fuse and runs.enabled(cg, be)):
+def _make_plan(cg, batches, fuse: bool) -> list:
+    if not fuse:
         return [tuple(nodes) for nodes in batches]
     plan: list = []
     stretch: list = []

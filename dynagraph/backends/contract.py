@@ -13,6 +13,7 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     fused_cells         the N-ary TreeLSTM cell over state tables       cavs/
     row_add             g[rows] += vals in one call, repeats included   cavs/
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
+    direct_kernels      small elementwise batches by kernel pointer     executor.py (batch_run.c)
 
 A lookup table's sparse gradient is the required `embedding_backward`. Parameters, their
 gradients and optimizer state are arrays of the backend's `xp`; `to_host` and `to_device`
@@ -112,6 +113,10 @@ class Backend(Protocol):
     # (blocks, row index) -> an argument left in place that an op reading OpDef.rows_args may
     # take instead of the gathered copy (cpu/rowmm.py), or None where it cannot
     rows_operand: Optional[Callable[[list, Any], Any]]
+    # op name -> (descriptor, twin): small elementwise batches the compiled batch step calls
+    # through a kernel pointer, and the same kernel in Python (cpu/direct.py), or None
+    direct_kernels: Optional[Any]
 
 
-CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand")
+CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand",
+                "direct_kernels")

@@ -19,13 +19,20 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   16 format of the graph's dtype ('f' or 'd')    17 batch_log (list or None)
   18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
      batches, nodes, t_memory, t_execute)
+  19 empty_like (numpy.empty_like: the output of a direct kernel)
+
+An op's info may carry a 7th item, a direct kernel's descriptor (kind, opcode, bound for
+float32, bound for float64; backends/cpu/direct.py): where every argument passes the
+checks of direct_batch below, the kernel registered by set_direct_kernels is called
+through its pointer instead of the op's Python kernel (info[4], which is the same
+decision and the same kernel through cffi: both paths leave identical values).
 */
 #include <time.h>
 
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_EMPTY_LIKE, C_SIZE };
 enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
 
 static double now(void) {
@@ -43,9 +50,10 @@ static PyObject *op_info(PyObject *ctx, PyObject *op) {
     PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_INFO_FN), op);
     if (!made)
         return NULL;
-    int ok = PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 6 && PyDict_SetItem(infos, op, made) == 0;
+    int ok = PyTuple_CheckExact(made) && (PyTuple_GET_SIZE(made) == 6 || PyTuple_GET_SIZE(made) == 7)
+             && PyDict_SetItem(infos, op, made) == 0;
     if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6-tuple");
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6- or 7-tuple");
     Py_DECREF(made);
     return ok ? PyDict_GetItemWithError(infos, op) : NULL;
 }
@@ -204,7 +212,7 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_RECORD))
         || !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(ctx, C_RECORD), &PyTuple_Type)
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
-        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT))) {
+        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
     }
@@ -219,6 +227,181 @@ static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject *
         return uses_data;
     Py_SETREF(*data, dg_pick_list(PyTuple_GET_ITEM(ctx, C_DATA), nodes));
     return *data ? 0 : -1;
+}
+
+
+/* ------------------------------------------------------------------ direct kernels */
+enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_KINDS = DIRECT_SUM };
+typedef void (*unary_f32)(int, float *, const float *, int64_t);
+typedef void (*unary_f64)(int, double *, const double *, int64_t);
+typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
+typedef void (*binary_f64)(int, double *, const double *, int64_t, const double *, int64_t, int64_t, int64_t);
+typedef void (*sum_f32)(float *, const float *const *, const int64_t *, int64_t, int64_t, int64_t, double);
+typedef void (*sum_f64)(double *, const double *const *, const int64_t *, int64_t, int64_t, int64_t, double);
+
+/* [kind - 1][0: float32, 1: float64]; NULL until set_direct_kernels */
+static void *direct_fn[DIRECT_KINDS][2];
+
+/* set_direct_kernels(unary_f32, unary_f64, binary_f32, binary_f64, sum_f32, sum_f64): the kernels'
+   addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_* of dynagraph._kernels), set once by
+   backends/cpu/direct.py. */
+PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 * DIRECT_KINDS) {
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 6 kernel addresses");
+        return NULL;
+    }
+    void *got[2 * DIRECT_KINDS];
+    for (int i = 0; i < 2 * DIRECT_KINDS; i++) {
+        got[i] = PyLong_AsVoidPtr(argv[i]);
+        if (!got[i]) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "set_direct_kernels: a null kernel address");
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 2 * DIRECT_KINDS; i++)
+        direct_fn[i / 2][i % 2] = got[i];
+    Py_RETURN_NONE;
+}
+
+/* The arguments' buffers (C-contiguous, of one real format), or -1 with no error set when some
+   argument is not such an array (the batch then takes the op's Python kernel), -1 with an error
+   set on failure. *t: 0 float32, 1 float64. Released by release_all. */
+static int argument_buffers(PyObject *ctx, PyObject *xs, Py_buffer *v, int *t) {
+    PyTypeObject *nd = (PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY);
+    Py_ssize_t k = PyList_GET_SIZE(xs);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *x = PyList_GET_ITEM(xs, i);
+        if (Py_TYPE(x) != nd || PyObject_GetBuffer(x, &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            PyErr_Clear();
+            for (Py_ssize_t j = 0; j < i; j++)
+                PyBuffer_Release(&v[j]);
+            return -1;
+        }
+        int ti = v[i].format && !strcmp(v[i].format, "f") ? 0 : v[i].format && !strcmp(v[i].format, "d") ? 1 : -1;
+        if (ti < 0 || (i && ti != *t) || v[i].ndim < 1 || v[i].len == 0) {
+            for (Py_ssize_t j = 0; j <= i; j++)
+                PyBuffer_Release(&v[j]);
+            return -1;
+        }
+        *t = ti;
+    }
+    return 0;
+}
+
+static void release_all(Py_buffer *v, Py_ssize_t k) {
+    for (Py_ssize_t i = 0; i < k; i++)
+        PyBuffer_Release(&v[i]);
+}
+
+/* For a binary or n-ary kernel: the batch size B when every argument has at least 2 axes, one
+   row shape and a leading axis of 1 or B; *lead: an argument with B rows; *n: elements per row.
+   0 when they do not. */
+static Py_ssize_t batch_rows(const Py_buffer *v, Py_ssize_t k, Py_ssize_t *lead, Py_ssize_t *n) {
+    Py_ssize_t B = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (v[i].ndim < 2 || v[i].ndim != v[0].ndim)
+            return 0;
+        for (int d = 1; d < v[0].ndim; d++)
+            if (v[i].shape[d] != v[0].shape[d])
+                return 0;
+        if (v[i].shape[0] > B) {
+            B = v[i].shape[0];
+            *lead = i;
+        }
+    }
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (v[i].shape[0] != 1 && v[i].shape[0] != B)
+            return 0;
+    *n = (v[0].len / v[0].itemsize) / v[0].shape[0];
+    return B;
+}
+
+/* Calls the kernel of `desc` for the batch's arguments xs: 1 with *y its output (a new array),
+   0 when the batch does not fit the kernel (nothing done, no error), -1 on error. */
+static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject **y) {
+    if (!PyTuple_CheckExact(desc) || PyTuple_GET_SIZE(desc) != 4)
+        return 0;
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), code = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
+    Py_ssize_t bound[2] = {PyLong_AsSsize_t(PyTuple_GET_ITEM(desc, 2)), PyLong_AsSsize_t(PyTuple_GET_ITEM(desc, 3))};
+    if (PyErr_Occurred())
+        return -1;
+    Py_ssize_t k = PyList_GET_SIZE(xs);
+    if (kind < DIRECT_UNARY || kind > DIRECT_KINDS || !direct_fn[kind - 1][0] || k < 1
+        || (kind == DIRECT_UNARY && k != 1) || (kind == DIRECT_BINARY && k != 2))
+        return 0;
+    Py_buffer *v = PyMem_Calloc((size_t)k, sizeof(Py_buffer));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int t = 0, rc = 0;
+    if (argument_buffers(ctx, xs, v, &t) < 0) {
+        PyMem_Free(v);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;
+    if (kind != DIRECT_UNARY)
+        B = batch_rows(v, k, &lead, &n);
+    if (B == 0 || B * n > bound[t])
+        goto out;
+    PyObject *out = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE), PyList_GET_ITEM(xs, lead));
+    Py_buffer w;
+    if (!out || PyObject_GetBuffer(out, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(out);
+        rc = -1;
+        goto out;
+    }
+    if (w.len != B * n * v[0].itemsize) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty_like made an array of another size");
+        PyBuffer_Release(&w);
+        Py_DECREF(out);
+        rc = -1;
+        goto out;
+    }
+    void *fn = direct_fn[kind - 1][t];
+    if (kind == DIRECT_UNARY) {
+        if (t == 0)
+            ((unary_f32)fn)((int)code, w.buf, v[0].buf, (int64_t)n);
+        else
+            ((unary_f64)fn)((int)code, w.buf, v[0].buf, (int64_t)n);
+    } else if (kind == DIRECT_BINARY) {
+        int64_t xs_ = v[0].shape[0] > 1 ? n : 0, ys_ = v[1].shape[0] > 1 ? n : 0;
+        if (t == 0)
+            ((binary_f32)fn)((int)code, w.buf, v[0].buf, xs_, v[1].buf, ys_, (int64_t)B, (int64_t)n);
+        else
+            ((binary_f64)fn)((int)code, w.buf, v[0].buf, xs_, v[1].buf, ys_, (int64_t)B, (int64_t)n);
+    } else {
+        const void **args = PyMem_Malloc((size_t)k * sizeof(void *));
+        int64_t *strides = PyMem_Malloc((size_t)k * sizeof(int64_t));
+        if (!args || !strides) {
+            PyMem_Free(args);
+            PyMem_Free(strides);
+            PyBuffer_Release(&w);
+            Py_DECREF(out);
+            PyErr_NoMemory();
+            rc = -1;
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            args[i] = v[i].buf;
+            strides[i] = v[i].shape[0] > 1 ? n : 0;
+        }
+        if (t == 0)
+            ((sum_f32)fn)(w.buf, (const float *const *)args, strides, (int64_t)k, (int64_t)B, (int64_t)n, 1.0);
+        else
+            ((sum_f64)fn)(w.buf, (const double *const *)args, strides, (int64_t)k, (int64_t)B, (int64_t)n, 1.0);
+        PyMem_Free(args);
+        PyMem_Free(strides);
+    }
+    PyBuffer_Release(&w);
+    *y = out;
+    rc = 1;
+out:
+    release_all(v, k);
+    PyMem_Free(v);
+    return rc;
 }
 
 /* The op's kernel, info[4](xp, attrs, data, *xs): its output y (a new reference), or NULL
@@ -368,7 +551,15 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
         goto done_info;
     PyObject *attrs = list_item(ctx, C_ATTRS, n0);
     double t1 = t0;  /* set by call_kernel */
-    if (!attrs || !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1)) || finish_output(ctx, &y, nodes, n0) < 0)
+    if (!attrs)
+        goto done_info;
+    int direct = 0;
+    if (PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None && data == Py_None) {
+        t1 = now();
+        if ((direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, &y)) < 0)
+            goto done_info;
+    }
+    if ((!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1))) || finish_output(ctx, &y, nodes, n0) < 0)
         goto done_info;
     double t2 = now();
     if (place_and_record(ctx, info, nodes, cols, y, &xs, &plans, &kctx) < 0 || account(ctx, info, B, t0, t1, t2) < 0)

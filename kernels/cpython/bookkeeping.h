@@ -70,6 +70,7 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -1,0 +1,139 @@
+"""Direct kernels: the commonest small elementwise batches called from C without a Python frame.
+
+Per sentence most batches hold one node of H = 64-512 elements. Through the op's numpy
+code such a batch costs a Python frame, argument padding and a ufunc call (1-2 us);
+through cffi, building the pointers costs more than the arithmetic. The compiled batch
+step (kernels/cpython/batch_run.c) instead calls these kernels through function pointers
+handed to it once (`register`), after checking every operand's type, dtype, layout and
+shape itself: unary maps, binary maps whose operands share a row shape (one of them may
+be a shared row), and esum.
+
+Each op's entry is (descriptor, twin). The descriptor tells batch_run.c which kernel and
+up to how many output elements it takes the C path; the twin is the same decision and the
+same kernel in Python (through cffi), the kernel executor.run_batch calls. So the compiled
+and the Python batch step leave bit-identical values; above the size bound, or for any
+other operand (a broadcast shape, another dtype, a backend's in-place operand), both run
+the backend's usual kernel for the op.
+
+The bounds: numpy's AVX-512 loops win on long vectors; exp/tanh/log in float64 call libm
+per element (bench/kernels.py), so those take the C path on short vectors only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..._kernels import ffi, lib
+from ...ops.base import OPS
+from .elementwise import binary_forward, sum_args
+from .ffi import BINARY, F32, F64, UNARY, _fn, _p
+
+# descriptor kinds (enum dg_direct_kind in batch_run.c)
+DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM = 1, 2, 3
+
+SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
+TRANSCENDENTAL_F32_MAX = 4096
+TRANSCENDENTAL_F64_MAX = 256
+_TRANSCENDENTAL = frozenset({"tanh", "logistic", "exp", "log"})
+
+
+def _bounds(name: str) -> tuple:
+    if name in _TRANSCENDENTAL:
+        return TRANSCENDENTAL_F32_MAX, TRANSCENDENTAL_F64_MAX
+    return SIMPLE_MAX, SIMPLE_MAX
+
+
+def _fits(x, limits: tuple) -> bool:
+    """A real C-contiguous numpy array of at most the bound's elements for its dtype."""
+    if type(x) is not np.ndarray or not x.flags.c_contiguous or x.ndim < 1 or x.size == 0:
+        return False
+    dt = x.dtype
+    return x.size <= (limits[0] if dt == F32 else limits[1] if dt == F64 else -1)
+
+
+def _rows_of(xs: tuple, limits: tuple) -> int:
+    """The batch size B of a binary or n-ary op over xs that batch_run.c takes: each a fitting
+    array (_fits) of one dtype and one row shape (at least 2 axes), leading axis 1 or B, and
+    B rows within the bound; 0 otherwise."""
+    x0 = xs[0]
+    if not all(_fits(x, limits) for x in xs) or x0.ndim < 2:
+        return 0
+    B = max(x.shape[0] for x in xs)
+    tail, dt = x0.shape[1:], x0.dtype
+    if not all(x.dtype == dt and x.shape[1:] == tail and x.shape[0] in (1, B) for x in xs):
+        return 0
+    return B if B * (x0.size // x0.shape[0]) <= limits[0 if dt == F32 else 1] else 0
+
+
+def _unary_twin(name: str, fallback):
+    code, limits = UNARY[name], _bounds(name)
+
+    def forward(xp, a, data, x):
+        if not _fits(x, limits):
+            return fallback(name)(xp, a, data, x)
+        y = np.empty_like(x)
+        _fn("dg_unary_fwd", x.dtype)(code, _p(y), _p(x), x.size)
+        return y
+    return forward
+
+
+def _binary_twin(name: str, fallback):
+    limits = _bounds(name)
+
+    def forward(xp, a, data, x, y):
+        if not _rows_of((x, y), limits):
+            return fallback(name)(xp, a, data, x, y)
+        return binary_forward(name, x, y)
+    return forward
+
+
+def _esum_twin(fallback):
+    limits = _bounds("esum")
+
+    def forward(xp, a, data, *xs):
+        if not _rows_of(xs, limits):
+            return fallback("esum")(xp, a, data, *xs)
+        return sum_args(xs)
+    return forward
+
+
+def _address(name: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+
+
+_REGISTERED = False
+
+
+def register() -> bool:
+    """Hands the kernels' addresses to the compiled batch step (dynagraph._bookkeeping), once
+    per process; False where that module was not built or lacks the entry point."""
+    global _REGISTERED
+    try:
+        from ... import _bookkeeping
+    except ImportError:
+        return False
+    setter = getattr(_bookkeeping, "set_direct_kernels", None)
+    if setter is None:
+        return False
+    if not _REGISTERED:
+        setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args") for t in ("f32", "f64")))
+        _REGISTERED = True
+    return True
+
+
+class DirectKernels:
+    """The `direct_kernels` capability: op name -> (descriptor, twin), or None.
+    descriptor = (kind, opcode, bound for float32, bound for float64): batch_run.c takes the
+    C path for a batch whose output has at most that many elements."""
+
+    def __init__(self, forward_kernels: dict):
+        def fallback(name: str):  # the backend's usual kernel for the op, looked up per call
+            return forward_kernels.get(name, OPS[name].forward)
+        self.entries: dict = {}
+        for name, code in UNARY.items():
+            self.entries[name] = ((DIRECT_UNARY, code) + _bounds(name), _unary_twin(name, fallback))
+        for name, code in BINARY.items():
+            self.entries[name] = ((DIRECT_BINARY, code) + _bounds(name), _binary_twin(name, fallback))
+        self.entries["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback))
+
+    def get(self, name: str):
+        return self.entries.get(name)

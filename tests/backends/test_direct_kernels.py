@@ -1,0 +1,140 @@
+"""Direct kernels (backends/cpu/direct.py, kernels/cpython/batch_run.c): small unary, binary
+and esum batches run through a kernel pointer from the compiled batch step.
+
+The compiled step and its Python twin must decide alike and compute alike: the graph's
+values, blocks and records are bit-identical whichever runs (tests/test_native_batches.py
+covers random graphs); here, that the pointer path is really taken where the operands fit
+(the twin is never called), that it is not taken where they do not (a broadcast shape,
+above the size bound, a non-contiguous operand), and that its values agree with the numpy
+reference backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dynagraph as dy
+from dynagraph import executor
+from dynagraph.backends import get_backend
+from refcheck import using
+
+from ._util import kernels
+
+kernels()
+from dynagraph.backends.cpu import direct  # noqa: E402
+
+H = 8
+
+
+def _native_with_direct():
+    be = get_backend("cpu")
+    if be.direct_kernels is None or executor._run_batch_native is None:
+        pytest.skip("dynagraph._bookkeeping is not built")
+    return be
+
+
+def _graph(pc, n: int = H, shared_row: bool = True):
+    """tanh, logistic, rectify, square, neg; add/sub/cmult/cdiv (one operand a shared row); esum."""
+    W = dy.parameter(pc.add_parameters((n, n), init=dy.UniformInitializer(0.5)))
+    b = dy.parameter(pc.add_parameters(n, init=dy.UniformInitializer(0.5)))
+    xs = [dy.inputVector([0.1 * (k + 1) * (i - n / 2) for i in range(n)]) for k in range(3)]
+    hs = [dy.tanh(W * x + b) if shared_row else dy.tanh(W * x + x) for x in xs]
+    hs += [dy.logistic(h) - dy.rectify(h) for h in hs]
+    hs += [dy.cmult(h, dy.square(h)) for h in hs[:2]]
+    hs += [dy.cdiv(h, dy.exp(h)) for h in hs[:2]]
+    return dy.esum([dy.sum_elems(dy.esum(hs)), dy.sum_elems(-hs[0])])
+
+
+class _Refusing:
+    """direct_kernels whose twins fail: a batch that reaches one was not run through its pointer."""
+
+    def __init__(self, real):
+        self.real, self.called = real, []
+
+    def get(self, name):
+        entry = self.real.get(name)
+        if entry is None:
+            return None
+
+        def twin(*a):
+            self.called.append(name)
+            return entry[1](*a)
+        return entry[0], twin
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fitting_batches_take_the_pointer_path(monkeypatch, dtype):
+    be = _native_with_direct()
+    refusing = _Refusing(be.direct_kernels)
+    monkeypatch.setattr(be, "direct_kernels", refusing)
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    with using(dtype, 0):
+        pc = dy.ParameterCollection()
+        dy.renew_cg(scheduler="agenda")
+        _graph(pc).value()
+    assert refusing.called == []
+
+
+def test_batches_that_do_not_fit_take_the_twin(monkeypatch):
+    """Above the bound, broadcast shapes (dy.cmult of a vector and a column) and float64
+    transcendentals above their own bound go to the twin, which runs the backend's kernel."""
+    be = _native_with_direct()
+    refusing = _Refusing(be.direct_kernels)
+    monkeypatch.setattr(be, "direct_kernels", refusing)
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    with using("float64", 0):
+        dy.renew_cg(scheduler="agenda")
+        big = dy.inputVector(list(np.linspace(-1, 1, direct.TRANSCENDENTAL_F64_MAX + 1)))
+        dy.tanh(big).value()
+        assert refusing.called == ["tanh"]
+        dy.renew_cg(scheduler="agenda")
+        m = dy.inputTensor(np.ones((3, 2)))
+        c = dy.inputTensor(np.full((3, 1), 2.0))
+        dy.cmult(m, c).value()  # (3, 2) * (3, 1): a broadcast the kernel does not take
+        assert refusing.called[-1] == "cmult"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shared_row", [True, False])
+def test_direct_values_match_the_numpy_backend(monkeypatch, dtype, shared_row):
+    _native_with_direct()
+    got = {}
+    for name in ("cpu", "numpy"):
+        monkeypatch.setattr(dy.config.config, "backend", name)
+        with using(dtype, 0):
+            pc = dy.ParameterCollection()
+            dy.renew_cg(scheduler="agenda")
+            loss = _graph(pc, shared_row=shared_row)
+            got[name] = (loss.value(), loss)
+            loss.backward()
+            got[name] += ([p.grad_as_array().copy() for p in pc.parameters_list()],)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got["cpu"][0], got["numpy"][0], rtol=tol)
+    for a, b in zip(got["cpu"][2], got["numpy"][2]):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_twins_match_the_ops_numpy_code():
+    """Each twin on fitting operands (one shared row included) against the op's own numpy code."""
+    from dynagraph.ops.base import OPS
+    rng = np.random.default_rng(1)
+    dk = direct.DirectKernels({})
+    for dt, tol in ((np.float32, 1e-6), (np.float64, 1e-13)):
+        x, y, s = (rng.uniform(0.5, 1.5, shape).astype(dt) for shape in ((4, 5), (4, 5), (1, 5)))
+        for name in ("neg", "tanh", "logistic", "rectify", "exp", "log", "square", "sqrt"):
+            np.testing.assert_allclose(dk.get(name)[1](np, (), None, x), OPS[name].forward(np, (), None, x),
+                                       rtol=tol, err_msg=name)
+        for name in ("add", "sub", "cmult", "cdiv"):
+            for a, b in ((x, y), (x, s), (s, y)):
+                np.testing.assert_allclose(dk.get(name)[1](np, (), None, a, b), OPS[name].forward(np, (), None, a, b),
+                                           rtol=tol, err_msg=name)
+        np.testing.assert_allclose(dk.get("esum")[1](np, (), None, x, s, y), OPS["esum"].forward(np, (), None, x, s, y),
+                                   rtol=tol)
+
+
+def test_set_direct_kernels_checks_its_arguments():
+    native = pytest.importorskip("dynagraph._bookkeeping")
+    with pytest.raises(TypeError):
+        native.set_direct_kernels(1, 2)
+    with pytest.raises(ValueError):
+        native.set_direct_kernels(0, 0, 0, 0, 0, 0)
