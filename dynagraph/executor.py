@@ -80,7 +80,7 @@ any_true = NATIVE.any_true if NATIVE else _any_true_py
 _run_batch_native = getattr(NATIVE, "run_batch_native", None)
 _NDARRAY = np.ndarray
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
-_EMPTY_LIKE = np.empty_like
+_EMPTY_LIKE, _EMPTY = np.empty_like, np.empty
 
 
 def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
@@ -153,7 +153,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
 def _direct_of(be, op):
     """The backend's direct kernel of op (the `direct_kernels` capability): (descriptor, twin) or None."""
     direct = getattr(be, "direct_kernels", None)
-    return direct.get(op.name) if direct is not None and not op.saves_ctx and not op.uses_data else None
+    return direct.get(op.name) if direct is not None and not op.saves_ctx else None
 
 
 def _kernel_of(be, op):
@@ -203,7 +203,7 @@ class _NativeBatches:
         self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
-                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _EMPTY_LIKE)
+                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _EMPTY_LIKE, _EMPTY)
         self.stats = stats
 
     def close(self) -> None:

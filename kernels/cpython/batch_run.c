@@ -19,7 +19,7 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   16 format of the graph's dtype ('f' or 'd')    17 batch_log (list or None)
   18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
      batches, nodes, t_memory, t_execute)
-  19 empty_like (numpy.empty_like: the output of a direct kernel)
+  19 empty_like, 20 empty (numpy's: the output of a direct kernel)
 
 An op's info may carry a 7th item, a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
@@ -32,7 +32,7 @@ decision and the same kernel through cffi: both paths leave identical values).
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_EMPTY_LIKE, C_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_EMPTY_LIKE, C_EMPTY, C_SIZE };
 enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
 
 static double now(void) {
@@ -212,7 +212,8 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_RECORD))
         || !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(ctx, C_RECORD), &PyTuple_Type)
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
-        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE))) {
+        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE))
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
     }
@@ -231,24 +232,28 @@ static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject *
 
 
 /* ------------------------------------------------------------------ direct kernels */
-enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_KINDS = DIRECT_SUM };
+enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_KINDS = DIRECT_TAKE };
 typedef void (*unary_f32)(int, float *, const float *, int64_t);
 typedef void (*unary_f64)(int, double *, const double *, int64_t);
 typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
 typedef void (*binary_f64)(int, double *, const double *, int64_t, const double *, int64_t, int64_t, int64_t);
 typedef void (*sum_f32)(float *, const float *const *, const int64_t *, int64_t, int64_t, int64_t, double);
 typedef void (*sum_f64)(double *, const double *const *, const int64_t *, int64_t, int64_t, int64_t, double);
+typedef void (*pnls_f32)(float *, float *, const float *, int64_t, const int64_t *, int64_t, int64_t);
+typedef void (*pnls_f64)(double *, double *, const double *, int64_t, const int64_t *, int64_t, int64_t);
+typedef void (*take_f32)(float *, const float *, const int64_t *, int64_t, int64_t);
+typedef void (*take_f64)(double *, const double *, const int64_t *, int64_t, int64_t);
 
 /* [kind - 1][0: float32, 1: float64]; NULL until set_direct_kernels */
 static void *direct_fn[DIRECT_KINDS][2];
 
-/* set_direct_kernels(unary_f32, unary_f64, binary_f32, binary_f64, sum_f32, sum_f64): the kernels'
-   addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_* of dynagraph._kernels), set once by
-   backends/cpu/direct.py. */
+/* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., take_f64): the kernels' addresses
+   (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_* of
+   dynagraph._kernels), set once by backends/cpu/direct.py. */
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2 * DIRECT_KINDS) {
-        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 6 kernel addresses");
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 10 kernel addresses");
         return NULL;
     }
     void *got[2 * DIRECT_KINDS];
@@ -318,9 +323,121 @@ static Py_ssize_t batch_rows(const Py_buffer *v, Py_ssize_t k, Py_ssize_t *lead,
     return B;
 }
 
+
+/* The batch's data (a list of exact ints, one per node) as int64 indices each in [0, bound):
+   a PyMem array, or NULL with no error set when some item is not such an int (the Python
+   kernel then decides, and raises for a bad index), NULL with an error set on failure. */
+static int64_t *index_array(PyObject *data, Py_ssize_t bound) {
+    Py_ssize_t B = PyList_GET_SIZE(data);
+    int64_t *out = PyMem_Malloc((size_t)(B ? B : 1) * sizeof(int64_t));
+    if (!out) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < B; i++) {
+        PyObject *d = PyList_GET_ITEM(data, i);
+        Py_ssize_t v = PyLong_CheckExact(d) ? PyLong_AsSsize_t(d) : -1;
+        if (v < 0 || v >= bound) {
+            PyErr_Clear();  /* an overflow: not an index the kernel takes */
+            PyMem_Free(out);
+            return NULL;
+        }
+        out[i] = v;
+    }
+    return out;
+}
+
+/* numpy.empty(shape, x.dtype): the output of a data-reading kernel. */
+static PyObject *empty_of(PyObject *ctx, PyObject *shape, PyObject *x) {
+    PyObject *dt = PyObject_GetAttrString(x, "dtype");
+    if (!dt)
+        return NULL;
+    PyObject *argv[2] = {shape, dt};
+    PyObject *out = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, C_EMPTY), argv, 2, NULL);
+    Py_DECREF(dt);
+    return out;
+}
+
+/* pickneglogsoftmax (DIRECT_PNLS) and lookup (DIRECT_TAKE): one argument x whose buffer is v,
+   the batch's data list of indices. As direct_batch: 1 with *y, 0 when it does not fit, -1. */
+static int direct_indexed(PyObject *ctx, long kind, const Py_ssize_t *bound, int t, PyObject *x, Py_buffer *v,
+                          PyObject *data, PyObject **y) {
+    if (!PyList_CheckExact(data))
+        return 0;
+    Py_ssize_t B = PyList_GET_SIZE(data), size = v->len / v->itemsize;
+    if (B == 0 || size > bound[t])
+        return 0;
+    Py_ssize_t n, classes;
+    if (kind == DIRECT_PNLS) {
+        if (v->ndim != 2 || (v->shape[0] != 1 && v->shape[0] != B))
+            return 0;
+        n = classes = v->shape[1];
+    } else {
+        if (v->ndim < 2 || v->shape[0] != 1)
+            return 0;
+        classes = v->shape[1];
+        n = size / classes;
+    }
+    int64_t *idx = index_array(data, classes);
+    if (!idx)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *shape = PyTuple_New(kind == DIRECT_PNLS ? 2 : v->ndim - 1);
+    int rc = -1;
+    if (!shape)
+        goto out;
+    PyTuple_SET_ITEM(shape, 0, PyLong_FromSsize_t(B));
+    if (kind == DIRECT_PNLS)
+        PyTuple_SET_ITEM(shape, 1, PyLong_FromLong(1));
+    else
+        for (int d = 2; d < v->ndim; d++)
+            PyTuple_SET_ITEM(shape, d - 1, PyLong_FromSsize_t(v->shape[d]));
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++)
+        if (!PyTuple_GET_ITEM(shape, d))
+            goto out;
+    PyObject *made = empty_of(ctx, shape, x);
+    Py_buffer w;
+    if (!made || PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(made);
+        goto out;
+    }
+    if (w.len != B * (kind == DIRECT_PNLS ? 1 : n) * v->itemsize) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
+        PyBuffer_Release(&w);
+        Py_DECREF(made);
+        goto out;
+    }
+    void *fn = direct_fn[kind - 1][t];
+    if (kind == DIRECT_PNLS) {
+        void *work = PyMem_Malloc((size_t)n * (size_t)v->itemsize);
+        if (!work) {
+            PyErr_NoMemory();
+            PyBuffer_Release(&w);
+            Py_DECREF(made);
+            goto out;
+        }
+        int64_t xstride = v->shape[0] == B ? n : 0;
+        if (t == 0)
+            ((pnls_f32)fn)(w.buf, work, v->buf, xstride, idx, (int64_t)B, (int64_t)n);
+        else
+            ((pnls_f64)fn)(w.buf, work, v->buf, xstride, idx, (int64_t)B, (int64_t)n);
+        PyMem_Free(work);
+    } else if (t == 0) {
+        ((take_f32)fn)(w.buf, v->buf, idx, (int64_t)B, (int64_t)n);
+    } else {
+        ((take_f64)fn)(w.buf, v->buf, idx, (int64_t)B, (int64_t)n);
+    }
+    PyBuffer_Release(&w);
+    *y = made;
+    rc = 1;
+out:
+    Py_XDECREF(shape);
+    PyMem_Free(idx);
+    return rc;
+}
+
 /* Calls the kernel of `desc` for the batch's arguments xs: 1 with *y its output (a new array),
    0 when the batch does not fit the kernel (nothing done, no error), -1 on error. */
-static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject **y) {
+static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject **y) {
     if (!PyTuple_CheckExact(desc) || PyTuple_GET_SIZE(desc) != 4)
         return 0;
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), code = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
@@ -329,7 +446,8 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject **
         return -1;
     Py_ssize_t k = PyList_GET_SIZE(xs);
     if (kind < DIRECT_UNARY || kind > DIRECT_KINDS || !direct_fn[kind - 1][0] || k < 1
-        || (kind == DIRECT_UNARY && k != 1) || (kind == DIRECT_BINARY && k != 2))
+        || ((kind == DIRECT_UNARY || kind >= DIRECT_PNLS) && k != 1) || (kind == DIRECT_BINARY && k != 2)
+        || ((kind >= DIRECT_PNLS) != (data != Py_None)))
         return 0;
     Py_buffer *v = PyMem_Calloc((size_t)k, sizeof(Py_buffer));
     if (!v) {
@@ -340,6 +458,10 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject **
     if (argument_buffers(ctx, xs, v, &t) < 0) {
         PyMem_Free(v);
         return PyErr_Occurred() ? -1 : 0;
+    }
+    if (kind >= DIRECT_PNLS) {
+        rc = direct_indexed(ctx, kind, bound, t, PyList_GET_ITEM(xs, 0), &v[0], data, y);
+        goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;
     if (kind != DIRECT_UNARY)
@@ -554,9 +676,9 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     if (!attrs)
         goto done_info;
     int direct = 0;
-    if (PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None && data == Py_None) {
+    if (PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None) {
         t1 = now();
-        if ((direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, &y)) < 0)
+        if ((direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, data, &y)) < 0)
             goto done_info;
     }
     if ((!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1))) || finish_output(ctx, &y, nodes, n0) < 0)

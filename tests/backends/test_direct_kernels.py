@@ -34,15 +34,18 @@ def _native_with_direct():
 
 
 def _graph(pc, n: int = H, shared_row: bool = True):
-    """tanh, logistic, rectify, square, neg; add/sub/cmult/cdiv (one operand a shared row); esum."""
+    """lookup; tanh, logistic, rectify, square, neg; add/sub/cmult/cdiv (one operand a shared row);
+    esum; pickneglogsoftmax."""
     W = dy.parameter(pc.add_parameters((n, n), init=dy.UniformInitializer(0.5)))
     b = dy.parameter(pc.add_parameters(n, init=dy.UniformInitializer(0.5)))
-    xs = [dy.inputVector([0.1 * (k + 1) * (i - n / 2) for i in range(n)]) for k in range(3)]
+    E = pc.add_lookup_parameters((5, n), init=dy.UniformInitializer(0.5))
+    xs = [dy.inputVector([0.1 * (k + 1) * (i - n / 2) for i in range(n)]) + dy.lookup(E, k + 1) for k in range(3)]
     hs = [dy.tanh(W * x + b) if shared_row else dy.tanh(W * x + x) for x in xs]
     hs += [dy.logistic(h) - dy.rectify(h) for h in hs]
     hs += [dy.cmult(h, dy.square(h)) for h in hs[:2]]
     hs += [dy.cdiv(h, dy.exp(h)) for h in hs[:2]]
-    return dy.esum([dy.sum_elems(dy.esum(hs)), dy.sum_elems(-hs[0])])
+    losses = [dy.pickneglogsoftmax(h, k % n) for k, h in enumerate(hs[:3])]
+    return dy.esum([dy.sum_elems(dy.esum(hs)), dy.sum_elems(-hs[0])] + losses)
 
 
 class _Refusing:
@@ -84,6 +87,11 @@ def test_batches_that_do_not_fit_take_the_twin(monkeypatch):
     monkeypatch.setattr(dy.config.config, "backend", "cpu")
     with using("float64", 0):
         dy.renew_cg(scheduler="agenda")
+        scores = dy.inputVector(list(np.linspace(-1, 1, direct.TRANSCENDENTAL_F64_MAX + 1)))
+        dy.pickneglogsoftmax(scores, 2).value()  # above the bound: the twin decides
+        assert refusing.called == ["pickneglogsoftmax"]
+        refusing.called.clear()
+        dy.renew_cg(scheduler="agenda")
         big = dy.inputVector(list(np.linspace(-1, 1, direct.TRANSCENDENTAL_F64_MAX + 1)))
         dy.tanh(big).value()
         assert refusing.called == ["tanh"]
@@ -107,7 +115,7 @@ def test_direct_values_match_the_numpy_backend(monkeypatch, dtype, shared_row):
             loss = _graph(pc, shared_row=shared_row)
             got[name] = (loss.value(), loss)
             loss.backward()
-            got[name] += ([p.grad_as_array().copy() for p in pc.parameters_list()],)
+            got[name] += ([p.grad_as_array().copy() for p in pc.parameters_list() + pc.lookup_parameters_list()],)
     tol = 1e-5 if dtype == "float32" else 1e-12
     np.testing.assert_allclose(got["cpu"][0], got["numpy"][0], rtol=tol)
     for a, b in zip(got["cpu"][2], got["numpy"][2]):
@@ -137,4 +145,4 @@ def test_set_direct_kernels_checks_its_arguments():
     with pytest.raises(TypeError):
         native.set_direct_kernels(1, 2)
     with pytest.raises(ValueError):
-        native.set_direct_kernels(0, 0, 0, 0, 0, 0)
+        native.set_direct_kernels(*[0] * 10)

@@ -24,16 +24,17 @@ import numpy as np
 
 from ..._kernels import ffi, lib
 from ...ops.base import OPS
-from .elementwise import binary_forward, sum_args
+from .elementwise import binary_forward, pickneglogsoftmax_forward, sum_args
 from .ffi import BINARY, F32, F64, UNARY, _fn, _p
 
-# descriptor kinds (enum dg_direct_kind in batch_run.c)
-DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM = 1, 2, 3
+# descriptor kinds (the DIRECT_* enum in batch_run.c)
+DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE = 1, 2, 3, 4, 5
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
 TRANSCENDENTAL_F32_MAX = 4096
 TRANSCENDENTAL_F64_MAX = 256
-_TRANSCENDENTAL = frozenset({"tanh", "logistic", "exp", "log"})
+_TRANSCENDENTAL = frozenset({"tanh", "logistic", "exp", "log", "pickneglogsoftmax"})  # bounds on x's size
+TAKE_MAX = 1 << 62        # lookup: a copy, as exact as numpy's; any table size
 
 
 def _bounds(name: str) -> tuple:
@@ -96,6 +97,21 @@ def _esum_twin(fallback):
     return forward
 
 
+def _indices(data, bound: int) -> bool:
+    """A non-empty list of exact ints each in [0, bound) (batch_run.c's index_array)."""
+    return type(data) is list and bool(data) and all(type(d) is int and 0 <= d < bound for d in data)
+
+
+def _pnls_twin(fallback):
+    limits = _bounds("pickneglogsoftmax")
+
+    def forward(xp, a, data, x):
+        if not (_fits(x, limits) and x.ndim == 2 and _indices(data, x.shape[1]) and x.shape[0] in (1, len(data))):
+            return fallback("pickneglogsoftmax")(xp, a, data, x)
+        return pickneglogsoftmax_forward(x, data)
+    return forward
+
+
 def _address(name: str) -> int:
     return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
@@ -115,7 +131,8 @@ def register() -> bool:
     if setter is None:
         return False
     if not _REGISTERED:
-        setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args") for t in ("f32", "f64")))
+        setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows")
+                 for t in ("f32", "f64")))
         _REGISTERED = True
     return True
 
@@ -134,6 +151,10 @@ class DirectKernels:
         for name, code in BINARY.items():
             self.entries[name] = ((DIRECT_BINARY, code) + _bounds(name), _binary_twin(name, fallback))
         self.entries["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback))
+        self.entries["pickneglogsoftmax"] = ((DIRECT_PNLS, 0) + _bounds("pickneglogsoftmax"), _pnls_twin(fallback))
+        # a lookup's rows are copied exactly by either path: its twin is the backend's own kernel
+        self.entries["lookup"] = ((DIRECT_TAKE, 0, TAKE_MAX, TAKE_MAX),
+                                  lambda xp, a, data, table: fallback("lookup")(xp, a, data, table))
 
     def get(self, name: str):
         return self.entries.get(name)
