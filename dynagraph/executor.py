@@ -6,6 +6,7 @@ other argument is brought together by one gather call.
 """
 from __future__ import annotations
 
+import struct
 import time
 from functools import partial
 from operator import itemgetter
@@ -17,7 +18,6 @@ from . import runs
 from .config import config
 from .errors import NonFiniteError
 from .recording import NATIVE
-from .stats import add_accumulated
 
 
 class ExecutedBatch(NamedTuple):
@@ -81,6 +81,7 @@ _run_batch_native = getattr(NATIVE, "run_batch_native", None)
 _NDARRAY = np.ndarray
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 _EMPTY_LIKE, _EMPTY = np.empty_like, np.empty
+_MISSING_DIRECT = object()
 
 
 def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
@@ -152,15 +153,16 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
 
 def _direct_of(be, op):
     """The backend's direct kernel of op (the `direct_kernels` capability): (descriptor, twin) or None."""
-    direct = getattr(be, "direct_kernels", None)
+    direct = be.direct_kernels
     return direct.get(op.name) if direct is not None and not op.saves_ctx else None
 
 
-def _kernel_of(be, op):
+def _kernel_of(be, op, direct=_MISSING_DIRECT):
     """The kernel a batch of op runs: the direct kernel's Python twin where the backend has one
     (the same decision and kernel as run_batch_native's direct call), else the backend's override
     or the op's own forward."""
-    direct = _direct_of(be, op)
+    if direct is _MISSING_DIRECT:
+        direct = _direct_of(be, op)
     return direct[1] if direct is not None else be.forward_kernels.get(op.name, op.forward)
 
 
@@ -168,7 +170,7 @@ def _op_info(be, op) -> tuple:
     """What run_batch reads from an op, for run_batch_native (one tuple per op and evaluation);
     the 7th item is the direct kernel's descriptor (batch_run.c) or None."""
     direct = _direct_of(be, op)
-    return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, _kernel_of(be, op), op.name,
+    return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, _kernel_of(be, op, direct), op.name,
             direct[0] if direct is not None else None)
 
 
@@ -189,6 +191,7 @@ def _finish(cg, be, y, nodes: Sequence[int]):
 
 
 _ACC = ("kernel_calls", "batches", "nodes", "t_memory", "t_execute")  # run_batch_native's accumulator
+_UNPACK_ACC = struct.Struct("5d").unpack  # its five doubles, in _ACC's order
 
 
 class _NativeBatches:
@@ -207,7 +210,15 @@ class _NativeBatches:
         self.stats = stats
 
     def close(self) -> None:
-        add_accumulated(self.stats, _ACC, self.acc)
+        """stats.add_accumulated, unrolled: this runs once per evaluation of every small graph."""
+        kernels, batches, nodes, t_memory, t_execute = _UNPACK_ACC(self.acc)
+        if batches:
+            stats = self.stats
+            stats.kernel_calls += int(kernels)
+            stats.batches += int(batches)
+            stats.nodes += int(nodes)
+            stats.t_memory += t_memory
+            stats.t_execute += t_execute
 
 
 def _batch_runner(cg, be):

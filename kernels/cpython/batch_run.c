@@ -232,7 +232,8 @@ static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject *
 
 
 /* ------------------------------------------------------------------ direct kernels */
-enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_KINDS = DIRECT_TAKE };
+enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH,
+       DIRECT_KINDS = DIRECT_LSTMH };
 typedef void (*unary_f32)(int, float *, const float *, int64_t);
 typedef void (*unary_f64)(int, double *, const double *, int64_t);
 typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
@@ -243,17 +244,21 @@ typedef void (*pnls_f32)(float *, float *, const float *, int64_t, const int64_t
 typedef void (*pnls_f64)(double *, double *, const double *, int64_t, const int64_t *, int64_t, int64_t);
 typedef void (*take_f32)(float *, const float *, const int64_t *, int64_t, int64_t);
 typedef void (*take_f64)(double *, const double *, const int64_t *, int64_t, int64_t);
+typedef void (*lstmc_f32)(const float *, const float *, float *, int64_t, int64_t, double);
+typedef void (*lstmc_f64)(const double *, const double *, double *, int64_t, int64_t, double);
+typedef void (*lstmh_f32)(const float *, const float *, float *, int64_t, int64_t);
+typedef void (*lstmh_f64)(const double *, const double *, double *, int64_t, int64_t);
 
 /* [kind - 1][0: float32, 1: float64]; NULL until set_direct_kernels */
 static void *direct_fn[DIRECT_KINDS][2];
 
 /* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., take_f64): the kernels' addresses
-   (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_* of
-   dynagraph._kernels), set once by backends/cpu/direct.py. */
+   (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_*, dg_lstmc_fwd_*,
+   dg_lstmh_fwd_* of dynagraph._kernels), set once by backends/cpu/direct.py. */
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2 * DIRECT_KINDS) {
-        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 10 kernel addresses");
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 14 kernel addresses");
         return NULL;
     }
     void *got[2 * DIRECT_KINDS];
@@ -435,9 +440,70 @@ out:
     return rc;
 }
 
+
+/* lstm_c (DIRECT_LSTMC: pre (B, 4H)[, c_prev (B, H)]; attrs (H, forget_bias)) and lstm_h
+   (DIRECT_LSTMH: pre (B, 4H), c (B, H); attrs (H,)): every argument with B rows of exactly
+   those widths, pre within the bound. As direct_batch: 1 with *y, 0 when it does not fit, -1. */
+static int direct_lstm(PyObject *ctx, long kind, const Py_ssize_t *bound, int t, PyObject *xs, Py_buffer *v,
+                       PyObject *attrs, PyObject **y) {
+    Py_ssize_t k = PyList_GET_SIZE(xs);
+    if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) != (kind == DIRECT_LSTMC ? 2 : 1)
+        || (kind == DIRECT_LSTMC ? k > 2 : k != 2))
+        return 0;
+    Py_ssize_t H = PyLong_AsSsize_t(PyTuple_GET_ITEM(attrs, 0));
+    double fb = kind == DIRECT_LSTMC ? PyFloat_AsDouble(PyTuple_GET_ITEM(attrs, 1)) : 0.0;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t B = v[0].shape[0];
+    if (H <= 0 || v[0].ndim != 2 || v[0].shape[1] != 4 * H || v[0].len / v[0].itemsize > bound[t])
+        return 0;
+    for (Py_ssize_t i = 1; i < k; i++)
+        if (v[i].ndim != 2 || v[i].shape[0] != B || v[i].shape[1] != H)
+            return 0;
+    PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE), PyList_GET_ITEM(xs, k - 1));
+    if (!made)
+        return -1;
+    if (k == 1) {  /* lstm_c without c_prev: (B, H) from pre (B, 4H), a slice's shape */
+        Py_DECREF(made);
+        PyObject *shape = Py_BuildValue("(nn)", B, H);
+        made = shape ? empty_of(ctx, shape, PyList_GET_ITEM(xs, 0)) : NULL;
+        Py_XDECREF(shape);
+        if (!made)
+            return -1;
+    }
+    Py_buffer w;
+    if (PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_DECREF(made);
+        return -1;
+    }
+    if (w.len != B * H * v[0].itemsize) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: an lstm output of another size");
+        PyBuffer_Release(&w);
+        Py_DECREF(made);
+        return -1;
+    }
+    void *fn = direct_fn[kind - 1][t];
+    const void *c = k == 2 ? v[1].buf : NULL;
+    if (kind == DIRECT_LSTMC) {
+        if (t == 0)
+            ((lstmc_f32)fn)(v[0].buf, c, w.buf, (int64_t)B, (int64_t)H, fb);
+        else
+            ((lstmc_f64)fn)(v[0].buf, c, w.buf, (int64_t)B, (int64_t)H, fb);
+    } else if (t == 0) {
+        ((lstmh_f32)fn)(v[0].buf, c, w.buf, (int64_t)B, (int64_t)H);
+    } else {
+        ((lstmh_f64)fn)(v[0].buf, c, w.buf, (int64_t)B, (int64_t)H);
+    }
+    PyBuffer_Release(&w);
+    *y = made;
+    return 1;
+}
+
 /* Calls the kernel of `desc` for the batch's arguments xs: 1 with *y its output (a new array),
    0 when the batch does not fit the kernel (nothing done, no error), -1 on error. */
-static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject **y) {
+static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs, PyObject **y) {
     if (!PyTuple_CheckExact(desc) || PyTuple_GET_SIZE(desc) != 4)
         return 0;
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), code = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
@@ -446,8 +512,9 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *d
         return -1;
     Py_ssize_t k = PyList_GET_SIZE(xs);
     if (kind < DIRECT_UNARY || kind > DIRECT_KINDS || !direct_fn[kind - 1][0] || k < 1
-        || ((kind == DIRECT_UNARY || kind >= DIRECT_PNLS) && k != 1) || (kind == DIRECT_BINARY && k != 2)
-        || ((kind >= DIRECT_PNLS) != (data != Py_None)))
+        || ((kind == DIRECT_UNARY || kind == DIRECT_PNLS || kind == DIRECT_TAKE) && k != 1)
+        || (kind == DIRECT_BINARY && k != 2)
+        || ((kind == DIRECT_PNLS || kind == DIRECT_TAKE) != (data != Py_None)))
         return 0;
     Py_buffer *v = PyMem_Calloc((size_t)k, sizeof(Py_buffer));
     if (!v) {
@@ -459,8 +526,12 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *d
         PyMem_Free(v);
         return PyErr_Occurred() ? -1 : 0;
     }
-    if (kind >= DIRECT_PNLS) {
+    if (kind == DIRECT_PNLS || kind == DIRECT_TAKE) {
         rc = direct_indexed(ctx, kind, bound, t, PyList_GET_ITEM(xs, 0), &v[0], data, y);
+        goto out;
+    }
+    if (kind == DIRECT_LSTMC || kind == DIRECT_LSTMH) {
+        rc = direct_lstm(ctx, kind, bound, t, xs, v, attrs, y);
         goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;
@@ -678,7 +749,7 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     int direct = 0;
     if (PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None) {
         t1 = now();
-        if ((direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, data, &y)) < 0)
+        if ((direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, &y)) < 0)
             goto done_info;
     }
     if ((!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1))) || finish_output(ctx, &y, nodes, n0) < 0)

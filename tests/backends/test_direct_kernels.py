@@ -35,7 +35,7 @@ def _native_with_direct():
 
 def _graph(pc, n: int = H, shared_row: bool = True):
     """lookup; tanh, logistic, rectify, square, neg; add/sub/cmult/cdiv (one operand a shared row);
-    esum; pickneglogsoftmax."""
+    esum; lstm_c, lstm_h; pickneglogsoftmax."""
     W = dy.parameter(pc.add_parameters((n, n), init=dy.UniformInitializer(0.5)))
     b = dy.parameter(pc.add_parameters(n, init=dy.UniformInitializer(0.5)))
     E = pc.add_lookup_parameters((5, n), init=dy.UniformInitializer(0.5))
@@ -44,6 +44,7 @@ def _graph(pc, n: int = H, shared_row: bool = True):
     hs += [dy.logistic(h) - dy.rectify(h) for h in hs]
     hs += [dy.cmult(h, dy.square(h)) for h in hs[:2]]
     hs += [dy.cdiv(h, dy.exp(h)) for h in hs[:2]]
+    hs += dy.VanillaLSTMBuilder(1, n, n, pc).initial_state().transduce(xs)  # lstm_c, lstm_h
     losses = [dy.pickneglogsoftmax(h, k % n) for k, h in enumerate(hs[:3])]
     return dy.esum([dy.sum_elems(dy.esum(hs)), dy.sum_elems(-hs[0])] + losses)
 
@@ -145,4 +146,4 @@ def test_set_direct_kernels_checks_its_arguments():
     with pytest.raises(TypeError):
         native.set_direct_kernels(1, 2)
     with pytest.raises(ValueError):
-        native.set_direct_kernels(*[0] * 10)
+        native.set_direct_kernels(*[0] * 14)

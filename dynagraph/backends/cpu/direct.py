@@ -26,9 +26,10 @@ from ..._kernels import ffi, lib
 from ...ops.base import OPS
 from .elementwise import binary_forward, pickneglogsoftmax_forward, sum_args
 from .ffi import BINARY, F32, F64, UNARY, _fn, _p
+from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
-DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE = 1, 2, 3, 4, 5
+DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH = 1, 2, 3, 4, 5, 6, 7
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
 TRANSCENDENTAL_F32_MAX = 4096
@@ -131,30 +132,31 @@ def register() -> bool:
     if setter is None:
         return False
     if not _REGISTERED:
-        setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows")
-                 for t in ("f32", "f64")))
+        setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows",
+                                                    "lstmc_fwd", "lstmh_fwd") for t in ("f32", "f64")))
         _REGISTERED = True
     return True
 
 
-class DirectKernels:
-    """The `direct_kernels` capability: op name -> (descriptor, twin), or None.
+class DirectKernels(dict):
+    """The `direct_kernels` capability, a dict: op name -> (descriptor, twin).
     descriptor = (kind, opcode, bound for float32, bound for float64): batch_run.c takes the
     C path for a batch whose output has at most that many elements."""
 
     def __init__(self, forward_kernels: dict):
         def fallback(name: str):  # the backend's usual kernel for the op, looked up per call
             return forward_kernels.get(name, OPS[name].forward)
-        self.entries: dict = {}
+        super().__init__()
         for name, code in UNARY.items():
-            self.entries[name] = ((DIRECT_UNARY, code) + _bounds(name), _unary_twin(name, fallback))
+            self[name] = ((DIRECT_UNARY, code) + _bounds(name), _unary_twin(name, fallback))
         for name, code in BINARY.items():
-            self.entries[name] = ((DIRECT_BINARY, code) + _bounds(name), _binary_twin(name, fallback))
-        self.entries["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback))
-        self.entries["pickneglogsoftmax"] = ((DIRECT_PNLS, 0) + _bounds("pickneglogsoftmax"), _pnls_twin(fallback))
+            self[name] = ((DIRECT_BINARY, code) + _bounds(name), _binary_twin(name, fallback))
+        self["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback))
+        self["pickneglogsoftmax"] = ((DIRECT_PNLS, 0) + _bounds("pickneglogsoftmax"), _pnls_twin(fallback))
         # a lookup's rows are copied exactly by either path: its twin is the backend's own kernel
-        self.entries["lookup"] = ((DIRECT_TAKE, 0, TAKE_MAX, TAKE_MAX),
+        self["lookup"] = ((DIRECT_TAKE, 0, TAKE_MAX, TAKE_MAX),
                                   lambda xp, a, data, table: fallback("lookup")(xp, a, data, table))
-
-    def get(self, name: str):
-        return self.entries.get(name)
+        # the fused LSTM cell ops: their cpu adapters take the C kernel for every batch the pointer
+        # path takes (unbroadcast rows; float64 up to LSTM_F64_MAX elements of pre) and are the twins
+        self["lstm_c"] = ((DIRECT_LSTMC, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_c_forward)
+        self["lstm_h"] = ((DIRECT_LSTMH, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_h_forward)
