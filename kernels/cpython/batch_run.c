@@ -20,6 +20,8 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
      batches, nodes, t_memory, t_execute)
   19 empty_like, 20 empty (numpy's: the output of a direct kernel)
+  21 split_max (executor.SPLIT_MAX): a batch of at most this many nodes whose op has a direct
+     kernel runs node by node when one of its argument columns would need a gather
 
 An op's info may carry a 7th item, a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
@@ -32,7 +34,7 @@ decision and the same kernel through cffi: both paths leave identical values).
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_EMPTY_LIKE, C_EMPTY, C_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_EMPTY_LIKE, C_EMPTY, C_SPLIT_MAX, C_SIZE };
 enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
 
 static double now(void) {
@@ -122,9 +124,11 @@ static void gather_column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *
     }
 }
 
-/* Argument column `ids` of the batch: appends its value and plan to xs and plans.
-   A parameter's block and a slice of one block are made here; anything else is gather_fn's. */
-static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans) {
+/* Argument column `ids` of the batch: appends its value and plan to xs and plans, 0.
+   A parameter's block and a slice of one block are made here; anything else is gather_fn's,
+   except with may_split: then 1, nothing appended (the batch runs node by node). -1 on error. */
+static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans,
+                  int may_split) {
     Py_ssize_t B = PyTuple_GET_SIZE(ids);
     Py_ssize_t first = dg_index_in(PyTuple_GET_ITEM(ids, 0), PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, C_OP)));
     if (first < 0)
@@ -143,11 +147,14 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
         PyObject *loc = dg_locate(NULL, largv, 3);
         if (!loc)
             return -1;
-        if (PyLong_AsLong(PyTuple_GET_ITEM(loc, 0)) == 1)
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(loc, 0));
+        if (kind == 1)
             slice_column(ctx, loc, B, &x, &plan);
-        else
+        else if (!may_split)
             gather_column(ctx, ids, c, op, &x, &plan);
         Py_DECREF(loc);
+        if (kind != 1 && may_split)
+            return 1;
     }
     int rc = x && plan && PyList_Append(xs, x) == 0 && PyList_Append(plans, plan) == 0 ? 0 : -1;
     Py_XDECREF(x);
@@ -213,7 +220,7 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(ctx, C_RECORD), &PyTuple_Type)
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE))
-        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY))) {
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
     }
@@ -737,9 +744,27 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
     if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
-    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++)
-        if (column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans) < 0)
+    Py_ssize_t split_max = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX));
+    int may_split = B > 1 && B <= split_max && PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None;
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
+        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split);
+        if (got < 0)
             goto done_info;
+        if (got == 1) {  /* node by node: each reads its arguments in place (executor.run_batch) */
+            for (Py_ssize_t j = 0; j < B; j++) {
+                PyObject *one = PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j));
+                PyObject *oargv[2] = {ctx, one};
+                PyObject *r = one ? dg_run_batch_native(NULL, oargv, 2) : NULL;
+                Py_XDECREF(one);
+                if (!r)
+                    goto done_info;
+                Py_DECREF(r);
+            }
+            res = Py_None;
+            Py_INCREF(res);
+            goto done_info;
+        }
+    }
     if (batch_data(ctx, info, nodes, &data) < 0)
         goto done_info;
     PyObject *attrs = list_item(ctx, C_ATTRS, n0);

@@ -147,3 +147,29 @@ def test_set_direct_kernels_checks_its_arguments():
         native.set_direct_kernels(1, 2)
     with pytest.raises(ValueError):
         native.set_direct_kernels(*[0] * 14)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("split_max", [executor.SPLIT_MAX, 1])
+def test_small_batches_that_would_gather_run_node_by_node(monkeypatch, native, split_max):
+    """tanh over two products with different weights (two blocks): a gather would cost more than
+    the batch saves, so the two tanh nodes run as two batches reading in place (executor.SPLIT_MAX),
+    in the compiled and in the Python batch step alike; the values are the unbatched ones."""
+    _native_with_direct()
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    if not native:
+        monkeypatch.setattr(executor, "_run_batch_native", None)
+    monkeypatch.setattr(executor, "SPLIT_MAX", split_max)
+    with using("float64", 0):
+        pc = dy.ParameterCollection()
+        W1, W2 = (pc.parameters_from_numpy(np.arange(4.0).reshape(2, 2) * s) for s in (0.1, -0.2))
+        dy.renew_cg(scheduler="agenda")
+        x = dy.inputVector([1.0, 2.0])
+        ys = [dy.tanh(dy.parameter(W) * x) for W in (W1, W2)]
+        out = dy.concatenate(ys)
+        got = out.npvalue()
+        stats = dy.cg().stats
+        assert (stats.gathers == 0) == (split_max >= 2)
+    A1, A2 = np.arange(4.0).reshape(2, 2) * 0.1, np.arange(4.0).reshape(2, 2) * -0.2
+    want = np.concatenate([np.tanh(A1 @ [1.0, 2.0]), np.tanh(A2 @ [1.0, 2.0])])
+    np.testing.assert_allclose(got, want, rtol=1e-13)
