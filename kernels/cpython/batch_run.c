@@ -240,7 +240,7 @@ static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject *
 
 /* ------------------------------------------------------------------ direct kernels */
 enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH,
-       DIRECT_KINDS = DIRECT_LSTMH };
+       DIRECT_KINDS = DIRECT_LSTMH, DIRECT_CONCAT };  /* concatenate: copies here, no kernel pointer */
 typedef void (*unary_f32)(int, float *, const float *, int64_t);
 typedef void (*unary_f64)(int, double *, const double *, int64_t);
 typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
@@ -508,9 +508,84 @@ static int direct_lstm(PyObject *ctx, long kind, const Py_ssize_t *bound, int t,
     return 1;
 }
 
+
+/* concatenate along the first per-node axis (DIRECT_CONCAT; attrs (0,)): the output
+   (B,) + shape (shape: the node's, from the graph), each node's row the arguments' rows one
+   after another (a row-major array's first axis). Every argument has the output's number of
+   axes, its trailing axes, and 1 or B rows; their first per-node axes add up to the output's.
+   A copy, exact as numpy's. As direct_batch: 1 with *y, 0 when it does not fit, -1. */
+static int direct_concat(PyObject *ctx, const Py_ssize_t *bound, int t, PyObject *xs, Py_buffer *v,
+                         PyObject *attrs, PyObject *shape, Py_ssize_t B, PyObject **y) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), nd = PyTuple_GET_SIZE(shape);
+    if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
+        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || nd < 1)
+        return 0;
+    Py_ssize_t tail = 1, first = 0, total;
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        Py_ssize_t e = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (e < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (d == 0)
+            total = e;
+        else
+            tail *= e;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (v[i].ndim != nd + 1 || (v[i].shape[0] != 1 && v[i].shape[0] != B))
+            return 0;
+        for (Py_ssize_t d = 1; d < nd; d++)
+            if (v[i].shape[d + 1] != PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)))
+                return 0;
+        first += v[i].shape[1];
+    }
+    if (first != total || B * total * tail > bound[t])
+        return 0;
+    PyObject *full = PyTuple_New(nd + 1);
+    if (!full)
+        return -1;
+    PyObject *b = PyLong_FromSsize_t(B);
+    if (!b) {
+        Py_DECREF(full);
+        return -1;
+    }
+    PyTuple_SET_ITEM(full, 0, b);
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        Py_INCREF(PyTuple_GET_ITEM(shape, d));
+        PyTuple_SET_ITEM(full, d + 1, PyTuple_GET_ITEM(shape, d));
+    }
+    PyObject *made = empty_of(ctx, full, PyList_GET_ITEM(xs, 0));
+    Py_DECREF(full);
+    Py_buffer w;
+    if (!made || PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(made);
+        return -1;
+    }
+    Py_ssize_t item = v[0].itemsize, row = total * tail * item;
+    if (w.len != B * row) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: a concatenation of another size");
+        PyBuffer_Release(&w);
+        Py_DECREF(made);
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < B; r++) {
+        char *dst = (char *)w.buf + r * row;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            Py_ssize_t part = v[i].shape[1] * tail * item;
+            memcpy(dst, (const char *)v[i].buf + (v[i].shape[0] == 1 ? 0 : r * part), (size_t)part);
+            dst += part;
+        }
+    }
+    PyBuffer_Release(&w);
+    *y = made;
+    return 1;
+}
+
 /* Calls the kernel of `desc` for the batch's arguments xs: 1 with *y its output (a new array),
    0 when the batch does not fit the kernel (nothing done, no error), -1 on error. */
-static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs, PyObject **y) {
+static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
+                        PyObject *shape, Py_ssize_t nodes, PyObject **y) {
     if (!PyTuple_CheckExact(desc) || PyTuple_GET_SIZE(desc) != 4)
         return 0;
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(desc, 0)), code = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
@@ -518,7 +593,7 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *d
     if (PyErr_Occurred())
         return -1;
     Py_ssize_t k = PyList_GET_SIZE(xs);
-    if (kind < DIRECT_UNARY || kind > DIRECT_KINDS || !direct_fn[kind - 1][0] || k < 1
+    if (kind < DIRECT_UNARY || kind > DIRECT_CONCAT || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
         || ((kind == DIRECT_UNARY || kind == DIRECT_PNLS || kind == DIRECT_TAKE) && k != 1)
         || (kind == DIRECT_BINARY && k != 2)
         || ((kind == DIRECT_PNLS || kind == DIRECT_TAKE) != (data != Py_None)))
@@ -539,6 +614,10 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *d
     }
     if (kind == DIRECT_LSTMC || kind == DIRECT_LSTMH) {
         rc = direct_lstm(ctx, kind, bound, t, xs, v, attrs, y);
+        goto out;
+    }
+    if (kind == DIRECT_CONCAT) {
+        rc = PyTuple_CheckExact(shape) ? direct_concat(ctx, bound, t, xs, v, attrs, shape, nodes, y) : 0;
         goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;
@@ -774,7 +853,8 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     int direct = 0;
     if (PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None) {
         t1 = now();
-        if ((direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, &y)) < 0)
+        PyObject *shape = list_item(ctx, C_SHAPE, n0);
+        if (!shape || (direct = direct_batch(ctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, shape, B, &y)) < 0)
             goto done_info;
     }
     if ((!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1))) || finish_output(ctx, &y, nodes, n0) < 0)

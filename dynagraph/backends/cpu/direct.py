@@ -29,7 +29,7 @@ from .ffi import BINARY, F32, F64, UNARY, _fn, _p
 from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
-DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH = 1, 2, 3, 4, 5, 6, 7
+DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH, DIRECT_CONCAT = range(1, 9)
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
 TRANSCENDENTAL_F32_MAX = 4096
@@ -160,3 +160,6 @@ class DirectKernels(dict):
         # path takes (unbroadcast rows; float64 up to LSTM_F64_MAX elements of pre) and are the twins
         self["lstm_c"] = ((DIRECT_LSTMC, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_c_forward)
         self["lstm_h"] = ((DIRECT_LSTMH, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_h_forward)
+        # concatenate along the first per-node axis: copied in C, as exact as the op's own code
+        self["concatenate"] = ((DIRECT_CONCAT, 0, TAKE_MAX, TAKE_MAX),
+                               lambda xp, a, data, *xs: fallback("concatenate")(xp, a, data, *xs))
