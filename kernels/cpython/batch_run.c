@@ -240,7 +240,8 @@ static int batch_data(PyObject *ctx, PyObject *info, PyObject *nodes, PyObject *
 
 /* ------------------------------------------------------------------ direct kernels */
 enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH,
-       DIRECT_KINDS = DIRECT_LSTMH, DIRECT_CONCAT };  /* concatenate: copies here, no kernel pointer */
+       DIRECT_KINDS = DIRECT_LSTMH,
+       DIRECT_CONCAT, DIRECT_AFFINE, DIRECT_MATMUL };  /* copies here; numpy's products: no kernel pointer */
 typedef void (*unary_f32)(int, float *, const float *, int64_t);
 typedef void (*unary_f64)(int, double *, const double *, int64_t);
 typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
@@ -582,6 +583,49 @@ static int direct_concat(PyObject *ctx, const Py_ssize_t *bound, int t, PyObject
     return 1;
 }
 
+
+/* affine (DIRECT_AFFINE: b, W1, x1, W2, x2, ...) and matmul (DIRECT_MATMUL: W, x) with every W a
+   shared matrix (1, r, c) and every x a batch of vectors (n, c): the op's own numpy code
+   (ops/linalg.py: y = x1 @ W1[0].T; y += x2 @ W2[0].T ...; y += b) made through numpy's number
+   protocol, without its Python frames: the same calls on the same operands, so the same
+   values. b: (1 or n, r) with every x of n rows. As direct_batch: 1 with *y, 0, -1. */
+static int direct_products(long kind, PyObject *xs, const Py_buffer *v, PyObject **y) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), first = kind == DIRECT_AFFINE ? 1 : 0;
+    if (kind == DIRECT_AFFINE ? (k < 3 || k % 2 == 0) : k != 2)
+        return 0;
+    Py_ssize_t r = v[first].ndim == 3 ? v[first].shape[1] : -1, n = v[first + 1].shape[0];
+    for (Py_ssize_t i = first; i < k; i += 2)
+        if (v[i].ndim != 3 || v[i].shape[0] != 1 || v[i].shape[1] != r || v[i + 1].ndim != 2
+            || v[i + 1].shape[0] != n || v[i + 1].shape[1] != v[i].shape[2])
+            return 0;
+    if (kind == DIRECT_AFFINE && (v[0].ndim != 2 || v[0].shape[1] != r || (v[0].shape[0] != 1 && v[0].shape[0] != n)))
+        return 0;
+    PyObject *out = NULL;
+    for (Py_ssize_t i = first; i < k; i += 2) {
+        PyObject *w0 = PySequence_GetItem(PyList_GET_ITEM(xs, i), 0);
+        PyObject *wt = w0 ? PyObject_GetAttrString(w0, "T") : NULL;
+        PyObject *p = wt ? PyNumber_MatrixMultiply(PyList_GET_ITEM(xs, i + 1), wt) : NULL;
+        Py_XDECREF(w0);
+        Py_XDECREF(wt);
+        if (p && out)
+            Py_SETREF(out, PyNumber_InPlaceAdd(out, p));  /* y += p: a fresh product, as the op's code */
+        else if (p)
+            out = Py_NewRef(p);
+        Py_XDECREF(p);
+        if (!p || !out) {
+            Py_XDECREF(out);
+            return -1;
+        }
+    }
+    if (kind == DIRECT_AFFINE) {
+        Py_SETREF(out, PyNumber_InPlaceAdd(out, PyList_GET_ITEM(xs, 0)));
+        if (!out)
+            return -1;
+    }
+    *y = out;
+    return 1;
+}
+
 /* Calls the kernel of `desc` for the batch's arguments xs: 1 with *y its output (a new array),
    0 when the batch does not fit the kernel (nothing done, no error), -1 on error. */
 static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
@@ -593,7 +637,7 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *d
     if (PyErr_Occurred())
         return -1;
     Py_ssize_t k = PyList_GET_SIZE(xs);
-    if (kind < DIRECT_UNARY || kind > DIRECT_CONCAT || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
+    if (kind < DIRECT_UNARY || kind > DIRECT_MATMUL || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
         || ((kind == DIRECT_UNARY || kind == DIRECT_PNLS || kind == DIRECT_TAKE) && k != 1)
         || (kind == DIRECT_BINARY && k != 2)
         || ((kind == DIRECT_PNLS || kind == DIRECT_TAKE) != (data != Py_None)))
@@ -618,6 +662,10 @@ static int direct_batch(PyObject *ctx, PyObject *desc, PyObject *xs, PyObject *d
     }
     if (kind == DIRECT_CONCAT) {
         rc = PyTuple_CheckExact(shape) ? direct_concat(ctx, bound, t, xs, v, attrs, shape, nodes, y) : 0;
+        goto out;
+    }
+    if (kind == DIRECT_AFFINE || kind == DIRECT_MATMUL) {
+        rc = direct_products(kind, xs, v, y);
         goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;

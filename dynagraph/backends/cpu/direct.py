@@ -29,7 +29,8 @@ from .ffi import BINARY, F32, F64, UNARY, _fn, _p
 from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
-DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH, DIRECT_CONCAT = range(1, 9)
+(DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH, DIRECT_CONCAT,
+ DIRECT_AFFINE, DIRECT_MATMUL) = range(1, 11)
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
 TRANSCENDENTAL_F32_MAX = 4096
@@ -163,3 +164,7 @@ class DirectKernels(dict):
         # concatenate along the first per-node axis: copied in C, as exact as the op's own code
         self["concatenate"] = ((DIRECT_CONCAT, 0, TAKE_MAX, TAKE_MAX),
                                lambda xp, a, data, *xs: fallback("concatenate")(xp, a, data, *xs))
+        # products with shared weights: the op's own numpy calls, made from C without its Python
+        # frames (the same calls, so the same values); its own code is the twin
+        self["affine"] = ((DIRECT_AFFINE, 0, TAKE_MAX, TAKE_MAX), OPS["affine"].forward)
+        self["matmul"] = ((DIRECT_MATMUL, 0, TAKE_MAX, TAKE_MAX), OPS["matmul"].forward)
