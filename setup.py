@@ -38,7 +38,7 @@ def bookkeeping_extension() -> Extension:
     src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
-           "kernels/cpython/batch_run.c",
+           "kernels/cpython/batch_run.c", "kernels/cpython/direct_batch.c",
            "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c",
            "kernels/cpython/schedule.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c"]

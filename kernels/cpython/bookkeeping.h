@@ -7,7 +7,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   expr_recorder.c  recording.py (ExprBase, Recorder: dy.* calls on Expressions)
   leaves.c     expression._expression_of
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
-  batch_run.c  executor.run_batch (run_batch_native: one batch per call)
+  batch_run.c  executor.run_batch (run_batch_native: one batch per call); its direct kernels in
+               direct_batch.c (twins: backends/cpu/direct.py)
   backward_batch.c  autodiff.backward's step for one batch (backward_batch_native); its scatters
                and weight-product deferral in grad_scatter.c
   run_reads.c  dynagraph/runs.py's run_table (where a run reads every argument row)
@@ -71,6 +72,14 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+/* direct_batch.c, for batch_run.c: numpy's array type and allocators, then one batch's direct kernel
+   (1 with *y its output, 0 when the batch does not fit it, -1 on error) */
+typedef struct {
+    PyTypeObject *ndarray;
+    PyObject *empty_like, *empty;
+} dg_direct_ctx;
+int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
+                    PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
