@@ -13,12 +13,27 @@ Only the built-in deterministic schedulers are cached ("agenda", "depth"): the F
 policy can change while it trains, and a scheduler object can read anything. Graphs
 larger than `max_nodes` are not cached: a mini-batch's structure rarely repeats, and
 keying 40,000 nodes would cost more than the rare hit saves. The first-level key is
-the signature ids (a tuple of ints, cheap to hash); the full comparison runs on a key
-match, so a graph that differs in any op, attribute, shape or wiring is a miss.
+(scheduler, first and last pending node, number pending); under it up to MAX_CANDIDATES
+graphs (most recent first) are compared in full: signature ids, pending nodes, argument
+lists, depths (one C pass each, _bookkeeping.same_slice) and signature keys. A graph that
+differs in any op, attribute, shape or wiring is a miss. (Hashing the signature ids of a
+900-node graph as the key, then comparing its argument tuples in Python, cost a tenth of
+its forward.)
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from .recording import NATIVE
+
+
+def _same_slice_py(items: list, lo: int, was: list) -> bool:
+    """Twin of _bookkeeping.same_slice: items[lo:lo + len(was)] == was."""
+    return items[lo:lo + len(was)] == was
+
+
+_same_slice = getattr(NATIVE, "same_slice", None) or _same_slice_py
+MAX_CANDIDATES = 8  # graphs kept under one first-level key (same span and size, other structure)
 
 CACHED = frozenset({"agenda", "depth"})
 
@@ -46,22 +61,26 @@ class ScheduleCache:
         lo, hi = pending[0], pending[-1] + 1
         if hi - lo > self.max_nodes:
             return None
-        return cg.scheduler, lo, hi, len(pending), tuple(cg.sig[lo:hi])
+        return cg.scheduler, lo, hi, len(pending)
 
     def get(self, cg, pending: list) -> Schedule | None:
         """The schedule computed for a graph whose pending nodes are structurally equal, or None."""
         key = self._key(cg, pending)
         if key is None:
             return None
-        hit = self.entries.get(key)
-        if hit is not None:
-            lo, hi = key[1], key[2]
-            was_pending, args, depth, signatures, batches = hit
-            if pending == was_pending and cg.args[lo:hi] == args and cg.depth[lo:hi] == depth \
-                    and cg.signatures == signatures:
-                self.entries.move_to_end(key)
-                self.hits += 1
-                return batches
+        candidates = self.entries.get(key)
+        if candidates:
+            lo = key[1]
+            for i, entry in enumerate(candidates):
+                sig, was_pending, args, depth, signatures, batches = entry
+                if _same_slice(cg.sig, lo, sig) and _same_slice(pending, 0, was_pending) \
+                        and _same_slice(cg.args, lo, args) and _same_slice(cg.depth, lo, depth) \
+                        and cg.signatures == signatures:
+                    self.entries.move_to_end(key)
+                    if i:
+                        candidates.insert(0, candidates.pop(i))
+                    self.hits += 1
+                    return batches
         self.misses += 1
         return None
 
@@ -75,7 +94,10 @@ class ScheduleCache:
         lo, hi = key[1], key[2]
         # Every graph that replays the schedule shares its node lists: the executor, autodiff
         # and the stats only read them (nothing in the package mutates a scheduled batch).
-        self.entries[key] = (list(pending), cg.args[lo:hi], cg.depth[lo:hi], list(cg.signatures), batches)
+        candidates = self.entries.setdefault(key, [])
+        candidates.insert(0, (cg.sig[lo:hi], list(pending), cg.args[lo:hi], cg.depth[lo:hi], list(cg.signatures),
+                              batches))
+        del candidates[MAX_CANDIDATES:]
         self.entries.move_to_end(key)
         if len(self.entries) > self.capacity:
             self.entries.popitem(last=False)

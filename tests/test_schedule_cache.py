@@ -197,3 +197,29 @@ def test_replayed_schedules_pass_validation():
         batches = SCHEDULES.get(cg, pending)
         assert batches is not None
         schedulers.validate(cg, pending, batches, "agenda (replayed)")
+
+
+def test_graphs_of_one_span_and_size_are_kept_side_by_side():
+    """Two structures with the same pending span and size (a tanh or a logistic at one place)
+    sit under one first-level key: each replays its own schedule, neither evicts the other."""
+    m = Model()
+    progs = [[("tanh", 0, 0, 0), ("add", 1, 0, 0)], [("logistic", 0, 0, 0), ("add", 1, 0, 0)]]
+    with using("float64"), cache_on():
+        for prog in progs:
+            evaluate(m, prog, [1, 2], "agenda")
+        assert len(SCHEDULES.entries) == 1
+        for prog in progs * 2:
+            assert evaluate(m, prog, [3, 4], "agenda")[3] == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(st.one_of(st.integers(-3, 1 << 40), st.tuples(st.integers(0, 1 << 20), st.integers(0, 300)),
+                                st.tuples(), st.tuples(st.integers(0, 3))), max_size=12),
+       lo=st.integers(-1, 13), cut=st.integers(0, 12), flip=st.integers(-1, 11))
+def test_same_slice_matches_its_twin(items, lo, cut, flip):
+    from dynagraph import schedule_cache
+    was = [x if not isinstance(x, int) else int(str(x)) for x in items[max(lo, 0):max(lo, 0) + cut]]
+    if 0 <= flip < len(was):
+        was[flip] = (was[flip], 1) if isinstance(was[flip], int) else 7
+    want = schedule_cache._same_slice_py(items, lo, was) if lo >= 0 else False
+    assert schedule_cache._same_slice(items, lo, was) == want

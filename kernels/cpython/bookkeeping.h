@@ -6,7 +6,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   recorder.c   dynagraph/recording.py and ComputationGraph._add_py (GraphBase, add())
   expr_recorder.c  recording.py (ExprBase, Recorder: dy.* calls on Expressions)
   leaves.c     expression._expression_of
-  executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py)
+  executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py);
+               schedule_cache._same_slice_py
   batch_run.c  executor.run_batch (run_batch_native: one batch per call); its direct kernels in
                direct_batch.c (twins: backends/cpu/direct.py)
   backward_batch.c  autodiff.backward's step for one batch (backward_batch_native); its scatters
@@ -70,6 +71,7 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 /* direct_batch.c, for batch_run.c: numpy's array type and allocators, then one batch's direct kernel

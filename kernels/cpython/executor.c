@@ -295,3 +295,59 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     Py_DECREF(nodes);
     return PyBool_FromLong(found);
 }
+
+/* Whether a and b are the same int, by value, without a rich comparison where both are exact ints. */
+static int same_int(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        int oa, ob;
+        long long x = PyLong_AsLongLongAndOverflow(a, &oa), y = PyLong_AsLongLongAndOverflow(b, &ob);
+        if (!oa && !ob)
+            return x == y;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* same_slice(items, lo, was): items[lo:lo + len(was)] == was, for lists whose items are ints or
+   tuples of ints (the graph's depths and argument lists; schedule_cache compares a new graph's
+   with a cached one's), without the slice and with ints compared by value. Anything else is
+   compared by ==. */
+PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "same_slice(items: list, lo: int, was: list)");
+        return NULL;
+    }
+    PyObject *items = argv[0], *was = argv[2];
+    Py_ssize_t lo = PyLong_AsSsize_t(argv[1]), n = PyList_GET_SIZE(was);
+    if (lo == -1 && PyErr_Occurred())
+        return NULL;
+    if (lo < 0)  /* never asked: not Python's negative slice */
+        Py_RETURN_FALSE;
+    if (lo + n > PyList_GET_SIZE(items))  /* a shorter slice: equal only when both are empty */
+        return PyBool_FromLong(n == 0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(items, lo + i), *b = PyList_GET_ITEM(was, i);
+        if (a == b)
+            continue;
+        int same;
+        Py_INCREF(a);  /* held: an == of something other than ints could change the lists */
+        Py_INCREF(b);
+        if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b)) {
+            Py_ssize_t k = PyTuple_GET_SIZE(a);
+            same = k == PyTuple_GET_SIZE(b);
+            for (Py_ssize_t j = 0; same > 0 && j < k; j++)
+                same = same_int(PyTuple_GET_ITEM(a, j), PyTuple_GET_ITEM(b, j));
+        } else {
+            same = same_int(a, b);
+        }
+        Py_DECREF(a);
+        Py_DECREF(b);
+        if (same < 0)
+            return NULL;
+        if (!same)
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}

@@ -18,6 +18,7 @@ static PyMethodDef functions[] = {
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
+    FAST(same_slice, "same_slice(items, lo, was): items[lo:lo + len(was)] == was; see schedule_cache.py."),
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "
                     "reads its arguments; see dynagraph/runs.py."),
     FAST(block_table, "block_table(arrays, shapes, format, writable, avoid): the row movers' checked block "
