@@ -124,7 +124,8 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     cols = columns(cg.args, nodes)
     xs, plans = [], []
     ops, blocks = cg.op, cg.blocks
-    may_split = 1 < len(nodes) <= SPLIT_MAX and _direct_of(be, op) is not None
+    split = _splittable(op, _direct_of(be, op))
+    may_split = 1 < len(nodes) <= SPLIT_MAX and (split == 1 or split == 2 and len(cg.shape[n0]) == 1)
     for ids in cols:
         if ops[ids[0]].leaf:  # a shared parameter, as in gather(), without the call
             b = cg.blk[ids[0]]
@@ -164,8 +165,9 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
 
 
 def _direct_of(be, op):
-    """The backend's direct kernel of op (the `direct_kernels` capability): (descriptor, twin) or None."""
-    direct = be.direct_kernels
+    """The backend's direct kernel of op (the `direct_kernels` capability): (descriptor, twin,
+    splittable) or None."""
+    direct = getattr(be, "direct_kernels", None)  # a backend outside backends/ may not declare it
     return direct.get(op.name) if direct is not None and not op.saves_ctx else None
 
 
@@ -178,12 +180,20 @@ def _kernel_of(be, op, direct=_MISSING_DIRECT):
     return direct[1] if direct is not None else be.forward_kernels.get(op.name, op.forward)
 
 
+def _splittable(op, direct) -> int:
+    """Whether a small batch of op whose arguments would need a gather runs node by node
+    (SPLIT_MAX): 0 never, 1 always, 2 where the op's value per node is a vector. The backend
+    says so per direct kernel (rows of several blocks that it reads in place need no gather:
+    per-sample matrices, OpDef.rows_args)."""
+    return direct[2] if direct is not None else 0
+
+
 def _op_info(be, op) -> tuple:
     """What run_batch reads from an op, for run_batch_native (one tuple per op and evaluation);
-    the 7th item is the direct kernel's descriptor (batch_run.c) or None."""
+    the 7th item is the direct kernel's descriptor (batch_run.c) or None, the 8th _splittable."""
     direct = _direct_of(be, op)
     return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, _kernel_of(be, op, direct), op.name,
-            direct[0] if direct is not None else None)
+            direct[0] if direct is not None else None, _splittable(op, direct))
 
 
 def _gather_arg(cg, be, ids: Sequence[int], k: int, op, stats) -> tuple:

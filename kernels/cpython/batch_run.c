@@ -11,7 +11,7 @@ a cast or a broadcast), so every case still ends in exactly the reference's stat
 The context (executor._native_context builds it once per evaluation) is a tuple:
    0 op      1 blk     2 row     3 args     4 blocks   5 attrs   6 data   7 shape
    8 executed (lists of the graph, mutated in place)
-   9 infos: dict op -> (leaf, uses_data, saves_ctx, inner_kernels, kernel, name)
+   9 infos: dict op -> (leaf, uses_data, saves_ctx, inner_kernels, kernel, name[, direct, splittable])
   10 info_fn(op): makes and stores an op's info
   11 xp    12 gather_fn(ids, k, op) -> (x, plan): argument k of a batch of op, gathered
   13 finish_fn(y, nodes) -> the output block
@@ -23,12 +23,13 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   21 split_max (executor.SPLIT_MAX): a batch of at most this many nodes whose op has a direct
      kernel runs node by node when one of its argument columns would need a gather
 
-An op's info may carry a 7th item, a direct kernel's descriptor (kind, opcode, bound for
+An op's info may carry a 7th and 8th item: a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
 checks of direct_batch below, the kernel registered by set_direct_kernels is called
 through its pointer instead of the op's Python kernel (info[4], which is the same
 decision and the same kernel through cffi: both paths leave identical values); the kinds
-are in direct_batch.c.
+are in direct_batch.c. The 8th (0, 1 or 2: never, always, for vectors): whether a small batch of
+the op may run node by node (split_max below).
 */
 #include <time.h>
 
@@ -53,10 +54,10 @@ static PyObject *op_info(PyObject *ctx, PyObject *op) {
     PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_INFO_FN), op);
     if (!made)
         return NULL;
-    int ok = PyTuple_CheckExact(made) && (PyTuple_GET_SIZE(made) == 6 || PyTuple_GET_SIZE(made) == 7)
+    int ok = PyTuple_CheckExact(made) && (PyTuple_GET_SIZE(made) == 6 || PyTuple_GET_SIZE(made) == 8)
              && PyDict_SetItem(infos, op, made) == 0;
     if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6- or 7-tuple");
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6- or 8-tuple");
     Py_DECREF(made);
     return ok ? PyDict_GetItemWithError(infos, op) : NULL;
 }
@@ -380,7 +381,17 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
     Py_ssize_t split_max = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX));
-    int may_split = B > 1 && B <= split_max && PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None;
+    /* info[7]: 0 never, 1 always, 2 when the op's per-node value is a vector (executor._splittable) */
+    long splittable = PyTuple_GET_SIZE(info) == 8 ? PyLong_AsLong(PyTuple_GET_ITEM(info, 7)) : 0;
+    if (splittable == 2) {
+        PyObject *shape0 = list_item(ctx, C_SHAPE, n0);
+        if (!shape0)
+            goto done_info;
+        splittable = PyTuple_Check(shape0) && PyTuple_GET_SIZE(shape0) == 1;
+    }
+    if (PyErr_Occurred())
+        goto done_info;
+    int may_split = B > 1 && B <= split_max && splittable == 1;
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
         int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split);
         if (got < 0)
@@ -407,7 +418,7 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     if (!attrs)
         goto done_info;
     int direct = 0;
-    if (PyTuple_GET_SIZE(info) == 7 && PyTuple_GET_ITEM(info, 6) != Py_None) {
+    if (PyTuple_GET_SIZE(info) == 8 && PyTuple_GET_ITEM(info, 6) != Py_None) {
         t1 = now();
         PyObject *shape = list_item(ctx, C_SHAPE, n0);
         dg_direct_ctx dctx = {(PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY), PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE),

@@ -65,7 +65,7 @@ class _Refusing:
         def twin(*a):
             self.called.append(name)
             return entry[1](*a)
-        return entry[0], twin
+        return entry[0], twin, entry[2]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -140,31 +140,35 @@ def register() -> bool:
 
 
 class DirectKernels(dict):
-    """The `direct_kernels` capability, a dict: op name -> (descriptor, twin).
+    """The `direct_kernels` capability, a dict: op name -> (descriptor, twin, split).
     descriptor = (kind, opcode, bound for float32, bound for float64): batch_run.c takes the
-    C path for a batch whose output has at most that many elements."""
+    C path for a batch whose output (for some kinds: whose first argument) has at most that
+    many elements. split: whether a small batch whose arguments would need a gather runs node
+    by node (executor.SPLIT_MAX): 1 yes, 0 no, 2 where the value per node is a vector. Not
+    matmul, nor concatenate of matrices: per-sample matrices from several blocks are read in
+    place (rowmm.py), with no gather."""
 
     def __init__(self, forward_kernels: dict):
         def fallback(name: str):  # the backend's usual kernel for the op, looked up per call
             return forward_kernels.get(name, OPS[name].forward)
         super().__init__()
         for name, code in UNARY.items():
-            self[name] = ((DIRECT_UNARY, code) + _bounds(name), _unary_twin(name, fallback))
+            self[name] = ((DIRECT_UNARY, code) + _bounds(name), _unary_twin(name, fallback), 1)
         for name, code in BINARY.items():
-            self[name] = ((DIRECT_BINARY, code) + _bounds(name), _binary_twin(name, fallback))
-        self["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback))
-        self["pickneglogsoftmax"] = ((DIRECT_PNLS, 0) + _bounds("pickneglogsoftmax"), _pnls_twin(fallback))
+            self[name] = ((DIRECT_BINARY, code) + _bounds(name), _binary_twin(name, fallback), 1)
+        self["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback), 1)
+        self["pickneglogsoftmax"] = ((DIRECT_PNLS, 0) + _bounds("pickneglogsoftmax"), _pnls_twin(fallback), 1)
         # a lookup's rows are copied exactly by either path: its twin is the backend's own kernel
         self["lookup"] = ((DIRECT_TAKE, 0, TAKE_MAX, TAKE_MAX),
-                                  lambda xp, a, data, table: fallback("lookup")(xp, a, data, table))
+                          lambda xp, a, data, table: fallback("lookup")(xp, a, data, table), 1)
         # the fused LSTM cell ops: their cpu adapters take the C kernel for every batch the pointer
         # path takes (unbroadcast rows; float64 up to LSTM_F64_MAX elements of pre) and are the twins
-        self["lstm_c"] = ((DIRECT_LSTMC, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_c_forward)
-        self["lstm_h"] = ((DIRECT_LSTMH, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_h_forward)
+        self["lstm_c"] = ((DIRECT_LSTMC, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_c_forward, 1)
+        self["lstm_h"] = ((DIRECT_LSTMH, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_h_forward, 1)
         # concatenate along the first per-node axis: copied in C, as exact as the op's own code
         self["concatenate"] = ((DIRECT_CONCAT, 0, TAKE_MAX, TAKE_MAX),
-                               lambda xp, a, data, *xs: fallback("concatenate")(xp, a, data, *xs))
+                               lambda xp, a, data, *xs: fallback("concatenate")(xp, a, data, *xs), 2)
         # products with shared weights: the op's own numpy calls, made from C without its Python
         # frames (the same calls, so the same values); its own code is the twin
-        self["affine"] = ((DIRECT_AFFINE, 0, TAKE_MAX, TAKE_MAX), OPS["affine"].forward)
-        self["matmul"] = ((DIRECT_MATMUL, 0, TAKE_MAX, TAKE_MAX), OPS["matmul"].forward)
+        self["affine"] = ((DIRECT_AFFINE, 0, TAKE_MAX, TAKE_MAX), OPS["affine"].forward, 1)
+        self["matmul"] = ((DIRECT_MATMUL, 0, TAKE_MAX, TAKE_MAX), OPS["matmul"].forward, 0)
