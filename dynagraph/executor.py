@@ -80,7 +80,7 @@ any_true = NATIVE.any_true if NATIVE else _any_true_py
 _run_batch_native = getattr(NATIVE, "run_batch_native", None)
 _NDARRAY = np.ndarray
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
-_EMPTY_LIKE, _EMPTY = np.empty_like, np.empty
+_DTYPES, _EMPTY = (np.dtype(np.float32), np.dtype(np.float64)), np.empty
 _MISSING_DIRECT = object()
 
 
@@ -228,7 +228,7 @@ class _NativeBatches:
         self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
-                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _EMPTY_LIKE, _EMPTY, SPLIT_MAX)
+                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, _EMPTY, SPLIT_MAX)
         self.stats = stats
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   16 format of the graph's dtype ('f' or 'd')    17 batch_log (list or None)
   18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
      batches, nodes, t_memory, t_execute)
-  19 empty_like, 20 empty (numpy's: the output of a direct kernel)
+  19 dtypes: (numpy.dtype float32, float64), 20 numpy.empty (the output of a direct kernel)
   21 split_max (executor.SPLIT_MAX): a batch of at most this many nodes whose op has a direct
      kernel runs node by node when one of its argument columns would need a gather
 
@@ -36,7 +36,7 @@ the op may run node by node (split_max below).
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_EMPTY_LIKE, C_EMPTY, C_SPLIT_MAX, C_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_SIZE };
 enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
 
 static double now(void) {
@@ -221,7 +221,7 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_RECORD))
         || !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(ctx, C_RECORD), &PyTuple_Type)
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
-        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE))
+        || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(ctx, C_DTYPES)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, C_DTYPES)) != 2
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
@@ -417,16 +417,23 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     double t1 = t0;  /* set by call_kernel */
     if (!attrs)
         goto done_info;
-    int direct = 0;
+    int direct = 0, is_block = 0;
     if (PyTuple_GET_SIZE(info) == 8 && PyTuple_GET_ITEM(info, 6) != Py_None) {
         t1 = now();
         PyObject *shape = list_item(ctx, C_SHAPE, n0);
-        dg_direct_ctx dctx = {(PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY), PyTuple_GET_ITEM(ctx, C_EMPTY_LIKE),
-                              PyTuple_GET_ITEM(ctx, C_EMPTY)};
-        if (!shape || (direct = dg_direct_batch(&dctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, shape, B, &y)) < 0)
+        PyObject *dts = PyTuple_GET_ITEM(ctx, C_DTYPES);
+        const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, C_FORMAT));
+        if (!shape || !fmt)
+            goto done_info;
+        dg_direct_ctx dctx = {(PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY),
+                              {PyTuple_GET_ITEM(dts, 0), PyTuple_GET_ITEM(dts, 1)}, PyTuple_GET_ITEM(ctx, C_EMPTY),
+                              shape, B, !strcmp(fmt, "f") ? 0 : !strcmp(fmt, "d") ? 1 : -1, &is_block};
+        if ((direct = dg_direct_batch(&dctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, shape, B, &y)) < 0)
             goto done_info;
     }
-    if ((!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1))) || finish_output(ctx, &y, nodes, n0) < 0)
+    if (!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1)))
+        goto done_info;
+    if (!(direct && is_block) && finish_output(ctx, &y, nodes, n0) < 0)  /* a direct output checked itself */
         goto done_info;
     double t2 = now();
     if (place_and_record(ctx, info, nodes, cols, y, &xs, &plans, &kctx) < 0 || account(ctx, info, B, t0, t1, t2) < 0)

@@ -78,7 +78,11 @@ PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_
    (1 with *y its output, 0 when the batch does not fit it, -1 on error) */
 typedef struct {
     PyTypeObject *ndarray;
-    PyObject *empty_like, *empty;
+    PyObject *dtypes[2], *empty;  /* numpy's float32 and float64 dtypes; numpy.empty */
+    PyObject *shape;              /* the node's shape; the batch's rows; the graph's dtype (0, 1; -1 other) */
+    Py_ssize_t rows;
+    int want_t;
+    int *ready;                   /* set on success: whether the output is the batch's block as it is */
 } dg_direct_ctx;
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);

@@ -131,20 +131,47 @@ static int64_t *index_array(PyObject *data, Py_ssize_t bound) {
     return out;
 }
 
-/* numpy.empty(shape, x.dtype): the output of a data-reading kernel. */
-static PyObject *empty_of(const dg_direct_ctx *ctx, PyObject *shape, PyObject *x) {
-    PyObject *dt = PyObject_GetAttrString(x, "dtype");
-    if (!dt)
+/* *ctx->ready: whether the output w (of dtype t) is already the batch's block, as batch_run.c's
+   ready() would find (the graph's dtype, shape (B,) + the node's shape), so that it need not
+   export the output's buffer again to ask. */
+static void mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t) {
+    PyObject *shape = ctx->shape;
+    int ok = t == ctx->want_t && PyTuple_CheckExact(shape) && w->ndim == PyTuple_GET_SIZE(shape) + 1
+             && w->shape[0] == ctx->rows;
+    for (int d = 0; ok && d < w->ndim - 1; d++)
+        ok = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)) == w->shape[d + 1];
+    PyErr_Clear();
+    *ctx->ready = ok;
+}
+
+/* numpy.empty(shape, dtype t) (0 float32, 1 float64): a kernel's output. numpy.empty is C;
+   numpy.empty_like goes through a Python dispatcher first (~0.5 us, as much as a small kernel). */
+static PyObject *empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t) {
+    PyObject *argv[2] = {shape, ctx->dtypes[t]};
+    return PyObject_Vectorcall(ctx->empty, argv, 2, NULL);
+}
+
+/* numpy.empty(v's shape, dtype t). */
+static PyObject *empty_like_buffer(const dg_direct_ctx *ctx, const Py_buffer *v, int t) {
+    PyObject *shape = PyTuple_New(v->ndim);
+    if (!shape)
         return NULL;
-    PyObject *argv[2] = {shape, dt};
-    PyObject *out = PyObject_Vectorcall(ctx->empty, argv, 2, NULL);
-    Py_DECREF(dt);
+    for (int d = 0; d < v->ndim; d++) {
+        PyObject *e = PyLong_FromSsize_t(v->shape[d]);
+        if (!e) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, d, e);
+    }
+    PyObject *out = empty_of(ctx, shape, t);
+    Py_DECREF(shape);
     return out;
 }
 
-/* pickneglogsoftmax (DIRECT_PNLS) and lookup (DIRECT_TAKE): one argument x whose buffer is v,
+/* pickneglogsoftmax (DIRECT_PNLS) and lookup (DIRECT_TAKE): one argument, whose buffer is v,
    the batch's data list of indices. As direct_batch: 1 with *y, 0 when it does not fit, -1. */
-static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bound, int t, PyObject *x, Py_buffer *v,
+static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bound, int t, Py_buffer *v,
                           PyObject *data, PyObject **y) {
     if (!PyList_CheckExact(data))
         return 0;
@@ -178,7 +205,7 @@ static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t 
     for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++)
         if (!PyTuple_GET_ITEM(shape, d))
             goto out;
-    PyObject *made = empty_of(ctx, shape, x);
+    PyObject *made = empty_of(ctx, shape, t);
     Py_buffer w;
     if (!made || PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_XDECREF(made);
@@ -210,6 +237,7 @@ static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t 
     } else {
         ((take_f64)fn)(w.buf, v->buf, idx, (int64_t)B, (int64_t)n);
     }
+    mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = made;
     rc = 1;
@@ -241,17 +269,11 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
     for (Py_ssize_t i = 1; i < k; i++)
         if (v[i].ndim != 2 || v[i].shape[0] != B || v[i].shape[1] != H)
             return 0;
-    PyObject *made = PyObject_CallOneArg(ctx->empty_like, PyList_GET_ITEM(xs, k - 1));
+    PyObject *shape = Py_BuildValue("(nn)", B, H);
+    PyObject *made = shape ? empty_of(ctx, shape, t) : NULL;
+    Py_XDECREF(shape);
     if (!made)
         return -1;
-    if (k == 1) {  /* lstm_c without c_prev: (B, H) from pre (B, 4H), a slice's shape */
-        Py_DECREF(made);
-        PyObject *shape = Py_BuildValue("(nn)", B, H);
-        made = shape ? empty_of(ctx, shape, PyList_GET_ITEM(xs, 0)) : NULL;
-        Py_XDECREF(shape);
-        if (!made)
-            return -1;
-    }
     Py_buffer w;
     if (PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_DECREF(made);
@@ -275,6 +297,7 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
     } else {
         ((lstmh_f64)fn)(v[0].buf, c, w.buf, (int64_t)B, (int64_t)H);
     }
+    mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = made;
     return 1;
@@ -327,7 +350,7 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
         Py_INCREF(PyTuple_GET_ITEM(shape, d));
         PyTuple_SET_ITEM(full, d + 1, PyTuple_GET_ITEM(shape, d));
     }
-    PyObject *made = empty_of(ctx, full, PyList_GET_ITEM(xs, 0));
+    PyObject *made = empty_of(ctx, full, t);
     Py_DECREF(full);
     Py_buffer w;
     if (!made || PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -349,6 +372,7 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
             dst += part;
         }
     }
+    mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = made;
     return 1;
@@ -424,7 +448,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         return PyErr_Occurred() ? -1 : 0;
     }
     if (kind == DIRECT_PNLS || kind == DIRECT_TAKE) {
-        rc = direct_indexed(ctx, kind, bound, t, PyList_GET_ITEM(xs, 0), &v[0], data, y);
+        rc = direct_indexed(ctx, kind, bound, t, &v[0], data, y);
         goto out;
     }
     if (kind == DIRECT_LSTMC || kind == DIRECT_LSTMH) {
@@ -444,7 +468,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         B = batch_rows(v, k, &lead, &n);
     if (B == 0 || B * n > bound[t])
         goto out;
-    PyObject *out = PyObject_CallOneArg(ctx->empty_like, PyList_GET_ITEM(xs, lead));
+    PyObject *out = empty_like_buffer(ctx, &v[lead], t);
     Py_buffer w;
     if (!out || PyObject_GetBuffer(out, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_XDECREF(out);
@@ -452,7 +476,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         goto out;
     }
     if (w.len != B * n * v[0].itemsize) {
-        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty_like made an array of another size");
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
         PyBuffer_Release(&w);
         Py_DECREF(out);
         rc = -1;
@@ -493,6 +517,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         PyMem_Free(args);
         PyMem_Free(strides);
     }
+    mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = out;
     rc = 1;
