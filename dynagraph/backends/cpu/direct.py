@@ -1,19 +1,22 @@
-"""Direct kernels: the commonest small elementwise batches called from C without a Python frame.
+"""Direct kernels: the commonest small batches run from C without the op's Python frame.
 
 Per sentence most batches hold one node of H = 64-512 elements. Through the op's numpy
 code such a batch costs a Python frame, argument padding and a ufunc call (1-2 us);
 through cffi, building the pointers costs more than the arithmetic. The compiled batch
-step (kernels/cpython/batch_run.c) instead calls these kernels through function pointers
-handed to it once (`register`), after checking every operand's type, dtype, layout and
-shape itself: unary maps, binary maps whose operands share a row shape (one of them may
-be a shared row), and esum.
+step (kernels/cpython/batch_run.c, direct_batch.c) instead calls these kernels through
+function pointers handed to it once (`register`), after checking every operand's type,
+dtype, layout, shape and indices itself: unary maps, binary maps whose operands share a
+row shape (one of them may be a shared row), esum, pickneglogsoftmax, lookup and the
+fused LSTM cell ops (lstm_c, lstm_h). Concatenate along the first per-node axis is copied
+there, and affine/matmul with shared weights make the op's own numpy calls there.
 
-Each op's entry is (descriptor, twin). The descriptor tells batch_run.c which kernel and
-up to how many output elements it takes the C path; the twin is the same decision and the
-same kernel in Python (through cffi), the kernel executor.run_batch calls. So the compiled
+Each op's entry is (descriptor, twin, split). The descriptor tells direct_batch.c which
+kernel and up to how many elements it takes the C path; the twin is the same decision and
+the same kernel in Python (through cffi, or the op's own code where the C side makes the
+same numpy calls or an exact copy), the kernel executor.run_batch calls. So the compiled
 and the Python batch step leave bit-identical values; above the size bound, or for any
 other operand (a broadcast shape, another dtype, a backend's in-place operand), both run
-the backend's usual kernel for the op.
+the backend's usual kernel for the op. `split`: see DirectKernels.
 
 The bounds: numpy's AVX-512 loops win on long vectors; exp/tanh/log in float64 call libm
 per element (bench/kernels.py), so those take the C path on short vectors only.
@@ -33,8 +36,8 @@ from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
  DIRECT_AFFINE, DIRECT_MATMUL) = range(1, 11)
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
-TRANSCENDENTAL_F32_MAX = 4096
-TRANSCENDENTAL_F64_MAX = 256
+TRANSCENDENTAL_F32_MAX = 2048  # vectorized dg_expf; numpy's loop is faster beyond
+TRANSCENDENTAL_F64_MAX = 64    # libm per element: about even with numpy's call at 64
 _TRANSCENDENTAL = frozenset({"tanh", "logistic", "exp", "log", "pickneglogsoftmax"})  # bounds on x's size
 TAKE_MAX = 1 << 62        # lookup: a copy, as exact as numpy's; any table size
 
