@@ -84,11 +84,41 @@ _DTYPES, _EMPTY = (np.dtype(np.float32), np.dtype(np.float64)), np.empty
 _MISSING_DIRECT = object()
 
 
-# A batch of at most this many nodes whose op has a direct kernel (backends/cpu/direct.py) runs
+# A batch of at most SPLIT_MAX nodes whose op has a direct kernel (backends/cpu/direct.py) runs
 # node by node when an argument column would need a gather: a gather costs more (6-10 us: a
-# row index, a new block) than the batches it saves (~1.5 us each). The bidirectional LSTMs'
-# cells (forward and backward direction batched, pre-activations in two blocks) are the case.
+# row index, a new block) than the batches it saves (~1.5 us each). A larger one whose column
+# reads rows of at most GROUP_MAX blocks runs as one batch per block (then read in place): the
+# bidirectional LSTMs' cells (both directions batched, pre-activations in two blocks) are the
+# case, per sentence and per mini-batch (a 128-row gather of 4H-wide rows: ~50 us).
 SPLIT_MAX = 3
+GROUP_MAX = 4
+
+
+def _block_groups(cg, nodes, ids) -> list | None:
+    """The nodes grouped by the block holding their argument in `ids` (groups in order of first
+    appearance, nodes in batch order); None when the rows come from more than GROUP_MAX blocks."""
+    groups: dict = {}
+    blk = cg.blk
+    for n, i in zip(nodes, ids):
+        g = groups.get(blk[i])
+        if g is None:
+            if len(groups) == GROUP_MAX:
+                return None
+            g = groups[blk[i]] = []
+        g.append(n)
+    return [tuple(g) for g in groups.values()]
+
+
+def _split_parts(cg, nodes, ids) -> list | None:
+    """How a batch whose op may split runs instead of gathering argument column `ids` (twin of
+    batch_run.c's column()): node by node (at most SPLIT_MAX nodes), one batch per source block
+    (rows of several blocks, at most GROUP_MAX), or None: gather (or read as a slice)."""
+    kind = locate(cg.blk, cg.row, ids)[0]
+    if kind == SLICE:
+        return None
+    if len(nodes) <= SPLIT_MAX:
+        return [(n,) for n in nodes]
+    return _block_groups(cg, nodes, ids) if kind == MANY else None
 
 
 def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
@@ -125,17 +155,19 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     xs, plans = [], []
     ops, blocks = cg.op, cg.blocks
     split = _splittable(op, _direct_of(be, op))
-    may_split = 1 < len(nodes) <= SPLIT_MAX and (split == 1 or split == 2 and len(cg.shape[n0]) == 1)
+    may_split = len(nodes) > 1 and (split == 1 or split == 2 and len(cg.shape[n0]) == 1)
     for ids in cols:
         if ops[ids[0]].leaf:  # a shared parameter, as in gather(), without the call
             b = cg.blk[ids[0]]
             xs.append(blocks[b])
             plans.append((LEAF, b, None))
             continue
-        if may_split and locate(cg.blk, cg.row, ids)[0] != SLICE:
-            for n in nodes:  # node by node: each reads its arguments in place
-                run_batch(cg, be, (n,))
-            return
+        if may_split:
+            parts = _split_parts(cg, nodes, ids)
+            if parts is not None:
+                for part in parts:  # each part reads its arguments in place
+                    run_batch(cg, be, part)
+                return
         x, plan = _gather_arg(cg, be, ids, len(xs), op, stats)
         xs.append(x)
         plans.append(plan)
@@ -228,7 +260,8 @@ class _NativeBatches:
         self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
-                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, _EMPTY, SPLIT_MAX)
+                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, _EMPTY, SPLIT_MAX,
+                    GROUP_MAX)
         self.stats = stats
 
     def close(self) -> None:

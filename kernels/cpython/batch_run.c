@@ -22,6 +22,8 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   19 dtypes: (numpy.dtype float32, float64), 20 numpy.empty (the output of a direct kernel)
   21 split_max (executor.SPLIT_MAX): a batch of at most this many nodes whose op has a direct
      kernel runs node by node when one of its argument columns would need a gather
+  22 group_max (executor.GROUP_MAX): a larger one runs as one batch per source block when such a
+     column's rows come from at most this many blocks (executor._block_groups)
 
 An op's info may carry a 7th and 8th item: a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
@@ -36,7 +38,7 @@ the op may run node by node (split_max below).
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_GROUP_MAX, C_SIZE };
 enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
 
 static double now(void) {
@@ -126,11 +128,68 @@ static void gather_column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *
     }
 }
 
+/* The batch's nodes grouped by the block holding their argument in column `ids` (groups in order
+   of first appearance, nodes in batch order), as a tuple of tuples; Py_None when the rows come
+   from more than group_max blocks; NULL on error. executor._block_groups is the twin. */
+static PyObject *block_groups(PyObject *ctx, PyObject *nodes, PyObject *ids, Py_ssize_t group_max) {
+    PyObject *blk = PyTuple_GET_ITEM(ctx, C_BLK);
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes), n = 0;
+    PyObject *keys[16], *lists[16];
+    if (group_max > 16)
+        group_max = 16;
+    PyObject *out = NULL;
+    for (Py_ssize_t j = 0; j < B; j++) {
+        Py_ssize_t i = dg_index_in(PyTuple_GET_ITEM(ids, j), PyList_GET_SIZE(blk));
+        if (i < 0)
+            goto fail;
+        PyObject *b = PyList_GET_ITEM(blk, i);
+        Py_ssize_t g = 0;
+        for (; g < n; g++) {
+            int same = PyObject_RichCompareBool(keys[g], b, Py_EQ);
+            if (same < 0)
+                goto fail;
+            if (same)
+                break;
+        }
+        if (g == n) {
+            if (n == group_max) {
+                out = Py_None;
+                Py_INCREF(out);
+                goto done;
+            }
+            if (!(lists[n] = PyList_New(0)))
+                goto fail;
+            keys[n++] = b;
+        }
+        if (PyList_Append(lists[g], PyTuple_GET_ITEM(nodes, j)) < 0)
+            goto fail;
+    }
+    if (!(out = PyTuple_New(n)))
+        goto fail;
+    for (Py_ssize_t g = 0; g < n; g++) {
+        PyObject *t = PyList_AsTuple(lists[g]);
+        if (!t) {
+            Py_CLEAR(out);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(out, g, t);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    for (Py_ssize_t g = 0; g < n; g++)
+        Py_DECREF(lists[g]);
+    return out;
+}
+
 /* Argument column `ids` of the batch: appends its value and plan to xs and plans, 0.
    A parameter's block and a slice of one block are made here; anything else is gather_fn's,
-   except with may_split: then 1, nothing appended (the batch runs node by node). -1 on error. */
+   except with may_split (the op's direct kernel allows it): then 1, nothing appended, when the
+   batch has at most split_max nodes (it runs node by node), or 2 with *groups when the rows come
+   from a few blocks (it runs one batch per block). -1 on error. */
 static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans,
-                  int may_split) {
+                  int may_split, PyObject *nodes, PyObject **groups) {
     Py_ssize_t B = PyTuple_GET_SIZE(ids);
     Py_ssize_t first = dg_index_in(PyTuple_GET_ITEM(ids, 0), PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, C_OP)));
     if (first < 0)
@@ -150,13 +209,26 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
         if (!loc)
             return -1;
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(loc, 0));
+        if (kind != 1 && may_split) {
+            if (B <= PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
+                Py_DECREF(loc);
+                return 1;
+            }
+            if (kind == 3) {
+                PyObject *g = block_groups(ctx, nodes, ids, PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_GROUP_MAX)));
+                if (!g || g != Py_None) {
+                    Py_DECREF(loc);
+                    *groups = g;
+                    return g ? 2 : -1;
+                }
+                Py_DECREF(g);
+            }
+        }
         if (kind == 1)
             slice_column(ctx, loc, B, &x, &plan);
-        else if (!may_split)
+        else
             gather_column(ctx, ids, c, op, &x, &plan);
         Py_DECREF(loc);
-        if (kind != 1 && may_split)
-            return 1;
     }
     int rc = x && plan && PyList_Append(xs, x) == 0 && PyList_Append(plans, plan) == 0 ? 0 : -1;
     Py_XDECREF(x);
@@ -222,7 +294,8 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(ctx, C_RECORD), &PyTuple_Type)
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(ctx, C_DTYPES)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, C_DTYPES)) != 2
-        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_GROUP_MAX))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
     }
@@ -380,7 +453,6 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
     if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
-    Py_ssize_t split_max = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX));
     /* info[7]: 0 never, 1 always, 2 when the op's per-node value is a vector (executor._splittable) */
     long splittable = PyTuple_GET_SIZE(info) == 8 ? PyLong_AsLong(PyTuple_GET_ITEM(info, 7)) : 0;
     if (splittable == 2) {
@@ -391,21 +463,28 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     }
     if (PyErr_Occurred())
         goto done_info;
-    int may_split = B > 1 && B <= split_max && splittable == 1;
+    int may_split = B > 1 && splittable == 1;
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
-        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split);
+        PyObject *groups = NULL;
+        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split, nodes, &groups);
         if (got < 0)
             goto done_info;
-        if (got == 1) {  /* node by node: each reads its arguments in place (executor.run_batch) */
-            for (Py_ssize_t j = 0; j < B; j++) {
-                PyObject *one = PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j));
-                PyObject *oargv[2] = {ctx, one};
-                PyObject *r = one ? dg_run_batch_native(NULL, oargv, 2) : NULL;
-                Py_XDECREF(one);
-                if (!r)
+        if (got > 0) {  /* node by node, or block by block: each reads in place (executor.run_batch) */
+            Py_ssize_t parts = got == 1 ? B : PyTuple_GET_SIZE(groups);
+            for (Py_ssize_t j = 0; j < parts; j++) {
+                PyObject *part = got == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j)) : PyTuple_GET_ITEM(groups, j);
+                if (got == 2)
+                    Py_INCREF(part);
+                PyObject *oargv[2] = {ctx, part};
+                PyObject *r = part ? dg_run_batch_native(NULL, oargv, 2) : NULL;
+                Py_XDECREF(part);
+                if (!r) {
+                    Py_XDECREF(groups);
                     goto done_info;
+                }
                 Py_DECREF(r);
             }
+            Py_XDECREF(groups);
             res = Py_None;
             Py_INCREF(res);
             goto done_info;

@@ -152,16 +152,19 @@ def test_set_direct_kernels_checks_its_arguments():
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("split_max", [executor.SPLIT_MAX, 1])
-def test_small_batches_that_would_gather_run_node_by_node(monkeypatch, native, split_max):
+@pytest.mark.parametrize("split_max,group_max", [(executor.SPLIT_MAX, executor.GROUP_MAX), (1, executor.GROUP_MAX),
+                                                 (1, 1)])
+def test_batches_that_would_gather_run_in_parts(monkeypatch, native, split_max, group_max):
     """tanh over two products with different weights (two blocks): a gather would cost more than
-    the batch saves, so the two tanh nodes run as two batches reading in place (executor.SPLIT_MAX),
-    in the compiled and in the Python batch step alike; the values are the unbatched ones."""
+    the batch saves, so the two tanh nodes run as two batches reading in place, node by node
+    (executor.SPLIT_MAX) or block by block (GROUP_MAX), in the compiled and in the Python batch
+    step alike; the values are the unbatched ones. With neither (1, 1), the batch gathers."""
     _native_with_direct()
     monkeypatch.setattr(dy.config.config, "backend", "cpu")
     if not native:
         monkeypatch.setattr(executor, "_run_batch_native", None)
     monkeypatch.setattr(executor, "SPLIT_MAX", split_max)
+    monkeypatch.setattr(executor, "GROUP_MAX", group_max)
     with using("float64", 0):
         pc = dy.ParameterCollection()
         W1, W2 = (pc.parameters_from_numpy(np.arange(4.0).reshape(2, 2) * s) for s in (0.1, -0.2))
@@ -171,7 +174,31 @@ def test_small_batches_that_would_gather_run_node_by_node(monkeypatch, native, s
         out = dy.concatenate(ys)
         got = out.npvalue()
         stats = dy.cg().stats
-        assert (stats.gathers == 0) == (split_max >= 2)
+        assert (stats.gathers == 0) == (split_max >= 2 or group_max >= 2)
     A1, A2 = np.arange(4.0).reshape(2, 2) * 0.1, np.arange(4.0).reshape(2, 2) * -0.2
     want = np.concatenate([np.tanh(A1 @ [1.0, 2.0]), np.tanh(A2 @ [1.0, 2.0])])
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_large_batches_from_a_few_blocks_run_block_by_block(monkeypatch, native):
+    """Five tanh nodes over products from two weight matrices (two blocks, five rows): one batch
+    per block instead of a gather: each part reads its rows as a slice; the values are the same."""
+    _native_with_direct()
+    monkeypatch.setattr(dy.config.config, "backend", "cpu")
+    if not native:
+        monkeypatch.setattr(executor, "_run_batch_native", None)
+    with using("float64", 0):
+        pc = dy.ParameterCollection()
+        Ws = [pc.parameters_from_numpy(np.arange(4.0).reshape(2, 2) * s) for s in (0.1, -0.2)]
+        dy.renew_cg(scheduler="agenda")
+        xs = [dy.inputVector([1.0 + k, 2.0]) for k in range(5)]
+        ys = [dy.tanh(dy.parameter(Ws[k % 2]) * x) for k, x in enumerate(xs)]
+        got = dy.concatenate(ys).npvalue()
+        tanh_batches = [r for r in dy.cg().executed if type(r) is executor.ExecutedBatch
+                        and dy.cg().op[r.nodes[0]].name == "tanh"]
+        assert sorted(len(r.nodes) for r in tanh_batches) == [2, 3]
+        assert all(plan[0] == executor.SLICE for r in tanh_batches for plan in r.plans)
+    want = np.concatenate([np.tanh((np.arange(4.0).reshape(2, 2) * (0.1, -0.2)[k % 2]) @ [1.0 + k, 2.0])
+                           for k in range(5)])
     np.testing.assert_allclose(got, want, rtol=1e-13)
