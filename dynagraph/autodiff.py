@@ -161,7 +161,7 @@ def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
 
 _backward_native = getattr(NATIVE, "backward_batch_native", None)
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
-_ACC = ("kernel_calls", "t_backward", "t_memory")  # backward_batch_native's accumulator
+_ACC = ("kernel_calls", "t_backward", "t_memory", "scatters", "scatter_bytes")  # backward_batch_native's accumulator
 _PRODUCTS: dict = {}  # (weight_products, number of arguments) -> its pairs, for backward_batch_native
 
 
@@ -186,7 +186,8 @@ class _NativeBackward:
                                 be.backward_kernels.get(op.name, op.backward), op.weight_products),
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
-                    deferred, _PRODUCTS)
+                    deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),
+                    be.native_backward.row_index_type if be.native_backward is not None else None)
 
     def close(self) -> None:
         add_accumulated(self.stats, _ACC, self.acc)

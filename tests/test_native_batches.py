@@ -208,3 +208,41 @@ def test_native_backward_rejects_malformed_input():
             run(ctx, bad[:2] + (len(gb) + 3,) + bad[3:])
         run(ctx, record)  # no gradient for its block yet: nothing to do
         assert all(g is None for g in gb) and not deferred and not sums
+
+
+def _gathered_graph(pc):
+    """Per-sentence tagger outputs: every position's product reads its LSTM state from the
+    step's own block (a MANY gather over many blocks; the last state is read twice, a row
+    repeated in one gather)."""
+    lstm = dy.VanillaLSTMBuilder(1, 3, 4, pc)
+    W = dy.parameter(pc.add_parameters((2, 4)))
+    E = pc.add_lookup_parameters((7, 3))
+    hs = lstm.initial_state().transduce([dy.lookup(E, w) for w in (1, 4, 2, 6, 1)])
+    return [W * h for h in hs] + [W * hs[-1], dy.cmult(hs[1], hs[0])]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("scheduler", ["agenda"])
+def test_native_backward_scatters_gathered_rows_as_the_reference(monkeypatch, dtype, scheduler):
+    """A gathered argument's gradient (plan MANY) is added into every source block's rows in C
+    (grad_rows.c) when the backend offers its row index (native_backward): bit-identical
+    gradients, blocks and counts to autodiff.scatter's Python."""
+    from dynagraph.backends import get_backend
+    assert get_backend("cpu").native_backward is not None
+    runs = []
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(autodiff, "_backward_native", None)
+            runs.append(run_graph(scheduler, _gathered_graph, dtype=dtype))
+    a, b = runs
+    assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
+    assert a.cg.stats.scatters == b.cg.stats.scatters > 0
+    assert a.cg.stats.scatter_bytes == b.cg.stats.scatter_bytes
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_array_equal(x, y)

@@ -13,6 +13,7 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     fused_cells         the N-ary TreeLSTM cell over state tables       cavs/
     row_add             g[rows] += vals in one call, repeats included   cavs/
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
+    native_backward     the compiled backward step's own scatters        autodiff.py
 
 A lookup table's sparse gradient is the required `embedding_backward`. Parameters, their
 gradients and optimizer state are arrays of the backend's `xp`; `to_host` and `to_device`
@@ -86,6 +87,13 @@ class OptimizerRules(Protocol):
 
 
 @runtime_checkable
+class NativeBackward(Protocol):
+    """What the compiled backward step (kernels/cpython/backward_batch.c) may do itself:
+    scatter a gathered argument's gradient through the backend's checked row index."""
+    row_index_type: type
+
+
+@runtime_checkable
 class Backend(Protocol):
     """The required part, then the optional capabilities (None where absent)."""
     name: str                       # for messages and stats only: never branch on it
@@ -112,6 +120,8 @@ class Backend(Protocol):
     # (blocks, row index) -> an argument left in place that an op reading OpDef.rows_args may
     # take instead of the gathered copy (cpu/rowmm.py), or None where it cannot
     rows_operand: Optional[Callable[[list, Any], Any]]
+    native_backward: Optional[NativeBackward]
 
 
-CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand")
+CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand",
+                "native_backward")

@@ -19,6 +19,7 @@ class NumpyBackend:
     row_add = None
     optimizer_rules = None
     rows_operand = None
+    native_backward = None
 
     def __init__(self, xp=np):
         self.xp = xp

@@ -18,9 +18,12 @@ The context (autodiff._NativeBackward builds it once per backward pass) is a tup
   13 scatter_fn(plan, gx, B)                      (the broadcast and autodiff.scatter)
   14 leaf_sums: dict block -> list of dense parameter gradients
   15 ndarray   16 format of the graph's dtype ('f' or 'd')
-  17 acc: bytearray of 3 doubles the caller adds to stats (kernel_calls, t_backward, t_memory)
+  17 acc: bytearray of 5 doubles the caller adds to stats (kernel_calls, t_backward, t_memory,
+     scatters, scatter_bytes)
   18 deferred: dict block -> list of (g, x), autodiff._defer_weight_grads's (done here for ndarrays)
   19 products: dict (weight_products, nargs) -> its pairs, a cache
+  20 grad_block(b): block b's gradient made writable (autodiff._grad_block)
+  21 row_index_type: the backend's checked row index, whose MANY scatters run here (None: none do)
 */
 #include <time.h>
 
@@ -310,6 +313,8 @@ PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssi
         || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS)) || !PyType_Check(PyTuple_GET_ITEM(ctx, B_NDARRAY))
         || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_DEFERRED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_PRODUCTS))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, B_FORMAT)) || !PyByteArray_CheckExact(acc_b)
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_GRAD_BLOCK))
+        || (PyTuple_GET_ITEM(ctx, B_ROWINDEX) != Py_None && !PyType_Check(PyTuple_GET_ITEM(ctx, B_ROWINDEX)))
         || PyByteArray_GET_SIZE(acc_b) != ACC_SIZE * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: malformed context");
         return NULL;

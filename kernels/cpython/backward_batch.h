@@ -5,12 +5,17 @@
 #include "bookkeeping.h"
 
 enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_INFO_FN, B_XP, B_FULL, B_DEFER,
-       B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS, B_SIZE };
-enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SIZE };
-enum { LEAF = 0, SLICE = 1 };
+       B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS,
+       B_GRAD_BLOCK, B_ROWINDEX, B_SIZE };
+enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SCATTERS, ACC_SCATTER_BYTES, ACC_SIZE };
+enum { LEAF = 0, SLICE = 1, TAKE = 2, MANY = 3 };
 
 /* grad_scatter.c: the scatters done in C and the weight-product deferral (see there) */
 int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B);
 int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g, PyObject **need);
+
+/* grad_rows.c: scatters into gradient blocks made on demand (see there) */
+PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b);
+int dg_scatter_many(PyObject *ctx, PyObject *ix, Py_ssize_t B, const Py_buffer *x);
 
 #endif

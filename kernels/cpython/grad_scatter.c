@@ -148,30 +148,52 @@ static int scatter_slice(PyObject *ctx, PyObject *plan, Py_ssize_t b, PyObject *
     if (x->shape[0] != B || r0 < 0 || r0 + B > vrows)
         return 0;  /* a broadcast row, or rows the reference reports */
     PyObject *g = PyList_GET_ITEM(gb, b);
-    if (g == Py_None)
-        return adopt_gradient(ctx, gb, b, gx, x, r0, B, vrows);
-    PyObject *bkey = dg_int(b);
-    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
-    Py_XDECREF(bkey);
-    if (borrowed < 0)
-        return -1;
-    if (borrowed)
+    int rc;
+    if (g == Py_None) {
+        rc = adopt_gradient(ctx, gb, b, gx, x, r0, B, vrows);
+    } else {
+        PyObject *bkey = dg_int(b);
+        int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
+        Py_XDECREF(bkey);
+        if (borrowed < 0)
+            return -1;
+        if (!borrowed)
+            return add_into_rows(ctx, g, x, r0, B, vrows);
         /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
            block's own array in one pass (g + gx: the values of the reference's copy, then add) */
-        return borrowed_add(ctx, b, g, gx, x, r0, B, vrows);
-    return add_into_rows(ctx, g, x, r0, B, vrows);
+        rc = borrowed_add(ctx, b, g, gx, x, r0, B, vrows);
+    }
+    if (rc != 0)
+        return rc;
+    /* some rows of a block with no gradient yet (or a borrowed one): the reference's zero block
+       (or copy) made by grad_block, then the rows added into it */
+    if (!(g = dg_writable_grad(ctx, b)))
+        return -1;
+    rc = add_into_rows(ctx, g, x, r0, B, vrows);
+    Py_DECREF(g);
+    return rc;
 }
 
 /* The scatter cases done here; 1: done, 0: not a case of ours (the caller asks scatter_fn), -1: error.
      LEAF, a dense ndarray shaped like the block's rows: kept in leaf_sums (autodiff.scatter's first case);
      SLICE, no gradient yet, gx exactly the block's shape from row 0: adopted, borrowed (its second);
-     SLICE, an owned C-contiguous gradient block: gx added into its rows (its SLICE case). */
+     SLICE, an owned C-contiguous gradient block: gx added into its rows (its SLICE case), a missing
+       or borrowed one made by grad_block first;
+     MANY, a gathered argument: gx added into the rows of every block it was gathered from (grad_rows.c). */
 int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
     if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 3)
         return 0;
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
     if (kind == -1 && PyErr_Occurred())
         return -1;
+    if (kind == MANY) {
+        Py_buffer x;
+        if (!array_view(ctx, gx, &x))
+            return 0;
+        int rc = c_contiguous(&x) ? dg_scatter_many(ctx, PyTuple_GET_ITEM(plan, 1), B, &x) : 0;
+        PyBuffer_Release(&x);
+        return rc;
+    }
     if (kind != LEAF && kind != SLICE)
         return 0;
     PyObject *bo = PyTuple_GET_ITEM(plan, 1), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
