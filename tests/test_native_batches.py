@@ -7,6 +7,7 @@ under every built-in scheduler, float32 and float64, with and without runs.
 """
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
 
@@ -210,32 +211,62 @@ def test_native_backward_rejects_malformed_input():
         assert all(g is None for g in gb) and not deferred and not sums
 
 
-def _gathered_graph(pc):
+def _gathered_graph(pc, H: int = 4):
     """Per-sentence tagger outputs: every position's product reads its LSTM state from the
     step's own block (a MANY gather over many blocks; the last state is read twice, a row
-    repeated in one gather)."""
-    lstm = dy.VanillaLSTMBuilder(1, 3, 4, pc)
-    W = dy.parameter(pc.add_parameters((2, 4)))
+    repeated in one gather). The LSTM's gates are lstm_c / lstm_h nodes, its input products
+    a batch of affine nodes with a shared bias, the outputs a batch of matmul nodes; the
+    esum of ten rows of one block takes the one-add path (autodiff._one_row_add); a lookup,
+    an add and a pickneglogsoftmax."""
+    lstm = dy.VanillaLSTMBuilder(1, 3, H, pc)
+    W = dy.parameter(pc.add_parameters((2, H)))
     E = pc.add_lookup_parameters((7, 3))
-    hs = lstm.initial_state().transduce([dy.lookup(E, w) for w in (1, 4, 2, 6, 1)])
-    return [W * h for h in hs] + [W * hs[-1], dy.cmult(hs[1], hs[0])]
+    hs = lstm.initial_state().transduce([dy.lookup(E, w) for w in (1, 4, 2, 6, 1, 3, 5, 0, 2, 4)])
+    outs = [W * h for h in hs]
+    return outs + [W * hs[-1], dy.cmult(hs[1], hs[0]), dy.esum([dy.sum_elems(o) for o in outs]),
+                   dy.pickneglogsoftmax(outs[0] + outs[1], 1)]
+
+
+# what backward_ops.c and grad_rows.c stand in for
+_NATIVE_OPS = {"_lstm_c_backward", "_lstm_h_backward", "mm_grads", "ESum.backward", "_one_row_add",
+               "Lookup.backward", "embedding_backward", "_pnls_backward", "_binary.<locals>.backward"}
 
 
 @needs_native
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("scheduler", ["agenda"])
-def test_native_backward_scatters_gathered_rows_as_the_reference(monkeypatch, dtype, scheduler):
+@pytest.mark.parametrize("H", [4, 200])
+def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H):
     """A gathered argument's gradient (plan MANY) is added into every source block's rows in C
-    (grad_rows.c) when the backend offers its row index (native_backward): bit-identical
-    gradients, blocks and counts to autodiff.scatter's Python."""
+    (grad_rows.c) and the products' and LSTM gates' backward run in C (backward_ops.c) when
+    the backend offers them (native_backward): bit-identical gradients, blocks and counts to
+    autodiff's Python and the ops' own backward. H=200 in float64 is past the override's
+    LSTM_F64_MAX: the gates take the op's numpy code there, in both runs."""
     from dynagraph.backends import get_backend
     assert get_backend("cpu").native_backward is not None
-    runs = []
+    runs, called = [], []
     for native in (True, False):
+        seen = collections.Counter()
+
+        def profile(frame, event, arg):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            if event == "call" and name in _NATIVE_OPS:
+                seen[name] += 1
         with monkeypatch.context() as m:
             if not native:
                 m.setattr(autodiff, "_backward_native", None)
-            runs.append(run_graph(scheduler, _gathered_graph, dtype=dtype))
+            sys.setprofile(profile)
+            try:
+                runs.append(run_graph("agenda", lambda pc: _gathered_graph(pc, H), dtype=dtype))
+            finally:
+                sys.setprofile(None)
+        called.append(seen)
+    assert set(called[1]) == _NATIVE_OPS  # the reference ran each op's Python backward
+    for name in ("mm_grads", "ESum.backward", "Lookup.backward", "embedding_backward", "_pnls_backward"):
+        assert not called[0][name], name  # ... which the native step did not
+    assert called[0]["_binary.<locals>.backward"] < called[1]["_binary.<locals>.backward"]
+    # the graph's esum of ten rows is added in C; run_graph's esum of the outputs is not that case
+    assert called[0]["_one_row_add"] == called[1]["_one_row_add"] - 1
+    assert ("_lstm_c_backward" in called[0]) == (H == 200 and dtype == "float64")
     a, b = runs
     assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
     assert a.cg.stats.scatters == b.cg.stats.scatters > 0

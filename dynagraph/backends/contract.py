@@ -13,7 +13,7 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     fused_cells         the N-ary TreeLSTM cell over state tables       cavs/
     row_add             g[rows] += vals in one call, repeats included   cavs/
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
-    native_backward     the compiled backward step's own scatters        autodiff.py
+    native_backward     the compiled backward step's scatters and ops    autodiff.py
 
 A lookup table's sparse gradient is the required `embedding_backward`. Parameters, their
 gradients and optimizer state are arrays of the backend's `xp`; `to_host` and `to_device`
@@ -89,8 +89,12 @@ class OptimizerRules(Protocol):
 @runtime_checkable
 class NativeBackward(Protocol):
     """What the compiled backward step (kernels/cpython/backward_batch.c) may do itself:
-    scatter a gathered argument's gradient through the backend's checked row index."""
+    scatter a gathered argument's gradient through the backend's checked row index, and run
+    the ops named in `ops` (name -> backward_ops.c's code) there, with its C kernels' addresses."""
     row_index_type: type
+    ops: dict
+    kernels: bytes
+    lstm_f64_max: int
 
 
 @runtime_checkable

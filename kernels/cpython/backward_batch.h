@@ -6,7 +6,10 @@
 
 enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_INFO_FN, B_XP, B_FULL, B_DEFER,
        B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS,
-       B_GRAD_BLOCK, B_ROWINDEX, B_SIZE };
+       B_GRAD_BLOCK, B_ROWINDEX, B_REDUCE_TO, B_EMPTY, B_DTYPE, B_KERNELS, B_LSTM_F64_MAX,
+       B_TABLE_ARRAYS, B_SIZE };
+/* backward_ops.c's op codes (info[6]; backends/cpu/backward.py names them) */
+enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS };
 enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SCATTERS, ACC_SCATTER_BYTES, ACC_SIZE };
 enum { LEAF = 0, SLICE = 1, TAKE = 2, MANY = 3 };
 
@@ -17,5 +20,10 @@ int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *
 /* grad_rows.c: scatters into gradient blocks made on demand (see there) */
 PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b);
 int dg_scatter_many(PyObject *ctx, PyObject *ix, Py_ssize_t B, const Py_buffer *x);
+int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t B);
+
+/* backward_ops.c: the commonest ops' backward without a Python frame (see there) */
+PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need,
+                          PyObject *plans, PyObject *data);
 
 #endif

@@ -196,3 +196,84 @@ out:
     Py_XDECREF(shapes);
     return rc;
 }
+
+/* dy.esum(losses) (autodiff._one_row_run and _one_row_add): one node whose k arguments are
+   consecutive rows r0.. of one block, each needing the same (1, ...) gradient g0: g0 added into
+   each of those rows. 1 done, 0 not this case (the caller asks one_row_fn), -1 error. */
+int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t B) {
+    Py_ssize_t k = PyList_GET_SIZE(plans);
+    if (B != 1 || !PyTuple_CheckExact(gxs) || PyTuple_GET_SIZE(gxs) < k || PyTuple_GET_SIZE(need) < k || k < 1)
+        return 0;
+    PyObject *g0 = PyTuple_GET_ITEM(gxs, 0), *p0 = PyList_GET_ITEM(plans, 0);
+    if (!PyTuple_CheckExact(p0) || PyTuple_GET_SIZE(p0) != 3)
+        return 0;
+    PyObject *bo = PyTuple_GET_ITEM(p0, 1);
+    long kind = PyLong_Check(PyTuple_GET_ITEM(p0, 0)) ? PyLong_AsLong(PyTuple_GET_ITEM(p0, 0)) : -1;
+    Py_ssize_t r0 = PyLong_Check(PyTuple_GET_ITEM(p0, 2)) ? PyLong_AsSsize_t(PyTuple_GET_ITEM(p0, 2)) : -1;
+    Py_ssize_t b = PyLong_Check(bo) ? PyLong_AsSsize_t(bo) : -1;
+    PyErr_Clear();
+    if (kind != SLICE || r0 < 0 || b < 0 || b >= PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_BLOCKS)))
+        return 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *p = PyList_GET_ITEM(plans, j);
+        if (PyTuple_GET_ITEM(gxs, j) != g0 || PyTuple_GET_ITEM(need, j) != Py_True || !PyTuple_CheckExact(p)
+            || PyTuple_GET_SIZE(p) != 3 || PyTuple_GET_ITEM(p, 0) != PyTuple_GET_ITEM(p0, 0)
+            || PyLong_AsSsize_t(PyTuple_GET_ITEM(p, 1)) != b || PyLong_AsSsize_t(PyTuple_GET_ITEM(p, 2)) != r0 + j) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    Py_buffer x;
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    if (!fmt || Py_TYPE(g0) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY)) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyObject_GetBuffer(g0, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *shape = PyObject_GetAttrString(PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_BLOCKS), b), "shape");
+    int rc = 0;
+    Py_buffer t;
+    /* g0 is one row shaped like the block's rows: x.shape == (1,) + block.shape[1:] */
+    int fits = shape && PyTuple_CheckExact(shape) && x.format && !strcmp(x.format, fmt) && x.ndim >= 1
+               && x.shape[0] == 1 && x.ndim == PyTuple_GET_SIZE(shape);
+    for (int i = 1; fits && i < x.ndim; i++)
+        fits = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) == x.shape[i];
+    PyErr_Clear();
+    if (fits) {
+        PyObject *g = dg_writable_grad(ctx, b);
+        if (!g) {
+            rc = -1;
+        } else {
+            if (target_view(ctx, g, shape, fmt, &t)) {
+                if (r0 + k <= t.shape[0] && !overlaps(&t, &x)) {
+                    Py_ssize_t width = x.len / x.itemsize;
+                    for (Py_ssize_t j = 0; j < k; j++) {
+                        if (x.itemsize == 4) {
+                            float *o = (float *)t.buf + (r0 + j) * width;
+                            const float *a = (const float *)x.buf;
+                            for (Py_ssize_t i = 0; i < width; i++)
+                                o[i] += a[i];
+                        } else {
+                            double *o = (double *)t.buf + (r0 + j) * width;
+                            const double *a = (const double *)x.buf;
+                            for (Py_ssize_t i = 0; i < width; i++)
+                                o[i] += a[i];
+                        }
+                    }
+                    double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, B_ACC));
+                    acc[ACC_SCATTERS] += 1;
+                    acc[ACC_SCATTER_BYTES] += (double)x.len * (double)k;
+                    rc = 1;
+                }
+                PyBuffer_Release(&t);
+            }
+            Py_DECREF(g);
+        }
+    }
+    Py_XDECREF(shape);
+    PyBuffer_Release(&x);
+    return rc;
+}

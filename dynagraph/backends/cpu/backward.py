@@ -1,22 +1,50 @@
 """What the compiled backward step (kernels/cpython/backward_batch.c) may do itself on this
 backend: the `native_backward` capability of backends/contract.py.
 
-The step's reference is autodiff's Python (_batch_step, scatter); a backend without this
-capability (numpy, cuda) keeps it. Here the step reads the backend's own checked row index
-(rows.RowIndex: its rows were range-checked against the shapes it records, and each target
-gradient block is checked to have that shape before a row is written), so a gathered
-argument's gradient is scattered without leaving C.
+The step's reference is autodiff's Python (_batch_step, scatter) and each op's own backward
+(or this backend's override of it); a backend without this capability (numpy, cuda) keeps
+them. Here the step may
+  * read the backend's own checked row index (rows.RowIndex: its rows were range-checked
+    against the shapes it records, and each target gradient block is checked to have that
+    shape before a row is written), so a gathered argument's gradient is scattered in C;
+  * run the commonest ops' backward without a Python frame (kernels/cpython/backward_ops.c):
+    a product's input gradient by numpy's @, the LSTM gates and pickneglogsoftmax through the
+    C kernels' addresses, esum's and add's (the output gradient, shared), a lookup's rows
+    added into its table's gradient by the embedding kernel (embedding_backward's).
+    An op is offered only where the step's code is the path this backend runs for it: the
+    op's own backward where no override replaces it, the C adapters (overrides.py) where they
+    are installed, with the same size thresholds.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 
+from .ffi import ffi, lib
+from .overrides import LSTM_F64_MAX, _lstm_c_backward, _lstm_h_backward, _pnls_backward
 from .rows import RowIndex
+
+# backward_ops.c's op codes (its NB_* enum) and the overrides they stand for (None: the op's own)
+_CODES = {"matmul": (1, None), "affine": (2, None), "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
+          "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward)}
+# backward_ops.c's kernel table, in its slot order
+_KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
+            "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64")
+
+
+def _addresses() -> bytes:
+    return struct.pack(f"<{len(_KERNELS)}Q", *(int(ffi.cast("uintptr_t", getattr(lib, n))) for n in _KERNELS))
 
 
 @dataclass(frozen=True)
 class NativeBackward:
-    row_index_type: type  # the MANY plans' row index whose scatters run in C
+    row_index_type: type                      # the MANY plans' row index whose scatters run in C
+    ops: dict = field(default_factory=dict)   # op name -> backward_ops.c's code
+    kernels: bytes = b""                      # backward_ops.c's kernel addresses
+    lstm_f64_max: int = LSTM_F64_MAX          # the override's float64 threshold, kept by the C path
 
 
-NATIVE_BACKWARD = NativeBackward(row_index_type=RowIndex)
+def native_backward(backward_kernels: dict) -> NativeBackward:
+    """The capability for a backend whose installed backward overrides are `backward_kernels`."""
+    ops = {name: code for name, (code, override) in _CODES.items() if backward_kernels.get(name) is override}
+    return NativeBackward(RowIndex, ops, _addresses())
