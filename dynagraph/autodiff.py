@@ -156,8 +156,11 @@ def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
     """Each parameter block's deferred dense gradients (one (B, ...) array per batch), summed
     over every row of every batch in one reduction and added to (or adopted as) its block."""
     for b, parts in leaf_sums.items():
-        total = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True)
-        if not gb.adopt(b, total, cg.blocks[b].shape, True):
+        if len(parts) == 1 and parts[0].shape[0] == 1:  # one row is its own sum (per sentence, most biases):
+            total, owned = parts[0], False             # borrowed, as it may be another block's gradient
+        else:
+            total, owned = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True), True
+        if not gb.adopt(b, total, cg.blocks[b].shape, owned):
             _grad_block(cg, xp, gb, b)[...] += total
 
 
@@ -186,7 +189,7 @@ class _NativeBackward:
         self.ctx = (cg.op, cg.needs_grad, cg.data, cg.attrs, cg.blocks, gb, gb.borrowed, _op_infos(be),
                     lambda op: (op.backward is not None, op.uses_data, op.saves_ctx, op.inner_kernels,
                                 be.backward_kernels.get(op.name, op.backward), op.weight_products,
-                                nb.ops.get(op.name, 0) if nb is not None else 0, op.backward),
+                                nb.code(op, be.backward_kernels) if nb is not None else 0, op.backward),
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
                     deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),

@@ -217,14 +217,18 @@ def _gathered_graph(pc, H: int = 4):
     repeated in one gather). The LSTM's gates are lstm_c / lstm_h nodes, its input products
     a batch of affine nodes with a shared bias, the outputs a batch of matmul nodes; the
     esum of ten rows of one block takes the one-add path (autodiff._one_row_add); a lookup,
-    an add and a pickneglogsoftmax."""
+    an add and a pickneglogsoftmax; concatenations and a transpose, whose arguments' gradients
+    are strided views."""
     lstm = dy.VanillaLSTMBuilder(1, 3, H, pc)
     W = dy.parameter(pc.add_parameters((2, H)))
     E = pc.add_lookup_parameters((7, 3))
     hs = lstm.initial_state().transduce([dy.lookup(E, w) for w in (1, 4, 2, 6, 1, 3, 5, 0, 2, 4)])
     outs = [W * h for h in hs]
     return outs + [W * hs[-1], dy.cmult(hs[1], hs[0]), dy.esum([dy.sum_elems(o) for o in outs]),
-                   dy.pickneglogsoftmax(outs[0] + outs[1], 1)]
+                   dy.pickneglogsoftmax(outs[0] + outs[1], 1),
+                   dy.cmult(dy.transpose(dy.concatenate_cols([hs[2], hs[3]])),
+                            dy.transpose(dy.concatenate_cols([hs[3], hs[2]]))),
+                   dy.concatenate([hs[4], hs[5]])]
 
 
 # what backward_ops.c and grad_rows.c stand in for

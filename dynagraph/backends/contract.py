@@ -89,12 +89,13 @@ class OptimizerRules(Protocol):
 @runtime_checkable
 class NativeBackward(Protocol):
     """What the compiled backward step (kernels/cpython/backward_batch.c) may do itself:
-    scatter a gathered argument's gradient through the backend's checked row index, and run
-    the ops named in `ops` (name -> backward_ops.c's code) there, with its C kernels' addresses."""
+    scatter a gathered argument's gradient through the backend's checked row index, and run an
+    op's backward there (code(op, backward_kernels) > 0) with its C kernels' addresses."""
     row_index_type: type
-    ops: dict
     kernels: bytes
     lstm_f64_max: int
+
+    def code(self, op, backward_kernels: dict) -> int: ...
 
 
 @runtime_checkable

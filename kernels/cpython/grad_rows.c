@@ -81,38 +81,32 @@ static int target_view(PyObject *ctx, PyObject *g, PyObject *shape, const char *
     return fits;
 }
 
-static int overlaps(const Py_buffer *a, const Py_buffer *b) {
-    const char *a0 = a->buf, *b0 = b->buf;
-    return a0 < b0 + b->len && b0 < a0 + a->len;
+/* Whether the target t (contiguous) and x's rows (`xspan` bytes from x->buf) share memory. */
+static int overlaps(const Py_buffer *t, const Py_buffer *x, Py_ssize_t xspan) {
+    const char *a0 = t->buf, *b0 = x->buf;
+    return a0 < b0 + xspan && b0 < a0 + t->len;
 }
 
-/* The adds themselves: row j of x into row rows[j] of target local[j]; in row order, so repeated
-   rows sum in the order of the reference's kernel. 1 done, 0 an index out of range (not ours). */
-static int add_rows_into(Py_buffer *targets, Py_ssize_t nt, const Py_buffer *x, const int64_t *local,
-                         const int64_t *rows, Py_ssize_t n, Py_ssize_t width) {
+/* The adds themselves: row j of x (rows `stride` bytes apart) into row rows[j] of target
+   local[j]; in row order, so repeated rows sum in the order of the reference's kernel.
+   1 done, 0 an index out of range (not ours). */
+static int add_rows_into(Py_buffer *targets, Py_ssize_t nt, const Py_buffer *x, Py_ssize_t stride, Py_ssize_t estride,
+                         const int64_t *local, const int64_t *rows, Py_ssize_t n, Py_ssize_t width) {
     for (Py_ssize_t j = 0; j < n; j++)  /* checked first: nothing is written unless all fit */
         if (local[j] < 0 || local[j] >= nt || rows[j] < 0 || rows[j] >= targets[local[j]].shape[0])
             return 0;
     for (Py_ssize_t j = 0; j < n; j++) {
         Py_buffer *t = &targets[local[j]];
-        if (x->itemsize == 4) {
-            float *o = (float *)t->buf + rows[j] * width;
-            const float *a = (const float *)x->buf + j * width;
-            for (Py_ssize_t i = 0; i < width; i++)
-                o[i] += a[i];
-        } else {
-            double *o = (double *)t->buf + rows[j] * width;
-            const double *a = (const double *)x->buf + j * width;
-            for (Py_ssize_t i = 0; i < width; i++)
-                o[i] += a[i];
-        }
+        dg_add_rows((char *)t->buf + rows[j] * width * t->itemsize, (const char *)x->buf + j * stride,
+                    (int)x->itemsize, 0, estride, 1, width);
     }
     return 1;
 }
 
 /* The targets of every block of the index, made writable and checked (views in t[0..nt-1]);
    1 ok, 0 not ours (t released), -1 error (t released). */
-static int targets_of(PyObject *ctx, PyObject *ids, PyObject *shapes, const Py_buffer *x, Py_buffer *t) {
+static int targets_of(PyObject *ctx, PyObject *ids, PyObject *shapes, const Py_buffer *x, Py_ssize_t xspan,
+                      Py_buffer *t) {
     const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     Py_ssize_t nt = PyTuple_GET_SIZE(ids), k = 0;
     int rc = fmt ? 1 : -1;
@@ -131,7 +125,7 @@ static int targets_of(PyObject *ctx, PyObject *ids, PyObject *shapes, const Py_b
         }
         int ok = target_view(ctx, g, PyTuple_GET_ITEM(shapes, k), fmt, &t[k]);
         Py_DECREF(g);  /* gb holds it; the view holds its buffer */
-        if (ok && overlaps(&t[k], x)) {  /* the values must not change while added (Python copies) */
+        if (ok && overlaps(&t[k], x, xspan)) {  /* the values must not change while added (Python copies) */
             PyBuffer_Release(&t[k]);
             ok = 0;
         }
@@ -148,11 +142,13 @@ static int targets_of(PyObject *ctx, PyObject *ids, PyObject *shapes, const Py_b
 
 enum { MAX_TARGETS = 64 };  /* more blocks than this in one gather: the Python scatter */
 
-/* MANY: gx (B rows, C-contiguous, of the graph's dtype) added into the rows of the row index `ix`.
+/* MANY: gx (B rows, each contiguous, of the graph's dtype) added into the rows of the row index `ix`.
    1 done, 0 not a case of ours (nothing written; the caller asks scatter_fn), -1 error. */
 int dg_scatter_many(PyObject *ctx, PyObject *ix, Py_ssize_t B, const Py_buffer *x) {
     PyObject *ix_type = PyTuple_GET_ITEM(ctx, B_ROWINDEX);
-    if (ix_type == Py_None || Py_TYPE(ix) != (PyTypeObject *)ix_type || x->shape[0] != B)
+    Py_ssize_t stride, xwidth, estride;
+    if (ix_type == Py_None || Py_TYPE(ix) != (PyTypeObject *)ix_type || x->shape[0] != B
+        || !dg_row_layout(x, &stride, &xwidth, &estride))
         return 0;
     PyObject *ids = PyObject_GetAttrString(ix, "ids"), *shapes = PyObject_GetAttrString(ix, "shapes");
     Py_buffer local, rows, t[MAX_TARGETS];
@@ -171,13 +167,13 @@ int dg_scatter_many(PyObject *ctx, PyObject *ix, Py_ssize_t B, const Py_buffer *
         goto out;
     for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(s0); i++)
         width *= PyLong_AsSsize_t(PyTuple_GET_ITEM(s0, i));
-    if (PyErr_Occurred() || width < 0 || x->len != n * width * x->itemsize)
+    if (PyErr_Occurred() || width < 0 || n != B || xwidth != width)
         goto out;
     Py_ssize_t nt = PyTuple_GET_SIZE(ids);
-    rc = targets_of(ctx, ids, shapes, x, t);
+    rc = targets_of(ctx, ids, shapes, x, dg_row_extent(x, stride, xwidth, estride), t);
     if (rc != 1)
         goto out;
-    rc = add_rows_into(t, nt, x, (const int64_t *)local.buf, (const int64_t *)rows.buf, n, width);
+    rc = add_rows_into(t, nt, x, stride, estride, (const int64_t *)local.buf, (const int64_t *)rows.buf, n, width);
     for (Py_ssize_t k = 0; k < nt; k++)
         PyBuffer_Release(&t[k]);
     if (rc == 1) {
@@ -248,21 +244,9 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
             rc = -1;
         } else {
             if (target_view(ctx, g, shape, fmt, &t)) {
-                if (r0 + k <= t.shape[0] && !overlaps(&t, &x)) {
-                    Py_ssize_t width = x.len / x.itemsize;
-                    for (Py_ssize_t j = 0; j < k; j++) {
-                        if (x.itemsize == 4) {
-                            float *o = (float *)t.buf + (r0 + j) * width;
-                            const float *a = (const float *)x.buf;
-                            for (Py_ssize_t i = 0; i < width; i++)
-                                o[i] += a[i];
-                        } else {
-                            double *o = (double *)t.buf + (r0 + j) * width;
-                            const double *a = (const double *)x.buf;
-                            for (Py_ssize_t i = 0; i < width; i++)
-                                o[i] += a[i];
-                        }
-                    }
+                if (r0 + k <= t.shape[0] && !overlaps(&t, &x, x.len)) {
+                    Py_ssize_t width = x.len / x.itemsize;  /* x: one contiguous row, added into each of k */
+                    dg_add_rows((char *)t.buf + r0 * width * t.itemsize, x.buf, (int)x.itemsize, 0, x.itemsize, k, width);
                     double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, B_ACC));
                     acc[ACC_SCATTERS] += 1;
                     acc[ACC_SCATTER_BYTES] += (double)x.len * (double)k;

@@ -94,11 +94,13 @@ static int adopt_gradient(PyObject *ctx, PyObject *gb, Py_ssize_t b, PyObject *g
     return 1;
 }
 
-/* SLICE into an owned gradient block g: x (C-contiguous) added into its rows r0 .. r0+B-1
-   in place. 1 added, 0 not our case (g not a writable C-contiguous array of those rows,
-   or an overlap: numpy buffers an overlapping add, this loop would not). */
+/* SLICE into an owned gradient block g: x's rows (each contiguous, any row stride: a
+   concatenate's gradient is a view) added into its rows r0 .. r0+B-1 in place. 1 added, 0 not
+   our case (g not a writable C-contiguous array of those rows, or an overlap: numpy buffers
+   an overlapping add, this loop would not). */
 static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0, Py_ssize_t B, Py_ssize_t vrows) {
-    if (!c_contiguous(x))
+    Py_ssize_t stride, xwidth, estride;
+    if (!dg_row_layout(x, &stride, &xwidth, &estride))
         return 0;
     Py_INCREF(g);
     Py_buffer d;
@@ -113,21 +115,11 @@ static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0
         Py_ssize_t width = 1;
         for (int i = 1; i < d.ndim; i++)
             width *= d.shape[i];
-        Py_ssize_t n = B * width;
         char *dst = (char *)d.buf + r0 * width * d.itemsize;
         const char *src = x->buf;
-        if (src + n * x->itemsize <= dst || dst + n * d.itemsize <= src) {
-            if (d.itemsize == 4) {
-                float *o = (float *)dst;
-                const float *a = (const float *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            } else {
-                double *o = (double *)dst;
-                const double *a = (const double *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            }
+        Py_ssize_t n = B * width * d.itemsize, xn = dg_row_extent(x, stride, xwidth, estride);
+        if (xwidth == width && (src + xn <= dst || dst + n <= src)) {
+            dg_add_rows(dst, src, (int)d.itemsize, stride, estride, B, width);
             rc = 1;
         }
     }
@@ -190,7 +182,7 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
         Py_buffer x;
         if (!array_view(ctx, gx, &x))
             return 0;
-        int rc = c_contiguous(&x) ? dg_scatter_many(ctx, PyTuple_GET_ITEM(plan, 1), B, &x) : 0;
+        int rc = dg_scatter_many(ctx, PyTuple_GET_ITEM(plan, 1), B, &x);
         PyBuffer_Release(&x);
         return rc;
     }

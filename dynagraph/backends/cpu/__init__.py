@@ -41,7 +41,7 @@ from .cells import (_gates, _state, _opt, lstm_forward, lstm_backward, gru_gates
     treelstm_forward, _not_a_kid_row, _rows_p, treelstm_backward, TreeCellPlan)  # noqa: F401
 from .rowmm import RowsOperand, OuterRows, rows_operand  # noqa: F401
 from .heap import keep_freed_memory
-from .backward import native_backward
+from .backward import NATIVE_BACKWARD
 from .optim import (_rule_args, _rows_ptr, sgd_update, momentum_update, adagrad_update, adam_update)  # noqa: F401
 from .overrides import (_is_real, _exp_worth, UNARY_FWD_MIN, UNARY_FWD_F32_ONLY, UNARY_BWD_MIN, CMULT_SHARED_BWD_MIN,
     ROW_SUMS_MIN, SOFTMAX_BWD_MIN, _unary_forward, _unary_backward, _binary_fits, _binary_forward, _binary_backward,
@@ -72,7 +72,7 @@ class CpuBackend(NumpyBackend):
             fwd, bwd = installed_kernels()
             self.forward_kernels.update(fwd)
             self.backward_kernels.update(bwd)
-        self.native_backward = native_backward(self.backward_kernels)
+        self.native_backward = NATIVE_BACKWARD
 
     # ------------------------------------------------------------ row movement
     # take_rows (one source block) stays numpy: a single fancy index beats the call.

@@ -39,12 +39,16 @@ def _addresses() -> bytes:
 @dataclass(frozen=True)
 class NativeBackward:
     row_index_type: type                      # the MANY plans' row index whose scatters run in C
-    ops: dict = field(default_factory=dict)   # op name -> backward_ops.c's code
+    ops: dict = field(default_factory=dict)   # op name -> (backward_ops.c's code, the kernel it stands for)
     kernels: bytes = b""                      # backward_ops.c's kernel addresses
     lstm_f64_max: int = LSTM_F64_MAX          # the override's float64 threshold, kept by the C path
 
+    def code(self, op, backward_kernels: dict) -> int:
+        """backward_ops.c's code for `op` on a backend whose backward overrides are
+        `backward_kernels` (0: none): only where the override in place is the one it stands
+        for (None: the op's own backward, no override)."""
+        code, stands_for = self.ops.get(op.name, (0, None))
+        return code if backward_kernels.get(op.name) is stands_for else 0
 
-def native_backward(backward_kernels: dict) -> NativeBackward:
-    """The capability for a backend whose installed backward overrides are `backward_kernels`."""
-    ops = {name: code for name, (code, override) in _CODES.items() if backward_kernels.get(name) is override}
-    return NativeBackward(RowIndex, ops, _addresses())
+
+NATIVE_BACKWARD = NativeBackward(RowIndex, dict(_CODES), _addresses())
