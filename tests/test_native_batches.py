@@ -281,3 +281,21 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
         assert (x is None) == (y is None)
         if x is not None:
             np.testing.assert_array_equal(x, y)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_outer_product_is_numpys_and_checks_its_operands(dtype):
+    """autodiff._outer (a one-row weight gradient g^T x) equals numpy's product bit for bit; the
+    C function refuses anything it does not take instead of reading past a buffer."""
+    rng = np.random.default_rng(3)
+    G, X = rng.standard_normal((1, 7)).astype(dtype), rng.standard_normal((1, 5)).astype(dtype)
+    np.testing.assert_array_equal(autodiff._outer(np, G, X), (G.T @ X)[None])
+    np.testing.assert_array_equal(autodiff._outer(np, G, X[:, ::-1]), (G.T @ X[:, ::-1])[None])  # numpy's path
+    run = NATIVE.outer_product
+    with pytest.raises(TypeError):
+        run(np.empty((7, 4), dtype), G, X)  # wrong size
+    with pytest.raises(TypeError):
+        run(np.empty((7, 5), np.float32 if dtype == np.float64 else np.float64), G, X)  # mixed dtypes
+    with pytest.raises(TypeError):
+        run(G, G, G)  # overlapping

@@ -1,5 +1,6 @@
 /* dynagraph._bookkeeping: module definition (see bookkeeping.h). */
 #include "bookkeeping.h"
+#include "backward_batch.h"  /* dg_outer_product */
 
 #define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))dg_##name, METH_FASTCALL, doc}
 
@@ -15,6 +16,7 @@ static PyMethodDef functions[] = {
     FAST(run_batch_native, "run_batch_native(ctx, nodes): executor.run_batch for one batch; see batch_run.c."),
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),
+    FAST(outer_product, "outer_product(out, g, x): out = g^T x for one row g and x (a one-row weight gradient)."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "
                     "reads its arguments; see dynagraph/runs.py."),
