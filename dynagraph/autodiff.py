@@ -210,7 +210,7 @@ class _NativeBackward:
                     deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),
                     nb.row_index_type if nb is not None else None, reduce_to, xp.empty, np.dtype(cg.dtype),
                     nb.kernels if nb is not None else b"", nb.lstm_f64_max if nb is not None else 0,
-                    lambda b: _table_arrays(cg.leaf_param(b)))
+                    lambda b: _table_arrays(cg.leaf_param(b)), xp.zeros)
 
     def close(self) -> None:
         add_accumulated(self.stats, _ACC, self.acc)

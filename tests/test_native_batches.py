@@ -256,6 +256,7 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
             if event == "call" and name in _NATIVE_OPS:
                 seen[name] += 1
         with monkeypatch.context() as m:
+            m.setattr(dynagraph_config, "backend", "cpu")
             if not native:
                 m.setattr(autodiff, "_backward_native", None)
             sys.setprofile(profile)

@@ -30,6 +30,7 @@ The context (autodiff._NativeBackward builds it once per backward pass) is a tup
   25 kernels: bytes, the addresses of backward_ops.c's C kernels (uint64 each; backends/cpu/backward.py)
   26 lstm_f64_max: the largest float64 LSTM batch the C kernel takes (the override's threshold)
   27 table_arrays(b): (grad, touched) of the lookup table whose value block is b, or None
+  28 zeros (xp.zeros): a missing gradient block, zeroed, as autodiff._grad_block makes it
 */
 #include <time.h>
 
@@ -338,8 +339,10 @@ PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssi
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_GRAD_BLOCK))
         || (PyTuple_GET_ITEM(ctx, B_ROWINDEX) != Py_None && !PyType_Check(PyTuple_GET_ITEM(ctx, B_ROWINDEX)))
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_REDUCE_TO)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_EMPTY))
-        || !PyBytes_CheckExact(PyTuple_GET_ITEM(ctx, B_KERNELS)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, B_LSTM_F64_MAX))
+        || !PyBytes_CheckExact(PyTuple_GET_ITEM(ctx, B_KERNELS))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, B_LSTM_F64_MAX))
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_TABLE_ARRAYS))
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_ZEROS))
         || PyByteArray_GET_SIZE(acc_b) != ACC_SIZE * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: malformed context");
         return NULL;

@@ -7,7 +7,7 @@
 enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_INFO_FN, B_XP, B_FULL, B_DEFER,
        B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS,
        B_GRAD_BLOCK, B_ROWINDEX, B_REDUCE_TO, B_EMPTY, B_DTYPE, B_KERNELS, B_LSTM_F64_MAX,
-       B_TABLE_ARRAYS, B_SIZE };
+       B_TABLE_ARRAYS, B_ZEROS, B_SIZE };
 /* backward_ops.c's op codes (info[6]; backends/cpu/backward.py names them) */
 enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS };
 enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SCATTERS, ACC_SCATTER_BYTES, ACC_SIZE };
@@ -52,8 +52,8 @@ static inline Py_ssize_t dg_row_extent(const Py_buffer *x, Py_ssize_t stride, Py
 
 /* dst rows (contiguous, width elements each) += n rows of x from `src` in the layout above, in row order
    (callers check that dst and x do not overlap: restrict). */
-DG_VECTORIZE static inline void dg_add_rows(char *dst, const char *src, int itemsize, Py_ssize_t stride, Py_ssize_t estride,
-                               Py_ssize_t n, Py_ssize_t width) {
+DG_VECTORIZE static inline void dg_add_rows(char *dst, const char *src, int itemsize, Py_ssize_t stride,
+                                            Py_ssize_t estride, Py_ssize_t n, Py_ssize_t width) {
     for (Py_ssize_t j = 0; j < n; j++) {
         const char *r = src + j * stride;
         if (itemsize == 4) {

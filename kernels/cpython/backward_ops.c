@@ -355,13 +355,15 @@ static PyObject *lookup(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *plan
         PyErr_Clear();
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(data), width = x.ndim >= 1 && x.shape[0] == n ? x.len / x.itemsize / (n ? n : 1) : -1;
+    Py_ssize_t n = PyList_GET_SIZE(data);
+    Py_ssize_t width = x.ndim >= 1 && x.shape[0] == n ? x.len / x.itemsize / (n ? n : 1) : -1;
     int f32 = x.itemsize == 4;
     uintptr_t fn = kernel_address(ctx, f32 ? 4 : 5);
     PyObject *arrays = NULL, *out = NULL;
     Py_buffer gv, tv;
     int64_t *ids = NULL;
-    if (width < 0 || !fn || !(arrays = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, B_TABLE_ARRAYS), PyTuple_GET_ITEM(plan, 1))))
+    if (width < 0 || !fn
+        || !(arrays = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, B_TABLE_ARRAYS), PyTuple_GET_ITEM(plan, 1))))
         goto out;
     if (arrays == Py_None || !table_views(ctx, arrays, width, &gv, &tv))
         goto out;
@@ -462,8 +464,8 @@ DG_VECTORIZE static void outer_f32(float *restrict out, const float *restrict g,
     }
 }
 
-DG_VECTORIZE static void outer_f64(double *restrict out, const double *restrict g, const double *restrict x, Py_ssize_t r,
-                      Py_ssize_t c) {
+DG_VECTORIZE static void outer_f64(double *restrict out, const double *restrict g, const double *restrict x,
+                                   Py_ssize_t r, Py_ssize_t c) {
     for (Py_ssize_t i = 0; i < r; i++) {
         const double gi = g[i];
         double *restrict row = out + i * c;

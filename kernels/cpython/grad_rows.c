@@ -7,7 +7,7 @@ that need no new block).
       (be.scatter_indexed), per sentence the commonest scatter of all (every LSTM step's input
       is gathered from a dozen blocks), its Python cost ten times the adds.
   dg_writable_grad: block b's gradient made writable (autodiff._grad_block: a zero block when
-      there is none, a copy when it is borrowed), through the context's grad_block callable.
+      there is none, made here by xp.zeros, a copy when it is borrowed, by the context's grad_block).
 
 Only the backend's own checked row index is read here (its type is the context's B_ROWINDEX,
 the native_backward capability's row_index_type; None: every MANY scatter goes back to
@@ -31,6 +31,19 @@ PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b) {
     if (borrowed == 0) {
         out = g;
         Py_INCREF(out);
+    } else if (g == Py_None) {  /* _grad_block's zero block, xp.zeros(block.shape, dtype), with no frame */
+        PyObject *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
+        PyObject *shape = b < PyList_GET_SIZE(blocks) ? PyObject_GetAttrString(PyList_GET_ITEM(blocks, b), "shape")
+                                                      : NULL;
+        if (shape) {
+            PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};
+            out = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_ZEROS), argv, 2, NULL);
+            Py_DECREF(shape);
+            if (out && PyList_SetItem(gb, b, Py_NewRef(out)) < 0)  /* gb holds it; b checked above */
+                Py_CLEAR(out);
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_IndexError, "backward_batch_native: value block out of range");
+        }
     } else if (borrowed > 0) {
         out = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, B_GRAD_BLOCK), bkey);
     }
@@ -246,7 +259,8 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
             if (target_view(ctx, g, shape, fmt, &t)) {
                 if (r0 + k <= t.shape[0] && !overlaps(&t, &x, x.len)) {
                     Py_ssize_t width = x.len / x.itemsize;  /* x: one contiguous row, added into each of k */
-                    dg_add_rows((char *)t.buf + r0 * width * t.itemsize, x.buf, (int)x.itemsize, 0, x.itemsize, k, width);
+                    dg_add_rows((char *)t.buf + r0 * width * t.itemsize, x.buf, (int)x.itemsize, 0, x.itemsize, k,
+                                width);
                     double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, B_ACC));
                     acc[ACC_SCATTERS] += 1;
                     acc[ACC_SCATTER_BYTES] += (double)x.len * (double)k;
