@@ -39,7 +39,8 @@ def bookkeeping_extension() -> Extension:
            "kernels/cpython/leaves.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
            "kernels/cpython/batch_run.c", "kernels/cpython/direct_batch.c",
-           "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c",
+           "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c", "kernels/cpython/grad_rows.c",
+           "kernels/cpython/backward_ops.c",
            "kernels/cpython/schedule.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c"]
     return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",

@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 
 from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
-from .ops.base import Sliced, SparseRows
+from .ops.base import Sliced, SparseRows, reduce_to
 from .recording import NATIVE
 from .stats import add_accumulated
 from .runs import backward_run
@@ -145,23 +145,43 @@ def _weight_grads(cg, xp, gb: Grads, deferred: dict) -> None:
         else:
             G = xp.concatenate([p[0] for p in pairs])
             X = xp.concatenate([p[1] for p in pairs])
-        gw = (G.T @ X)[None]
+        if G.shape[0] == 1:  # one row (a sentence's single product): the outer product, each entry one
+            gw = _outer(xp, G, X)  # rounded multiply as in the GEMM, without its call overhead
+        else:
+            gw = (G.T @ X)[None]
         if not gb.adopt(b, gw, cg.blocks[b].shape, True):
             _grad_block(cg, xp, gb, b)[...] += gw
+
+
+_outer_product = getattr(NATIVE, "outer_product", None)
+
+
+def _outer(xp, G, X):
+    """G^T X as (1, r, c) for one-row G (1, r) and X (1, c): by one C loop for contiguous numpy
+    arrays of one dtype (numpy's broadcast multiply costs ~6 us at 64 x 64), else numpy's."""
+    if _outer_product is not None and type(G) is np.ndarray and type(X) is np.ndarray and G.dtype == X.dtype \
+            and G.dtype in _FORMAT and G.flags.c_contiguous and X.flags.c_contiguous:
+        out = np.empty((1, G.shape[1], X.shape[1]), G.dtype)
+        _outer_product(out, G, X)
+        return out
+    return (G.T * X)[None]
 
 
 def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
     """Each parameter block's deferred dense gradients (one (B, ...) array per batch), summed
     over every row of every batch in one reduction and added to (or adopted as) its block."""
     for b, parts in leaf_sums.items():
-        total = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True)
-        if not gb.adopt(b, total, cg.blocks[b].shape, True):
+        if len(parts) == 1 and parts[0].shape[0] == 1:  # one row is its own sum (per sentence, most biases):
+            total, owned = parts[0], False             # borrowed, as it may be another block's gradient
+        else:
+            total, owned = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True), True
+        if not gb.adopt(b, total, cg.blocks[b].shape, owned):
             _grad_block(cg, xp, gb, b)[...] += total
 
 
 _backward_native = getattr(NATIVE, "backward_batch_native", None)
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
-_ACC = ("kernel_calls", "t_backward", "t_memory")  # backward_batch_native's accumulator
+_ACC = ("kernel_calls", "t_backward", "t_memory", "scatters", "scatter_bytes")  # backward_batch_native's accumulator
 _PRODUCTS: dict = {}  # (weight_products, number of arguments) -> its pairs, for backward_batch_native
 
 
@@ -171,7 +191,7 @@ class _NativeBackward:
     itself comes back to the Python functions below, so both paths end in the same state."""
 
     def __init__(self, cg, be, gb: Grads, full: bool, deferred: dict, leaf_sums: dict):
-        xp, stats = be.xp, cg.stats
+        xp, stats, nb = be.xp, cg.stats, be.native_backward
         self.acc = bytearray(8 * len(_ACC))
         self.stats = stats
 
@@ -181,15 +201,36 @@ class _NativeBackward:
         def scatter_one(plan, gx, B):
             _scatter_arg(cg, be, gb, plan, gx, B, stats, leaf_sums)
 
-        self.ctx = (cg.op, cg.needs_grad, cg.data, cg.attrs, cg.blocks, gb, gb.borrowed, {},
+        self.ctx = (cg.op, cg.needs_grad, cg.data, cg.attrs, cg.blocks, gb, gb.borrowed, _op_infos(be),
                     lambda op: (op.backward is not None, op.uses_data, op.saves_ctx, op.inner_kernels,
-                                be.backward_kernels.get(op.name, op.backward), op.weight_products),
+                                be.backward_kernels.get(op.name, op.backward), op.weight_products,
+                                nb.code(op, be.backward_kernels) if nb is not None else 0, op.backward),
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
-                    deferred, _PRODUCTS)
+                    deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),
+                    nb.row_index_type if nb is not None else None, reduce_to, xp.empty, np.dtype(cg.dtype),
+                    nb.kernels if nb is not None else b"", nb.lstm_f64_max if nb is not None else 0,
+                    lambda b: _table_arrays(cg.leaf_param(b)), xp.zeros)
 
     def close(self) -> None:
         add_accumulated(self.stats, _ACC, self.acc)
+
+
+_INFOS: dict = {}  # backend -> (its backward_kernels and native_backward when made, {op: its info})
+
+
+def _op_infos(be) -> dict:
+    """backward_batch_native's per-op infos, kept across passes while the backend's backward
+    kernels and native_backward stay what they were (per sentence, six info calls a pass)."""
+    kept = _INFOS.get(be)
+    if kept is None or kept[1] is not be.native_backward or kept[0] != be.backward_kernels:
+        kept = _INFOS[be] = (dict(be.backward_kernels), be.native_backward, {})
+    return kept[2]
+
+
+def _table_arrays(p):
+    """(grad, touched) of a lookup table, what backend.embedding_backward adds into; None otherwise."""
+    return (p.grad, p.touched) if p.is_lookup else None
 
 
 def _one_row_add(cg, xp, gb, plans: list, gxs, need: tuple, B: int, stats) -> bool:
@@ -293,12 +334,13 @@ def _finish(cg, be, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
         _weight_grads(cg, xp, gb, deferred)
         _leaf_grads(cg, xp, gb, leaf_sums)
         stats.t_backward += time.perf_counter() - t0
-    needs_grad = cg.needs_grad
+    needs_grad, blk = cg.needs_grad, cg.blk
     for leaf in cg._leaves.values():
-        g = gb[cg.blk[leaf]]
+        g = gb[blk[leaf]]
         if g is not None and needs_grad[leaf]:
-            p = cg.leaf_param(cg.blk[leaf])
-            p.grad += g[0]
+            p = cg.leaf_param(blk[leaf])
+            grad = p.grad  # added in place: the same array, so not stored back through the attribute
+            grad += g[0]
             if p.is_lookup:
                 p.touched[:] = True  # dense use: every row has a gradient (DyNet's all_updated)
     cg.grad_blocks = gb

@@ -7,6 +7,7 @@ under every built-in scheduler, float32 and float64, with and without runs.
 """
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
 
@@ -247,3 +248,94 @@ class _SharedParams:
         if not self.shared:
             self.shared.append(self.make(pc))
         return self.shared[0]
+
+
+def _gathered_graph(pc, H: int = 4):
+    """Per-sentence tagger outputs: every position's product reads its LSTM state from the
+    step's own block (a MANY gather over many blocks; the last state is read twice, a row
+    repeated in one gather). The LSTM's gates are lstm_c / lstm_h nodes, its input products
+    a batch of affine nodes with a shared bias, the outputs a batch of matmul nodes; the
+    esum of ten rows of one block takes the one-add path (autodiff._one_row_add); a lookup,
+    an add and a pickneglogsoftmax; concatenations and a transpose, whose arguments' gradients
+    are strided views."""
+    lstm = dy.VanillaLSTMBuilder(1, 3, H, pc)
+    W = dy.parameter(pc.add_parameters((2, H)))
+    E = pc.add_lookup_parameters((7, 3))
+    hs = lstm.initial_state().transduce([dy.lookup(E, w) for w in (1, 4, 2, 6, 1, 3, 5, 0, 2, 4)])
+    outs = [W * h for h in hs]
+    return outs + [W * hs[-1], dy.cmult(hs[1], hs[0]), dy.esum([dy.sum_elems(o) for o in outs]),
+                   dy.pickneglogsoftmax(outs[0] + outs[1], 1),
+                   dy.cmult(dy.transpose(dy.concatenate_cols([hs[2], hs[3]])),
+                            dy.transpose(dy.concatenate_cols([hs[3], hs[2]]))),
+                   dy.concatenate([hs[4], hs[5]])]
+
+
+# what backward_ops.c and grad_rows.c stand in for
+_NATIVE_OPS = {"_lstm_c_backward", "_lstm_h_backward", "mm_grads", "ESum.backward", "_one_row_add",
+               "Lookup.backward", "embedding_backward", "_pnls_backward", "_binary.<locals>.backward"}
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("H", [4, 200])
+def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H):
+    """A gathered argument's gradient (plan MANY) is added into every source block's rows in C
+    (grad_rows.c) and the products' and LSTM gates' backward run in C (backward_ops.c) when
+    the backend offers them (native_backward): bit-identical gradients, blocks and counts to
+    autodiff's Python and the ops' own backward. H=200 in float64 is past the override's
+    LSTM_F64_MAX: the gates take the op's numpy code there, in both runs."""
+    from dynagraph.backends import get_backend
+    assert get_backend("cpu").native_backward is not None
+    runs, called = [], []
+    for native in (True, False):
+        seen = collections.Counter()
+
+        def profile(frame, event, arg):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            if event == "call" and name in _NATIVE_OPS:
+                seen[name] += 1
+        with monkeypatch.context() as m:
+            m.setattr(dynagraph_config, "backend", "cpu")
+            if not native:
+                m.setattr(autodiff, "_backward_native", None)
+            sys.setprofile(profile)
+            try:
+                runs.append(run_graph("agenda", lambda pc: _gathered_graph(pc, H), dtype=dtype))
+            finally:
+                sys.setprofile(None)
+        called.append(seen)
+    assert set(called[1]) == _NATIVE_OPS  # the reference ran each op's Python backward
+    for name in ("mm_grads", "ESum.backward", "Lookup.backward", "embedding_backward", "_pnls_backward"):
+        assert not called[0][name], name  # ... which the native step did not
+    assert called[0]["_binary.<locals>.backward"] < called[1]["_binary.<locals>.backward"]
+    # the graph's esum of ten rows is added in C; run_graph's esum of the outputs is not that case
+    assert called[0]["_one_row_add"] == called[1]["_one_row_add"] - 1
+    assert ("_lstm_c_backward" in called[0]) == (H == 200 and dtype == "float64")
+    a, b = runs
+    assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
+    assert a.cg.stats.scatters == b.cg.stats.scatters > 0
+    assert a.cg.stats.scatter_bytes == b.cg.stats.scatter_bytes
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_array_equal(x, y)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_outer_product_is_numpys_and_checks_its_operands(dtype):
+    """autodiff._outer (a one-row weight gradient g^T x) equals numpy's product bit for bit; the
+    C function refuses anything it does not take instead of reading past a buffer."""
+    rng = np.random.default_rng(3)
+    G, X = rng.standard_normal((1, 7)).astype(dtype), rng.standard_normal((1, 5)).astype(dtype)
+    np.testing.assert_array_equal(autodiff._outer(np, G, X), (G.T @ X)[None])
+    np.testing.assert_array_equal(autodiff._outer(np, G, X[:, ::-1]), (G.T @ X[:, ::-1])[None])  # numpy's path
+    run = NATIVE.outer_product
+    with pytest.raises(TypeError):
+        run(np.empty((7, 4), dtype), G, X)  # wrong size
+    with pytest.raises(TypeError):
+        run(np.empty((7, 5), np.float32 if dtype == np.float64 else np.float64), G, X)  # mixed dtypes
+    with pytest.raises(TypeError):
+        run(G, G, G)  # overlapping

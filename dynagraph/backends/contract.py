@@ -14,6 +14,7 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     row_add             g[rows] += vals in one call, repeats included   cavs/
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
     direct_kernels      small elementwise batches by kernel pointer     executor.py (batch_run.c)
+    native_backward     the compiled backward step's scatters and ops    autodiff.py
 
 A lookup table's sparse gradient is the required `embedding_backward`. Parameters, their
 gradients and optimizer state are arrays of the backend's `xp`; `to_host` and `to_device`
@@ -87,6 +88,18 @@ class OptimizerRules(Protocol):
 
 
 @runtime_checkable
+class NativeBackward(Protocol):
+    """What the compiled backward step (kernels/cpython/backward_batch.c) may do itself:
+    scatter a gathered argument's gradient through the backend's checked row index, and run an
+    op's backward there (code(op, backward_kernels) > 0) with its C kernels' addresses."""
+    row_index_type: type
+    kernels: bytes
+    lstm_f64_max: int
+
+    def code(self, op, backward_kernels: dict) -> int: ...
+
+
+@runtime_checkable
 class Backend(Protocol):
     """The required part, then the optional capabilities (None where absent)."""
     name: str                       # for messages and stats only: never branch on it
@@ -116,7 +129,8 @@ class Backend(Protocol):
     # op name -> (descriptor, twin): small elementwise batches the compiled batch step calls
     # through a kernel pointer, and the same kernel in Python (cpu/direct.py), or None
     direct_kernels: Optional[Any]
+    native_backward: Optional[NativeBackward]
 
 
 CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand",
-                "direct_kernels")
+                "direct_kernels", "native_backward")

@@ -20,6 +20,7 @@ class NumpyBackend:
     optimizer_rules = None
     rows_operand = None
     direct_kernels = None
+    native_backward = None
 
     def __init__(self, xp=np):
         self.xp = xp

@@ -11,16 +11,26 @@ back to Python through the callables of its context, so each ends in the referen
 The context (autodiff._NativeBackward builds it once per backward pass) is a tuple:
    0 op   1 needs_grad   2 data   3 attrs   4 blocks (lists of the graph)
    5 gb (autodiff.Grads)   6 gb.borrowed (set)
-   7 infos: dict op -> (has_backward, uses_data, saves_ctx, inner_kernels, kernel, weight_products or None)
+   7 infos: dict op -> (has_backward, uses_data, saves_ctx, inner_kernels, kernel, weight_products or None,
+     native code: backward_ops.c's case for the op, 0 for none, op.backward when made: an info whose
+     op has another backward since is made again)
    8 info_fn(op)   9 xp   10 full (bool)
   11 defer_fn(op, xs, plans, g, need) -> need     (autodiff._defer_weight_grads)
   12 one_row_fn(plans, gxs, need, B) -> bool      (autodiff._one_row_run and its add)
   13 scatter_fn(plan, gx, B)                      (the broadcast and autodiff.scatter)
   14 leaf_sums: dict block -> list of dense parameter gradients
   15 ndarray   16 format of the graph's dtype ('f' or 'd')
-  17 acc: bytearray of 3 doubles the caller adds to stats (kernel_calls, t_backward, t_memory)
+  17 acc: bytearray of 5 doubles the caller adds to stats (kernel_calls, t_backward, t_memory,
+     scatters, scatter_bytes)
   18 deferred: dict block -> list of (g, x), autodiff._defer_weight_grads's (done here for ndarrays)
   19 products: dict (weight_products, nargs) -> its pairs, a cache
+  20 grad_block(b): block b's gradient made writable (autodiff._grad_block)
+  21 row_index_type: the backend's checked row index, whose MANY scatters run here (None: none do)
+  22 reduce_to (ops.base)   23 empty (np.empty)   24 dtype (the graph's)
+  25 kernels: bytes, the addresses of backward_ops.c's C kernels (uint64 each; backends/cpu/backward.py)
+  26 lstm_f64_max: the largest float64 LSTM batch the C kernel takes (the override's threshold)
+  27 table_arrays(b): (grad, touched) of the lookup table whose value block is b, or None
+  28 zeros (xp.zeros): a missing gradient block, zeroed, as autodiff._grad_block makes it
 */
 #include <time.h>
 
@@ -36,14 +46,22 @@ static double now(void) {
 static PyObject *op_info(PyObject *ctx, PyObject *op) {
     PyObject *infos = PyTuple_GET_ITEM(ctx, B_INFOS);
     PyObject *info = PyDict_GetItemWithError(infos, op);
-    if (info || PyErr_Occurred())
-        return info;
+    if (info) {  /* kept across passes (autodiff._op_infos): still the op's backward? */
+        PyObject *bw = PyObject_GetAttrString(op, "backward");
+        Py_XDECREF(bw);  /* the op holds it */
+        if (bw == PyTuple_GET_ITEM(info, 7))
+            return info;
+        PyErr_Clear();
+    }
+    if (PyErr_Occurred())
+        return NULL;
     PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, B_INFO_FN), op);
     if (!made)
         return NULL;
-    int ok = PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 6 && PyDict_SetItem(infos, op, made) == 0;
+    int ok = PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 8
+             && PyLong_CheckExact(PyTuple_GET_ITEM(made, 6)) && PyDict_SetItem(infos, op, made) == 0;
     if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "backward_batch_native: info_fn must return a 6-tuple");
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: info_fn must return an 8-tuple (7: an int)");
     Py_DECREF(made);
     return ok ? PyDict_GetItemWithError(infos, op) : NULL;
 }
@@ -220,8 +238,10 @@ static int step_place(PyObject *ctx, PyObject *info, PyObject *plans, PyObject *
         return -1;
     acc[ACC_KERNELS] += (double)inner;
     acc[ACC_BACKWARD] += t1 - t0;
-    if (k > 8) {  /* dy.esum(losses): one add of g into the losses' rows */
-        int handled = step_one_row(ctx, plans, *gxs, need, B);
+    if (k > 8) {  /* dy.esum(losses): one add of g into the losses' rows, in C where it can */
+        int handled = dg_one_row_here(ctx, plans, *gxs, need, B);
+        if (handled == 0)
+            handled = step_one_row(ctx, plans, *gxs, need, B);
         if (handled < 0)
             return -1;
         if (handled) {
@@ -279,7 +299,13 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
         if (!data)
             goto done;
     }
-    if (!(gxs = step_kernel(ctx, info, bid, n0, data, xs, g, need, kctx, &y)))
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(info, 6));
+    if (code > 0 && n0 < PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_ATTRS))) {  /* backward_ops.c, else the op's */
+        gxs = dg_native_grads(ctx, code, PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_ATTRS), n0), xs, g, need, plans, data);
+        if (!gxs && PyErr_Occurred())
+            goto done;
+    }
+    if (!gxs && !(gxs = step_kernel(ctx, info, bid, n0, data, xs, g, need, kctx, &y)))
         goto done;
     rc = step_place(ctx, info, plans, &gxs, need, k, B, t0, acc);
 done:
@@ -310,6 +336,13 @@ PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssi
         || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_LEAF_SUMS)) || !PyType_Check(PyTuple_GET_ITEM(ctx, B_NDARRAY))
         || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_DEFERRED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_PRODUCTS))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, B_FORMAT)) || !PyByteArray_CheckExact(acc_b)
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_GRAD_BLOCK))
+        || (PyTuple_GET_ITEM(ctx, B_ROWINDEX) != Py_None && !PyType_Check(PyTuple_GET_ITEM(ctx, B_ROWINDEX)))
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_REDUCE_TO)) || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_EMPTY))
+        || !PyBytes_CheckExact(PyTuple_GET_ITEM(ctx, B_KERNELS))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, B_LSTM_F64_MAX))
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_TABLE_ARRAYS))
+        || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_ZEROS))
         || PyByteArray_GET_SIZE(acc_b) != ACC_SIZE * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: malformed context");
         return NULL;

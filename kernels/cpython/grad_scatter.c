@@ -94,11 +94,13 @@ static int adopt_gradient(PyObject *ctx, PyObject *gb, Py_ssize_t b, PyObject *g
     return 1;
 }
 
-/* SLICE into an owned gradient block g: x (C-contiguous) added into its rows r0 .. r0+B-1
-   in place. 1 added, 0 not our case (g not a writable C-contiguous array of those rows,
-   or an overlap: numpy buffers an overlapping add, this loop would not). */
+/* SLICE into an owned gradient block g: x's rows (each contiguous, any row stride: a
+   concatenate's gradient is a view) added into its rows r0 .. r0+B-1 in place. 1 added, 0 not
+   our case (g not a writable C-contiguous array of those rows, or an overlap: numpy buffers
+   an overlapping add, this loop would not). */
 static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0, Py_ssize_t B, Py_ssize_t vrows) {
-    if (!c_contiguous(x))
+    Py_ssize_t stride, xwidth, estride;
+    if (!dg_row_layout(x, &stride, &xwidth, &estride))
         return 0;
     Py_INCREF(g);
     Py_buffer d;
@@ -113,21 +115,11 @@ static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0
         Py_ssize_t width = 1;
         for (int i = 1; i < d.ndim; i++)
             width *= d.shape[i];
-        Py_ssize_t n = B * width;
         char *dst = (char *)d.buf + r0 * width * d.itemsize;
         const char *src = x->buf;
-        if (src + n * x->itemsize <= dst || dst + n * d.itemsize <= src) {
-            if (d.itemsize == 4) {
-                float *o = (float *)dst;
-                const float *a = (const float *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            } else {
-                double *o = (double *)dst;
-                const double *a = (const double *)src;
-                for (Py_ssize_t i = 0; i < n; i++)
-                    o[i] += a[i];
-            }
+        Py_ssize_t n = B * width * d.itemsize, xn = dg_row_extent(x, stride, xwidth, estride);
+        if (xwidth == width && (src + xn <= dst || dst + n <= src)) {
+            dg_add_rows(dst, src, (int)d.itemsize, stride, estride, B, width);
             rc = 1;
         }
     }
@@ -148,30 +140,52 @@ static int scatter_slice(PyObject *ctx, PyObject *plan, Py_ssize_t b, PyObject *
     if (x->shape[0] != B || r0 < 0 || r0 + B > vrows)
         return 0;  /* a broadcast row, or rows the reference reports */
     PyObject *g = PyList_GET_ITEM(gb, b);
-    if (g == Py_None)
-        return adopt_gradient(ctx, gb, b, gx, x, r0, B, vrows);
-    PyObject *bkey = dg_int(b);
-    int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
-    Py_XDECREF(bkey);
-    if (borrowed < 0)
-        return -1;
-    if (borrowed)
+    int rc;
+    if (g == Py_None) {
+        rc = adopt_gradient(ctx, gb, b, gx, x, r0, B, vrows);
+    } else {
+        PyObject *bkey = dg_int(b);
+        int borrowed = bkey ? PySet_Contains(PyTuple_GET_ITEM(ctx, B_BORROWED), bkey) : -1;
+        Py_XDECREF(bkey);
+        if (borrowed < 0)
+            return -1;
+        if (!borrowed)
+            return add_into_rows(ctx, g, x, r0, B, vrows);
         /* copy-on-write: the block's gradient is another's array; a whole-block add makes the
            block's own array in one pass (g + gx: the values of the reference's copy, then add) */
-        return borrowed_add(ctx, b, g, gx, x, r0, B, vrows);
-    return add_into_rows(ctx, g, x, r0, B, vrows);
+        rc = borrowed_add(ctx, b, g, gx, x, r0, B, vrows);
+    }
+    if (rc != 0)
+        return rc;
+    /* some rows of a block with no gradient yet (or a borrowed one): the reference's zero block
+       (or copy) made by grad_block, then the rows added into it */
+    if (!(g = dg_writable_grad(ctx, b)))
+        return -1;
+    rc = add_into_rows(ctx, g, x, r0, B, vrows);
+    Py_DECREF(g);
+    return rc;
 }
 
 /* The scatter cases done here; 1: done, 0: not a case of ours (the caller asks scatter_fn), -1: error.
      LEAF, a dense ndarray shaped like the block's rows: kept in leaf_sums (autodiff.scatter's first case);
      SLICE, no gradient yet, gx exactly the block's shape from row 0: adopted, borrowed (its second);
-     SLICE, an owned C-contiguous gradient block: gx added into its rows (its SLICE case). */
+     SLICE, an owned C-contiguous gradient block: gx added into its rows (its SLICE case), a missing
+       or borrowed one made by grad_block first;
+     MANY, a gathered argument: gx added into the rows of every block it was gathered from (grad_rows.c). */
 int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
     if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 3)
         return 0;
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(plan, 0));
     if (kind == -1 && PyErr_Occurred())
         return -1;
+    if (kind == MANY) {
+        Py_buffer x;
+        if (!array_view(ctx, gx, &x))
+            return 0;
+        int rc = dg_scatter_many(ctx, PyTuple_GET_ITEM(plan, 1), B, &x);
+        PyBuffer_Release(&x);
+        return rc;
+    }
     if (kind != LEAF && kind != SLICE)
         return 0;
     PyObject *bo = PyTuple_GET_ITEM(plan, 1), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);

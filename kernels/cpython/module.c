@@ -1,5 +1,6 @@
 /* dynagraph._bookkeeping: module definition (see bookkeeping.h). */
 #include "bookkeeping.h"
+#include "backward_batch.h"  /* dg_outer_product */
 
 #define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))dg_##name, METH_FASTCALL, doc}
 
@@ -17,6 +18,7 @@ static PyMethodDef functions[] = {
                              "see batch_run.c and backends/cpu/direct.py."),
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),
+    FAST(outer_product, "outer_product(out, g, x): out = g^T x for one row g and x (a one-row weight gradient)."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
     FAST(same_slice, "same_slice(items, lo, was): items[lo:lo + len(was)] == was; see schedule_cache.py."),
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "

@@ -158,10 +158,13 @@ def test_treelstm_like_graph_same_on_numpy_and_cpu(scheduler, variant, float64, 
     if variant == "installed":
         assert _loss_and_grads.runs > 0
     else:  # the C kernels really ran, forward and backward
-        assert {"dg_unary_fwd", "dg_unary_bwd", "dg_binary_fwd", "dg_binary_bwd", "dg_pnls_fwd",
-                "dg_pnls_bwd", "dg_softmax_fwd", "dg_log_softmax_bwd", "dg_row_sums"} <= set(called)
+        want = {"dg_unary_fwd", "dg_unary_bwd", "dg_binary_fwd", "dg_binary_bwd", "dg_pnls_fwd",
+                "dg_pnls_bwd", "dg_softmax_fwd", "dg_log_softmax_bwd", "dg_row_sums"}
         if scheduler != "none":
-            assert {"dg_gather_rows", "dg_scatter_add_rows"} <= set(called)
+            want |= {"dg_gather_rows", "dg_scatter_add_rows"}
+        if dy.get_backend().native_backward is not None:  # the compiled backward step calls these itself
+            want -= {"dg_pnls_bwd", "dg_scatter_add_rows"}
+        assert want <= set(called)
 
 
 def test_float32_model_close_on_both_backends(fresh_backends, monkeypatch):

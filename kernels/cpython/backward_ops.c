@@ -1,0 +1,518 @@
+/* The commonest ops' backward run by the backward step itself, with no Python frame (part of
+dynagraph._bookkeeping; backward_batch.c documents the context).
+
+Per sentence most batches hold one node, and an op's backward was a Python call of several
+microseconds around a kernel of one (checks, pointers, the output arrays). The op's own
+code stays the reference and the fallback: each case here is the exact path that code takes
+for these operands, so the gradients are bit-identical; any operand it does not expect
+(another type, dtype, layout or shape) returns "not ours" and the op's backward runs.
+
+    NB_MATMUL  ops/linalg.py MatMul.backward: W x with W a parameter's one row whose gradient
+               was deferred (autodiff._defer_weight_grads): dx = g @ W[0] (numpy's @)
+    NB_AFFINE  ops/linalg.py Affine.backward, the same per product, db = reduce_to(g, b.shape)
+    NB_LSTM_C  backends/cpu/overrides.py _lstm_c_backward: the C kernel through its address
+    NB_LSTM_H  backends/cpu/overrides.py _lstm_h_backward: likewise
+    NB_ESUM    ops/elementwise.py ESum.backward: reduce_to(g, x.shape) per argument (g itself mostly)
+    NB_ADD     ops/elementwise.py add's backward: the same
+    NB_LOOKUP  ops/inputs.py Lookup.backward and its scatter (autodiff.scatter's SparseRows case,
+               backends/cpu embedding_backward): the C kernel adds the rows into the table's
+               gradient and marks them touched; nothing is left to scatter
+    NB_PNLS    backends/cpu/overrides.py _pnls_backward: the C kernel through its address
+
+The codes and kernel addresses come from the backend's native_backward capability
+(backends/cpu/backward.py), which offers a case only where the backend runs that reference. */
+#include "backward_batch.h"
+
+#include <stdint.h>
+
+typedef void (*lstmc_f32)(const float *, const float *, const float *, float *, float *, int64_t, int64_t, double);
+typedef void (*lstmc_f64)(const double *, const double *, const double *, double *, double *, int64_t, int64_t,
+                          double);
+typedef void (*lstmh_f32)(const float *, const float *, const float *, float *, float *, int64_t, int64_t);
+typedef void (*lstmh_f64)(const double *, const double *, const double *, double *, double *, int64_t, int64_t);
+
+static PyObject *reduced(PyObject *ctx, PyObject *g, PyObject *x);
+
+/* An exact ndarray of the graph's dtype with ndim dims (its shape into shape), else 0. With
+   contiguous, also C-contiguous (its address into *buf). */
+static int operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
+    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    int ok = want && v.format && !strcmp(v.format, want) && v.ndim == ndim;
+    Py_ssize_t step = v.itemsize;
+    for (int i = ndim - 1; ok && i >= 0; i--) {
+        shape[i] = v.shape[i];
+        if (contiguous && v.shape[i] > 1 && v.strides[i] != step)
+            ok = 0;
+        step *= v.shape[i];
+    }
+    if (ok && buf)
+        *buf = v.buf;  /* the array stays alive: the caller holds it */
+    PyBuffer_Release(&v);
+    PyErr_Clear();
+    return ok;
+}
+
+/* x's gradient of the product W x: g @ W[0] (a new reference), or NULL (error set or not). */
+static PyObject *product_grad(PyObject *g, PyObject *W) {
+    PyObject *w0 = PySequence_GetItem(W, 0);
+    if (!w0)
+        return NULL;
+    PyObject *gx = PyNumber_MatrixMultiply(g, w0);
+    Py_DECREF(w0);
+    return gx;
+}
+
+/* Whether W (1, r, c) times x (n, c) fits g (n, r), W's gradient deferred (need False). */
+static int product_fits(PyObject *ctx, PyObject *W, PyObject *X, PyObject *need_w, const Py_ssize_t *gs) {
+    Py_ssize_t ws[3], xs[2];
+    return need_w == Py_False && operand(ctx, W, 3, ws, 0, NULL) && operand(ctx, X, 2, xs, 0, NULL) && ws[0] == 1
+           && ws[1] == gs[1] && xs[0] == gs[0] && xs[1] == ws[2];
+}
+
+/* NB_MATMUL and NB_AFFINE (first: the index of the first product's W; 1 for affine's b). */
+static PyObject *products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need, Py_ssize_t first) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[2];
+    if (k < first + 2 || (k - first) % 2 || PyTuple_GET_SIZE(need) != k || !operand(ctx, g, 2, gs, 0, NULL))
+        return NULL;
+    for (Py_ssize_t i = first; i < k; i += 2)
+        if (!product_fits(ctx, PyList_GET_ITEM(xs, i), PyList_GET_ITEM(xs, i + 1), PyTuple_GET_ITEM(need, i), gs))
+            return NULL;
+    PyObject *out = PyTuple_New(k);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *gi = Py_None;
+        Py_INCREF(gi);
+        if (PyTuple_GET_ITEM(need, i) == Py_True) {
+            Py_DECREF(gi);
+            if (i < first) {  /* affine's b: reduce_to(g, b.shape), as the reference */
+                gi = reduced(ctx, g, PyList_GET_ITEM(xs, i));
+            } else {
+                gi = product_grad(g, PyList_GET_ITEM(xs, i - 1));
+            }
+            if (!gi) {
+                Py_DECREF(out);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "backward_batch_native: a product's gradient failed");
+                return NULL;
+            }
+        }
+        PyTuple_SET_ITEM(out, i, gi);
+    }
+    return out;
+}
+
+/* A new (rows, cols) array of the graph's dtype (np.empty), or NULL with an exception set. */
+static PyObject *new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf) {
+    PyObject *shape = Py_BuildValue("(nn)", rows, cols);
+    if (!shape)
+        return NULL;
+    PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};
+    PyObject *a = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
+    Py_DECREF(shape);
+    Py_ssize_t s[2];
+    if (a && !operand(ctx, a, 2, s, 1, buf)) {
+        Py_DECREF(a);
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: empty() made an unexpected array");
+        return NULL;
+    }
+    return a;
+}
+
+/* The kernel address of slot i of the context's table (0: none). */
+static uintptr_t kernel_address(PyObject *ctx, int i) {
+    PyObject *t = PyTuple_GET_ITEM(ctx, B_KERNELS);
+    if (!PyBytes_CheckExact(t) || PyBytes_GET_SIZE(t) < (Py_ssize_t)((i + 1) * sizeof(uint64_t)))
+        return 0;
+    uint64_t a;
+    memcpy(&a, PyBytes_AS_STRING(t) + i * sizeof(uint64_t), sizeof a);
+    return (uintptr_t)a;
+}
+
+/* (H, forget_bias) of an lstm_c node, H of an lstm_h node; 0 when the attributes are not those. */
+static int lstm_attrs(PyObject *attrs, Py_ssize_t *H, double *fb) {
+    if (!PyTuple_CheckExact(attrs) || PyTuple_GET_SIZE(attrs) < (fb ? 2 : 1)
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0)))
+        return 0;
+    *H = PyLong_AsSsize_t(PyTuple_GET_ITEM(attrs, 0));
+    if (fb)
+        *fb = PyFloat_AsDouble(PyTuple_GET_ITEM(attrs, 1));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return *H > 0;
+}
+
+/* Whether an f64 batch of pre (rows x cols) takes the C kernel (the override's LSTM_F64_MAX). */
+static int lstm_size_fits(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols) {
+    const char *f = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    Py_ssize_t cap = PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, B_LSTM_F64_MAX));
+    PyErr_Clear();
+    return f && (f[0] == 'f' || rows * cols <= cap);
+}
+
+/* NB_LSTM_C: pre (B, 4H)[, c_prev (B, H)], g (B, H) -> (dpre[, dc_prev]). */
+static PyObject *lstm_c(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), H, ps[2], cs[2], gs[2];
+    double fb;
+    void *pre, *cp = NULL, *gp, *dpre, *dcp = NULL;
+    if ((k != 1 && k != 2) || PyTuple_GET_SIZE(need) != k || !lstm_attrs(attrs, &H, &fb)
+        || !operand(ctx, PyList_GET_ITEM(xs, 0), 2, ps, 1, &pre) || !operand(ctx, g, 2, gs, 1, &gp)
+        || ps[1] != 4 * H || gs[0] != ps[0] || gs[1] != H || !lstm_size_fits(ctx, ps[0], ps[1]))
+        return NULL;
+    if (k == 2 && (!operand(ctx, PyList_GET_ITEM(xs, 1), 2, cs, 1, &cp) || cs[0] != ps[0] || cs[1] != H))
+        return NULL;
+    uintptr_t fn = kernel_address(ctx, *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f' ? 0 : 1);
+    if (!fn)
+        return NULL;
+    PyObject *dp = new_block(ctx, ps[0], 4 * H, &dpre), *dc = NULL;
+    if (!dp || (k == 2 && !(dc = new_block(ctx, ps[0], H, &dcp)))) {
+        Py_XDECREF(dp);
+        return NULL;
+    }
+    if (*PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f')
+        ((lstmc_f32)fn)(pre, cp, gp, dpre, dcp, ps[0], H, fb);
+    else
+        ((lstmc_f64)fn)(pre, cp, gp, dpre, dcp, ps[0], H, fb);
+    if (PyTuple_GET_ITEM(need, 0) != Py_True)
+        Py_SETREF(dp, Py_NewRef(Py_None));
+    if (dc && PyTuple_GET_ITEM(need, 1) != Py_True)
+        Py_SETREF(dc, Py_NewRef(Py_None));
+    PyObject *out = k == 1 ? PyTuple_Pack(1, dp) : PyTuple_Pack(2, dp, dc);
+    Py_DECREF(dp);
+    Py_XDECREF(dc);
+    return out;
+}
+
+/* NB_LSTM_H: pre (B, 4H), c (B, H), g (B, H) -> (dpre or None, dc or None). */
+static PyObject *lstm_h(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t H, ps[2], cs[2], gs[2];
+    void *pre, *c, *gp, *dpre = NULL, *dcp = NULL;
+    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || !lstm_attrs(attrs, &H, NULL)
+        || !operand(ctx, PyList_GET_ITEM(xs, 0), 2, ps, 1, &pre) || !operand(ctx, PyList_GET_ITEM(xs, 1), 2, cs, 1, &c)
+        || !operand(ctx, g, 2, gs, 1, &gp) || ps[1] != 4 * H || cs[0] != ps[0] || cs[1] != H || gs[0] != ps[0]
+        || gs[1] != H || !lstm_size_fits(ctx, ps[0], ps[1]))
+        return NULL;
+    int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
+    uintptr_t fn = kernel_address(ctx, f32 ? 2 : 3);
+    if (!fn)
+        return NULL;
+    PyObject *dp = PyTuple_GET_ITEM(need, 0) == Py_True ? new_block(ctx, ps[0], 4 * H, &dpre) : Py_NewRef(Py_None);
+    PyObject *dc = PyTuple_GET_ITEM(need, 1) == Py_True ? new_block(ctx, ps[0], H, &dcp) : Py_NewRef(Py_None);
+    if (!dp || !dc) {
+        Py_XDECREF(dp);
+        Py_XDECREF(dc);
+        return NULL;
+    }
+    if (f32)
+        ((lstmh_f32)fn)(pre, c, gp, dpre, dcp, ps[0], H);
+    else
+        ((lstmh_f64)fn)(pre, c, gp, dpre, dcp, ps[0], H);
+    PyObject *out = PyTuple_Pack(2, dp, dc);
+    Py_DECREF(dp);
+    Py_DECREF(dc);
+    return out;
+}
+
+/* The shape of an exact ndarray (ndim into *nd, at most 8 dims), else 0. */
+static int any_shape(PyObject *ctx, PyObject *a, int *nd, Py_ssize_t *shape) {
+    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
+        return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = v.ndim <= 8;
+    *nd = v.ndim;
+    for (int i = 0; ok && i < v.ndim; i++)
+        shape[i] = v.shape[i];
+    PyBuffer_Release(&v);
+    return ok;
+}
+
+/* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. */
+static PyObject *reduced(PyObject *ctx, PyObject *g, PyObject *x) {
+    PyObject *shape = PyObject_GetAttrString(x, "shape");
+    if (!shape)
+        return NULL;
+    PyObject *argv[2] = {g, shape};
+    PyObject *r = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_REDUCE_TO), argv, 2, NULL);
+    Py_DECREF(shape);
+    return r;
+}
+
+/* NB_ESUM, NB_ADD: ops/elementwise.py ESum.backward and add's backward: reduce_to(g, x.shape) for
+   each needed argument (g itself where x has g's shape, the common case, decided here). */
+static PyObject *pass_through(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[8], s[8];
+    int gnd, nd;
+    if (PyTuple_GET_SIZE(need) != k || !any_shape(ctx, g, &gnd, gs))
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (!any_shape(ctx, PyList_GET_ITEM(xs, i), &nd, s))
+            return NULL;
+    PyObject *out = PyTuple_New(k);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *x = PyList_GET_ITEM(xs, i), *gi;
+        if (PyTuple_GET_ITEM(need, i) != Py_True) {
+            gi = Py_NewRef(Py_None);
+        } else {
+            any_shape(ctx, x, &nd, s);
+            int same = nd == gnd;
+            for (int d = 0; same && d < nd; d++)
+                same = s[d] == gs[d];
+            gi = same ? Py_NewRef(g) : reduced(ctx, g, x);
+            if (!gi) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        PyTuple_SET_ITEM(out, i, gi);
+    }
+    return out;
+}
+
+/* Node data as int64 row ids, each a Python int in [0, bound) (malloc'd; the caller frees), or NULL. */
+static int64_t *row_ids(PyObject *data, Py_ssize_t bound) {
+    if (!data || !PyList_CheckExact(data) || PyList_GET_SIZE(data) == 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(data);
+    int64_t *ids = PyMem_Malloc(n * sizeof(int64_t));
+    for (Py_ssize_t j = 0; ids && j < n; j++) {
+        PyObject *d = PyList_GET_ITEM(data, j);
+        long long v = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
+        if (v < 0 || v >= bound) {
+            PyErr_Clear();
+            PyMem_Free(ids);
+            return NULL;
+        }
+        ids[j] = v;
+    }
+    if (!ids)
+        PyErr_Clear();
+    return ids;
+}
+
+typedef void (*embed_f32)(float *, unsigned char *, const int64_t *, const float *, int64_t, int64_t, int64_t);
+typedef void (*embed_f64)(double *, unsigned char *, const int64_t *, const double *, int64_t, int64_t, int64_t);
+typedef void (*pnls_f32)(float *, const float *, int64_t, const int64_t *, const float *, int64_t, int64_t);
+typedef void (*pnls_f64)(double *, const double *, int64_t, const int64_t *, const double *, int64_t, int64_t);
+
+/* The lookup table's (grad, touched) as writable views, checked: grad C-contiguous of the graph's
+   dtype with rows of `width` elements, touched a bool vector of its rows. 1, or 0 (not ours). */
+static int table_views(PyObject *ctx, PyObject *arrays, Py_ssize_t width, Py_buffer *gv, Py_buffer *tv) {
+    if (!PyTuple_CheckExact(arrays) || PyTuple_GET_SIZE(arrays) != 2)
+        return 0;
+    PyObject *grad = PyTuple_GET_ITEM(arrays, 0), *touched = PyTuple_GET_ITEM(arrays, 1);
+    PyTypeObject *nd = (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY);
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    if (!fmt || Py_TYPE(grad) != nd || Py_TYPE(touched) != nd) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyObject_GetBuffer(grad, gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyObject_GetBuffer(touched, tv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(gv);
+        return 0;
+    }
+    int ok = gv->format && !strcmp(gv->format, fmt) && gv->ndim >= 1 && tv->format && !strcmp(tv->format, "?")
+             && tv->ndim == 1 && tv->shape[0] == gv->shape[0] && gv->shape[0] > 0
+             && gv->len == gv->shape[0] * width * gv->itemsize;
+    if (!ok) {
+        PyBuffer_Release(gv);
+        PyBuffer_Release(tv);
+    }
+    return ok;
+}
+
+/* NB_LOOKUP: the rows g (B, ...) added into the table's gradient at the nodes' ids (data), and
+   marked touched, by the backend's embedding kernel. (None,): nothing left to scatter. */
+static PyObject *lookup(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *plans, PyObject *data) {
+    if (PyList_GET_SIZE(xs) != 1 || PyList_GET_SIZE(plans) != 1 || !data || !PyList_CheckExact(data))
+        return NULL;
+    PyObject *plan = PyList_GET_ITEM(plans, 0);
+    if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(plan, 0))
+        || PyLong_AsLong(PyTuple_GET_ITEM(plan, 0)) != LEAF)
+        return NULL;
+    Py_buffer x;
+    if (Py_TYPE(g) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY)
+        || PyObject_GetBuffer(g, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(data);
+    Py_ssize_t width = x.ndim >= 1 && x.shape[0] == n ? x.len / x.itemsize / (n ? n : 1) : -1;
+    int f32 = x.itemsize == 4;
+    uintptr_t fn = kernel_address(ctx, f32 ? 4 : 5);
+    PyObject *arrays = NULL, *out = NULL;
+    Py_buffer gv, tv;
+    int64_t *ids = NULL;
+    if (width < 0 || !fn
+        || !(arrays = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, B_TABLE_ARRAYS), PyTuple_GET_ITEM(plan, 1))))
+        goto out;
+    if (arrays == Py_None || !table_views(ctx, arrays, width, &gv, &tv))
+        goto out;
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    const char *a = x.buf, *b = gv.buf;
+    if (fmt && x.format && !strcmp(x.format, fmt) && !(a < b + gv.len && b < a + x.len)
+        && (ids = row_ids(data, gv.shape[0]))) {
+        if (f32)
+            ((embed_f32)fn)(gv.buf, tv.buf, ids, x.buf, width, n, width);
+        else
+            ((embed_f64)fn)(gv.buf, tv.buf, ids, x.buf, width, n, width);
+        double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, B_ACC));
+        acc[ACC_SCATTERS] += 1;
+        acc[ACC_SCATTER_BYTES] += (double)x.len;
+        out = PyTuple_Pack(1, Py_None);
+    }
+    PyBuffer_Release(&gv);
+    PyBuffer_Release(&tv);
+out:
+    if (!out && PyErr_Occurred() && !arrays)
+        PyErr_Clear();  /* table_arrays raising: the reference reports it */
+    PyMem_Free(ids);
+    Py_XDECREF(arrays);
+    PyBuffer_Release(&x);
+    return out;
+}
+
+/* NB_PNLS: x (1 or B, n) and g (B values), labels the nodes' data: (gx,), gx shaped like x. */
+static PyObject *pnls(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *data) {
+    Py_ssize_t xsh[2];
+    void *xb, *gb, *gxb;
+    if (PyList_GET_SIZE(xs) != 1 || !data || !PyList_CheckExact(data)
+        || !operand(ctx, PyList_GET_ITEM(xs, 0), 2, xsh, 1, &xb))
+        return NULL;
+    Py_ssize_t rows = PyList_GET_SIZE(data), n = xsh[1];
+    Py_buffer gv;
+    if (Py_TYPE(g) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY)
+        || PyObject_GetBuffer(g, &gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    int f32 = fmt && fmt[0] == 'f';
+    gb = gv.buf;
+    int fits = fmt && gv.format && !strcmp(gv.format, fmt) && gv.len == rows * gv.itemsize && n > 0
+               && (xsh[0] == 1 || xsh[0] == rows) && (f32 ? n < 1000 : xsh[0] * n <= 1024);  /* _exp_worth */
+    uintptr_t fn = fits ? kernel_address(ctx, f32 ? 6 : 7) : 0;
+    int64_t *labels = fn ? row_ids(data, n) : NULL;
+    PyObject *gx = labels ? new_block(ctx, xsh[0], n, &gxb) : NULL;
+    if (gx) {
+        if (f32)
+            ((pnls_f32)fn)(gxb, xb, xsh[0] == rows ? n : 0, labels, gb, rows, n);
+        else
+            ((pnls_f64)fn)(gxb, xb, xsh[0] == rows ? n : 0, labels, gb, rows, n);
+    }
+    PyMem_Free(labels);
+    PyBuffer_Release(&gv);
+    if (!gx)
+        return NULL;
+    PyObject *out = PyTuple_Pack(1, gx);
+    Py_DECREF(gx);
+    return out;
+}
+
+/* The gradients of one batch by op code (a new reference), or NULL: with an exception set on
+   error, without one when the operands are not a case of ours (the op's backward runs). */
+PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need,
+                          PyObject *plans, PyObject *data) {
+    switch (code) {
+    case NB_MATMUL:
+        return products(ctx, xs, g, need, 0);
+    case NB_AFFINE:
+        return products(ctx, xs, g, need, 1);
+    case NB_LSTM_C:
+        return lstm_c(ctx, attrs, xs, g, need);
+    case NB_LSTM_H:
+        return lstm_h(ctx, attrs, xs, g, need);
+    case NB_ESUM:
+    case NB_ADD:
+        return pass_through(ctx, xs, g, need);
+    case NB_LOOKUP:
+        return lookup(ctx, xs, g, plans, data);
+    case NB_PNLS:
+        return pnls(ctx, xs, g, data);
+    default:
+        return NULL;
+    }
+}
+
+/* The rows of out = g^T x, each a scaled copy of x (restrict: checked disjoint; vectorised). */
+DG_VECTORIZE static void outer_f32(float *restrict out, const float *restrict g, const float *restrict x, Py_ssize_t r,
+                      Py_ssize_t c) {
+    for (Py_ssize_t i = 0; i < r; i++) {
+        const float gi = g[i];
+        float *restrict row = out + i * c;
+        for (Py_ssize_t j = 0; j < c; j++)
+            row[j] = gi * x[j];
+    }
+}
+
+DG_VECTORIZE static void outer_f64(double *restrict out, const double *restrict g, const double *restrict x,
+                                   Py_ssize_t r, Py_ssize_t c) {
+    for (Py_ssize_t i = 0; i < r; i++) {
+        const double gi = g[i];
+        double *restrict row = out + i * c;
+        for (Py_ssize_t j = 0; j < c; j++)
+            row[j] = gi * x[j];
+    }
+}
+
+/* outer_product(out, g, x): out[i, j] = g[i] * x[j] for a (r,) / (1, r) g and a (c,) / (1, c) x
+   into a new (1, r, c) or (r, c) array (autodiff._weight_grads' one-row dW = g^T x: each entry one
+   rounded multiply, as numpy's). All three C-contiguous of one float dtype, else TypeError. */
+PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    Py_buffer o, g, x;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "outer_product(out, g, x)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(argv[0], &o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(argv[1], &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&o);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(argv[2], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&o);
+        PyBuffer_Release(&g);
+        return NULL;
+    }
+    Py_ssize_t r = g.itemsize ? g.len / g.itemsize : 0, c = x.itemsize ? x.len / x.itemsize : 0;
+    const char *a0 = o.buf, *g0 = g.buf, *x0 = x.buf;
+    int ok = o.format && g.format && x.format && !strcmp(o.format, g.format) && !strcmp(o.format, x.format)
+             && (!strcmp(o.format, "f") || !strcmp(o.format, "d")) && o.len == r * c * o.itemsize
+             && !(a0 < g0 + g.len && g0 < a0 + o.len) && !(a0 < x0 + x.len && x0 < a0 + o.len);
+    if (ok) {
+        if (o.itemsize == 4)
+            outer_f32(o.buf, g.buf, x.buf, r, c);
+        else
+            outer_f64(o.buf, g.buf, x.buf, r, c);
+    }
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&x);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "outer_product: out (r*c), g (r) and x (c) must be distinct C-contiguous "
+                                         "arrays of one float dtype");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
