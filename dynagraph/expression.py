@@ -13,6 +13,7 @@ from .backends import to_numpy
 from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, as_index, user_line
 from .graph import _RANDOM_KEY, GRAPH_STATE, ComputationGraph, IndexSlot, current
 from .ops import OPS, OpDef
+from .ops.inputs import LOOKUP_TABLE, PARAMETER
 from .parameters import LookupParameters, Parameters
 from .recording import ONE, TWO, ExprBase, configure, leaf_recorder, recorder
 
@@ -313,5 +314,5 @@ def _slice_range(sl: slice, n: int) -> tuple:
 configure(Expression, IndexSlot, _RANDOM_KEY)
 # expression_of(p, update=True, lookup=None, graph=None): _expression_of, compiled for the
 # common case (the parameter already has its leaf in the graph)
-expression_of = leaf_recorder(_expression_of, GRAPH_STATE, _LOOKUP)
+expression_of = leaf_recorder(_expression_of, GRAPH_STATE, _LOOKUP, PARAMETER, LOOKUP_TABLE)
 _params.expression_hook = expression_of

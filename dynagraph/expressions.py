@@ -25,7 +25,7 @@ from .expression import Expression, expression_of
 from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters, Parameters
-from .recording import INTS, LIST, ONE, TWO, recorder
+from .recording import INTS, LIST, ONE, TWO, entry_recorders, recorder
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
@@ -118,15 +118,19 @@ def parameter(*ps):
     return out[0] if len(out) == 1 else out
 
 
-def const_parameter(*ps):
-    out = [p.expr(False) for p in ps]
-    return out[0] if len(out) == 1 else out
-
-
 def lookup(p: LookupParameters, index: int, update: bool = True) -> Expression:
     if type(p) is not LookupParameters and not isinstance(p, LookupParameters):
         raise TypeError(f"lookup needs LookupParameters, got {type(p).__name__}")
     return expression_of(p, update, index if type(index) is int else _int(index, "lookup"))
+
+
+# Compiled for the common call (recording.entry_recorders); the functions above are their twins.
+parameter, lookup = entry_recorders(Parameters, LookupParameters, np.integer, parameter, lookup)
+
+
+def const_parameter(*ps):
+    out = [p.expr(False) for p in ps]
+    return out[0] if len(out) == 1 else out
 
 
 def const_lookup(p: LookupParameters, index: int) -> Expression:

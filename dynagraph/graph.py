@@ -197,9 +197,11 @@ class ComputationGraph(GraphBase):
         self.needs_grad.append(True)
         return nid
 
-    def leaf(self, p, update: bool = True) -> int:
+    def _leaf_py(self, p, update: bool = True) -> int:
         """The node standing for a parameter in this graph (one per parameter and mode).
-        Made once per parameter per graph, so several per sentence: written out flat."""
+        Made once per parameter per graph, so several per sentence: written out flat. This
+        is `leaf` without the compiled recorder (kernels/cpython/recorder.c), which makes
+        the leaf of an ordinary parameter the same way and hands anything else here."""
         key = p if update else (p, False)
         nid = self._leaves.get(key)
         if nid is not None:
@@ -229,6 +231,9 @@ class ComputationGraph(GraphBase):
         blocks.append(values[None])
         self._leaves[key] = nid
         return nid
+
+    if not COMPILED:
+        leaf = _leaf_py
 
     def checkpoint(self) -> None:
         """DyNet's cg_checkpoint(): remember the graph's size for a later revert()."""

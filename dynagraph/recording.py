@@ -65,14 +65,26 @@ def configure(expression: type, index_slot: type, random_key: object) -> None:
         _c.configure(expression, index_slot, random_key, SHAPES)
 
 
-def leaf_recorder(fallback: Callable, graph_state, lookup_op) -> Callable:
+def leaf_recorder(fallback: Callable, graph_state, lookup_op, parameter_op, table_op) -> Callable:
     """expression_of(p, update=True, lookup=None, graph=None), the expression of a parameter
-    or of one row of a lookup table: compiled for a parameter that already has its leaf in
-    the graph (every use after the first), else `fallback` itself, the reference."""
+    or of one row of a lookup table: compiled for an ordinary trained parameter (its leaf
+    made in C on its first use in a graph, the row checked in C), else `fallback` itself,
+    the reference."""
     if COMPILED:
-        _c.configure_leaves(fallback, graph_state, lookup_op)
+        _c.configure_leaves(fallback, graph_state, lookup_op, parameter_op, table_op)
         return _c.expression_of
     return fallback
+
+
+def entry_recorders(parameters: type, lookup_parameters: type, integer: type, parameter: Callable,
+                    lookup: Callable) -> tuple:
+    """(dy.parameter, dy.lookup): compiled for an exact `parameters` / `lookup_parameters`
+    (and an int or `integer` row) in the current graph, else the Python functions given,
+    which are the reference and word every error."""
+    if COMPILED:
+        _c.configure_entries(parameters, lookup_parameters, integer, parameter, lookup)
+        return _c.parameter, _c.lookup
+    return parameter, lookup
 
 
 def recorder(op, form: int, fallback: Callable, attrs: tuple = ()) -> Callable:

@@ -49,11 +49,12 @@ static PyObject *CheckName = NULL, *BlocksGradName = NULL;  /* "check", "blocks_
    ComputationGraph._new_signature only; read here. */
 static PyObject *ShapeCache = NULL;
 
-#define N_COLUMNS 13
+#define N_COLUMNS 17
 static PyObject **graph_column(GraphObject *g, int k) {
     PyObject **cols[N_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth,
                                   &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base,
-                                  &g->signatures, &g->leaves};
+                                  &g->signatures, &g->leaves, &g->blk, &g->row, &g->blocks,
+                                  &g->block_param};
     return cols[k];
 }
 
@@ -401,7 +402,8 @@ static inline int append_node(GraphObject *g, PyObject *op, PyObject *ids, PyObj
 
 /* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
    with *slow = 1 when Python must handle the call (nothing has been appended then). */
-static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data, int *slow) {
+static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                          PyObject *checked, int *slow) {
     *slow = 1;
     if (g->immediate || !PyTuple_CheckExact(ids) || (data && Py_TYPE(data) == (PyTypeObject *)IndexSlotType))
         return NULL;
@@ -419,7 +421,7 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
         return NULL;
     PyObject *check = PyTuple_GET_ITEM(known, 3);
-    if (check != Py_None) {
+    if (check != Py_None && check != checked) {  /* `checked`: the check the caller has done */
         int ok = run_check(g, check, attrs, data ? data : Py_None, ids, n);
         if (ok <= 0) {
             *slow = ok == 0;
@@ -440,9 +442,10 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     return nid;
 }
 
-static PyObject *graph_add_ids(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
+static PyObject *graph_add_ids(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                               PyObject *checked) {
     int slow;
-    PyObject *nid = add_fast(g, op, ids, attrs, data, &slow);
+    PyObject *nid = add_fast(g, op, ids, attrs, data, checked, &slow);
     if (nid || !slow)
         return nid;
     return add_in_python(g, op, ids, attrs, data ? data : Py_None);
@@ -458,14 +461,195 @@ static PyObject *graph_add(GraphObject *g, PyObject *const *argv, Py_ssize_t nar
     PyObject *attrs = nargs > 2 ? argv[2] : (empty = PyTuple_New(0));
     if (!attrs)
         return NULL;
-    res = graph_add_ids(g, argv[0], argv[1], attrs, nargs > 3 ? argv[3] : Py_None);
+    res = graph_add_ids(g, argv[0], argv[1], attrs, nargs > 3 ? argv[3] : Py_None, NULL);
     Py_XDECREF(empty);
     return res;
+}
+
+/* ----------------------------------------------------------------- parameter leaves */
+/* ComputationGraph._leaf_py is the reference: a parameter's leaf node is made once per graph
+   (and mode), the first time the parameter is used in it, which is several times per
+   sentence in a per-sentence program. Here it is made without a Python frame when the
+   parameter is an ordinary one (its storage, updated flag and signature parts in its
+   __dict__, as parameters._Stored sets them); anything else is Python's. */
+static PyObject *ParameterOp = NULL, *TableOp = NULL;  /* ops.inputs.PARAMETER, LOOKUP_TABLE */
+static PyObject *StorageName, *UpdatedName, *SigPartsName, *IsLookupName, *ShapeName, *LeafPyName;
+static PyObject *MinusOne, *Zero, *NoArgs;
+
+int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op) {
+    Py_INCREF(parameter_op);
+    Py_INCREF(table_op);
+    Py_XSETREF(ParameterOp, parameter_op);
+    Py_XSETREF(TableOp, table_op);
+    return 0;
+}
+
+static inline int leaf_columns_ready(GraphObject *g) {
+    LIST_OR_SLOW(g->blk); LIST_OR_SLOW(g->row); LIST_OR_SLOW(g->blocks);
+    return g->block_param && PyDict_CheckExact(g->block_param) && g->leaves && PyDict_CheckExact(g->leaves);
+}
+
+/* What a new leaf of p needs from p: its storage, the shape of it, a view of it as one value
+   block, whether it is a table, whether it is trained, and its signature part for `update`.
+   Each a new reference; 0, or -1 when Python must decide (no error set). */
+typedef struct { PyObject *values, *shape, *view, *part; int table, trained; } LeafParts;
+
+static void leaf_parts_clear(LeafParts *lp) {
+    Py_CLEAR(lp->values);
+    Py_CLEAR(lp->shape);
+    Py_CLEAR(lp->view);
+    Py_CLEAR(lp->part);
+}
+
+static int leaf_parts(PyObject *p, int update, LeafParts *lp) {
+    memset(lp, 0, sizeof(*lp));
+    PyObject *dict = PyObject_GenericGetDict(p, NULL);  /* new reference */
+    if (!dict || !PyDict_CheckExact(dict)) {
+        Py_XDECREF(dict);
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *values = PyDict_GetItemWithError(dict, StorageName);
+    PyObject *updated = values ? PyDict_GetItemWithError(dict, UpdatedName) : NULL;
+    PyObject *parts = updated ? PyDict_GetItemWithError(dict, SigPartsName) : NULL;
+    if (!parts || (updated != Py_True && updated != Py_False) || !PyTuple_CheckExact(parts) ||
+        PyTuple_GET_SIZE(parts) != 2) {
+        Py_DECREF(dict);
+        PyErr_Clear();
+        return -1;
+    }
+    lp->trained = updated == Py_True;
+    lp->part = PyTuple_GET_ITEM(parts, update ? 0 : 1);
+    Py_INCREF(lp->part);
+    lp->values = values;
+    Py_INCREF(values);  /* the attribute reads below may run Python code */
+    Py_DECREF(dict);
+    PyObject *is_lookup = PyObject_GetAttr(p, IsLookupName);
+    lp->table = is_lookup ? PyObject_IsTrue(is_lookup) : -1;
+    Py_XDECREF(is_lookup);
+    if (lp->table >= 0)
+        lp->shape = PyObject_GetAttr(values, ShapeName);
+    if (lp->shape && PyTuple_CheckExact(lp->shape))
+        lp->view = PyObject_GetItem(values, Py_None);  /* values[None] */
+    if (!lp->view) {
+        PyErr_Clear();
+        leaf_parts_clear(lp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Append leaf `nid` of p to every column, as _leaf_py does. 0, or -1 with an error set. */
+static int append_leaf(GraphObject *g, PyObject *p, PyObject *key, PyObject *nid, LeafParts *lp, int update) {
+    Py_ssize_t n = PyList_GET_SIZE(g->op);
+    while (PyList_GET_SIZE(g->blk) < n)  /* _sync_values(), inline */
+        if (col_append(g->blk, MinusOne) < 0 || col_append(g->row, Zero) < 0)
+            return -1;
+    PyObject *b = PyLong_FromSsize_t(PyList_GET_SIZE(g->blocks));
+    if (!b)
+        return -1;
+    int rc = -1;
+    PyObject *attrs = PyTuple_Pack(2, lp->shape, p);
+    if (attrs && col_append(g->op, lp->table ? TableOp : ParameterOp) == 0 && col_append(g->args, NoArgs) == 0 &&
+        col_append(g->attrs, attrs) == 0 && col_append(g->data, Py_None) == 0 &&
+        col_append(g->shape, lp->shape) == 0 && col_append(g->depth, Zero) == 0 &&
+        col_append(g->sig, MinusOne) == 0 && col_append(g->sig_part, lp->part) == 0 &&
+        col_append(g->needs_grad, update && lp->trained ? Py_True : Py_False) == 0 &&
+        PyDict_SetItem(g->block_param, b, p) == 0 && col_append(g->blk, b) == 0 &&
+        col_append(g->row, Zero) == 0 && col_append(g->blocks, lp->view) == 0 &&
+        PyDict_SetItem(g->leaves, key, nid) == 0)
+        rc = 0;
+    Py_XDECREF(attrs);
+    Py_DECREF(b);
+    return rc;
+}
+
+PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow) {
+    *slow = 1;
+    if (!ParameterOp || !PyObject_TypeCheck(cg, &GraphBaseType))
+        return NULL;
+    GraphObject *g = (GraphObject *)cg;
+    if (!columns_ready(g) || !leaf_columns_ready(g))
+        return NULL;
+    PyObject *key = update ? p : PyTuple_Pack(2, p, Py_False);
+    if (!key) {
+        *slow = 0;
+        return NULL;
+    }
+    if (update)
+        Py_INCREF(key);
+    PyObject *nid = PyDict_GetItemWithError(g->leaves, key);  /* borrowed */
+    if (nid || PyErr_Occurred()) {
+        *slow = 0;
+        Py_XINCREF(nid);
+        Py_DECREF(key);
+        return nid;
+    }
+    LeafParts lp;
+    if (leaf_parts(p, update, &lp) < 0) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    *slow = 0;
+    if (!columns_ready(g) || !leaf_columns_ready(g) ||
+        PyDict_Contains(g->leaves, key) != 0) {  /* Python code ran meanwhile: let it decide */
+        *slow = !PyErr_Occurred();
+        leaf_parts_clear(&lp);
+        Py_DECREF(key);
+        return NULL;
+    }
+    nid = PyLong_FromSsize_t(PyList_GET_SIZE(g->op));
+    if (nid && append_leaf(g, p, key, nid, &lp, update) < 0)
+        Py_CLEAR(nid);
+    leaf_parts_clear(&lp);
+    Py_DECREF(key);
+    return nid;
+}
+
+/* leaf(p, update=True) -> node id (see ComputationGraph._leaf_py) */
+static PyObject *graph_leaf(GraphObject *g, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *update = nargs > 1 ? argv[1] : Py_True;
+    if (kwnames && PyTuple_GET_SIZE(kwnames) == 1 && nargs == 1 &&
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "update") == 0)
+        update = argv[1];
+    else if ((kwnames && PyTuple_GET_SIZE(kwnames)) || nargs < 1 || nargs > 2)
+        update = NULL;
+    if (update == Py_True || update == Py_False) {
+        int slow;
+        PyObject *nid = dg_graph_leaf((PyObject *)g, argv[0], update == Py_True, &slow);
+        if (nid || !slow)
+            return nid;
+    }
+    /* anything else (an update flag that is not a bool, a stand-in parameter): Python */
+    PyObject *m = PyObject_GetAttr((PyObject *)g, LeafPyName);
+    if (!m)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(m, argv, nargsf, kwnames);
+    Py_DECREF(m);
+    return r;
+}
+
+static int leaf_names(void) {
+    const char *names[6] = {"_values_storage", "_updated", "_sig_parts", "is_lookup", "shape", "_leaf_py"};
+    PyObject **slots[6] = {&StorageName, &UpdatedName, &SigPartsName, &IsLookupName, &ShapeName, &LeafPyName};
+    for (int k = 0; k < 6; k++)
+        if (!*slots[k] && !(*slots[k] = PyUnicode_InternFromString(names[k])))
+            return -1;
+    if (!MinusOne && !(MinusOne = PyLong_FromLong(-1)))
+        return -1;
+    if (!Zero && !(Zero = PyLong_FromLong(0)))
+        return -1;
+    if (!NoArgs && !(NoArgs = PyTuple_New(0)))
+        return -1;
+    return 0;
 }
 
 static PyMethodDef graph_methods[] = {
     {"add", (PyCFunction)(void (*)(void))graph_add, METH_FASTCALL,
      "add(op, ids, attrs=(), data=None) -> node id. Record one node (see ComputationGraph._add_py)."},
+    {"leaf", (PyCFunction)(void (*)(void))graph_leaf, METH_FASTCALL | METH_KEYWORDS,
+     "leaf(p, update=True) -> node id. The node of parameter p in this graph (see ComputationGraph._leaf_py)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -483,6 +667,10 @@ static PyMemberDef graph_members[] = {
     {"_rand_base", T_OBJECT_EX, offsetof(GraphObject, rand_base), 0, NULL},
     {"signatures", T_OBJECT_EX, offsetof(GraphObject, signatures), 0, NULL},
     {"_leaves", T_OBJECT_EX, offsetof(GraphObject, leaves), 0, NULL},
+    {"blk", T_OBJECT_EX, offsetof(GraphObject, blk), 0, NULL},
+    {"row", T_OBJECT_EX, offsetof(GraphObject, row), 0, NULL},
+    {"blocks", T_OBJECT_EX, offsetof(GraphObject, blocks), 0, NULL},
+    {"_block_param", T_OBJECT_EX, offsetof(GraphObject, block_param), 0, NULL},
     {"retired", T_BOOL, offsetof(GraphObject, retired), 0, NULL},
     {"immediate_compute", T_BOOL, offsetof(GraphObject, immediate), 0, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -513,7 +701,12 @@ PyObject *dg_live_leaves(PyObject *cg) {
 }
 
 PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
-    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data);
+    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data, NULL);
+}
+
+PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                               PyObject *checked) {
+    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data, checked);
 }
 
 /* --------------------------------------------------------------------- module */
@@ -528,7 +721,7 @@ void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes) {
 }
 
 int dg_recorder_add_types(PyObject *m) {
-    if (PyType_Ready(&GraphBaseType) < 0)
+    if (PyType_Ready(&GraphBaseType) < 0 || leaf_names() < 0)
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
         return -1;
