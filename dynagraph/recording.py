@@ -36,6 +36,8 @@ ONE, TWO, LIST, INTS = 1, 2, 3, 4
 
 class _PyGraphBase:
     """The node columns are plain attributes; ComputationGraph supplies add = _add_py."""
+    retired = False
+    immediate_compute = False
 
 
 class _PyExprBase:
@@ -57,12 +59,23 @@ ExprBase: type = _c.ExprBase if COMPILED else _PyExprBase
 _Expression: Any = None
 
 
-def configure(expression: type, index_slot: type, random_key: object) -> None:
-    """The classes the fast path creates (Expression) and treats specially (IndexSlot)."""
+def configure(expression: type, index_slot: type, random_key: object, draw_rand_base: Callable) -> None:
+    """The classes the fast path creates (Expression) and treats specially (IndexSlot), the
+    data standing for a random key, and how a graph draws its random key base."""
     global _Expression
     _Expression = expression
     if COMPILED:
-        _c.configure(expression, index_slot, random_key, SHAPES)
+        _c.configure(expression, index_slot, random_key, SHAPES, draw_rand_base)
+
+
+def operators(add, addc, sub, rsubc, matmul, mulc, add_twin: Callable, sub_twin: Callable,
+              mul_twin: Callable) -> None:
+    """The ops ExprBase's compiled +, - and * record (two expressions: add, sub, matmul; an
+    expression and a number: addc, rsubc, mulc), and the Python twins they call for anything
+    else (twin(a, b) for `a op b`). Without the compiled module Expression keeps its Python
+    operators, so this does nothing."""
+    if COMPILED:
+        _c.configure_operators(add, addc, sub, rsubc, matmul, mulc, add_twin, sub_twin, mul_twin)
 
 
 def leaf_recorder(fallback: Callable, graph_state, lookup_op, parameter_op, table_op) -> Callable:

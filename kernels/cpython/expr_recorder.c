@@ -8,6 +8,7 @@
 #include <structmember.h>
 
 /* ------------------------------------------------------------------- ExprBase */
+static PyObject *EmptyAttrs = NULL;  /* () */
 
 static int expr_traverse(ExprObject *e, visitproc visit, void *arg) {
     Py_VISIT(e->cg);
@@ -48,6 +49,111 @@ static PyMemberDef expr_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+/* The arithmetic operators x + y, x - y, x * y (DyNet: a matrix product) as C slots: an
+   operator in a Python method cost a frame per op, and a cell written from primitive ops
+   uses several per step. Two live Expressions of one graph, or an Expression and an exact
+   int or float (the constant forms addc, rsubc, mulc) are recorded here; anything else goes
+   to the operator's Python twin (expression._add, ...), with the operands as Python passed
+   them, which handles the rest and words every error. Configured by configure_operators(). */
+enum { OP_ADD, OP_SUB, OP_MUL, N_OPERATORS };
+static PyObject *PairOp[N_OPERATORS];       /* add, sub, matmul */
+static PyObject *ConstOp[N_OPERATORS];      /* x + c: addc, x - c: addc (of -c), x * c: mulc */
+static PyObject *RConstOp[N_OPERATORS];     /* c + x: addc, c - x: rsubc, c * x: mulc */
+static PyObject *OperatorTwin[N_OPERATORS];
+
+static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, PyObject *attrs,
+                              PyObject *data, int *slow);
+
+/* An exact int or float (not a bool) as a float, else NULL without an error. */
+static PyObject *plain_number(PyObject *c) {
+    if (PyFloat_CheckExact(c)) {
+        Py_INCREF(c);
+        return c;
+    }
+    if (PyLong_CheckExact(c)) {
+        double v = PyLong_AsDouble(c);
+        if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return NULL;
+        }
+        return PyFloat_FromDouble(v);
+    }
+    return NULL;
+}
+
+static PyObject *expr_operator(int which, PyObject *a, PyObject *b) {
+    if (PairOp[which] && OperatorTwin[which]) {
+        int a_expr = (PyObject *)Py_TYPE(a) == ExprType, b_expr = (PyObject *)Py_TYPE(b) == ExprType;
+        int slow = 1;
+        PyObject *res = NULL;
+        if (a_expr && b_expr) {
+            PyObject *xs[2] = {a, b};
+            res = record_exprs(PairOp[which], xs, 2, EmptyAttrs, Py_None, &slow);
+        } else if (a_expr || b_expr) {
+            PyObject *c = plain_number(a_expr ? b : a), *attrs = NULL;
+            if (c && which == OP_SUB && a_expr)  /* x - c records addc(x, -c), as DyNet */
+                Py_SETREF(c, PyNumber_Negative(c));
+            if (c)
+                attrs = PyTuple_Pack(1, c);
+            Py_XDECREF(c);
+            if (attrs) {
+                PyObject *x = a_expr ? a : b;
+                res = record_exprs(a_expr ? ConstOp[which] : RConstOp[which], &x, 1, attrs, Py_None, &slow);
+                Py_DECREF(attrs);
+            } else if (PyErr_Occurred()) {
+                return NULL;
+            }
+        }
+        if (res || !slow)
+            return res;
+        PyObject *args[2] = {a, b};
+        return PyObject_Vectorcall(OperatorTwin[which], args, 2, NULL);
+    }
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static PyObject *expr_add(PyObject *a, PyObject *b) { return expr_operator(OP_ADD, a, b); }
+static PyObject *expr_sub(PyObject *a, PyObject *b) { return expr_operator(OP_SUB, a, b); }
+static PyObject *expr_mul(PyObject *a, PyObject *b) { return expr_operator(OP_MUL, a, b); }
+
+static PyNumberMethods expr_number = {
+    .nb_add = expr_add,
+    .nb_subtract = expr_sub,
+    .nb_multiply = expr_mul,
+};
+
+/* configure_operators(add, addc, sub, rsubc, matmul, mulc, add_twin, sub_twin, mul_twin) */
+static PyObject *configure_operators(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *add, *addc, *sub, *rsubc, *matmul, *mulc, *twins[N_OPERATORS];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &add, &addc, &sub, &rsubc, &matmul, &mulc, &twins[0], &twins[1],
+                          &twins[2]))
+        return NULL;
+    for (int k = 0; k < N_OPERATORS; k++)
+        if (!PyCallable_Check(twins[k])) {
+            PyErr_SetString(PyExc_TypeError, "the operators' twins must be callable");
+            return NULL;
+        }
+    PyObject *pair[N_OPERATORS] = {add, sub, matmul}, *cst[N_OPERATORS] = {addc, addc, mulc},
+             *rcst[N_OPERATORS] = {addc, rsubc, mulc};
+    for (int k = 0; k < N_OPERATORS; k++) {
+        Py_INCREF(pair[k]);
+        Py_XSETREF(PairOp[k], pair[k]);
+        Py_INCREF(cst[k]);
+        Py_XSETREF(ConstOp[k], cst[k]);
+        Py_INCREF(rcst[k]);
+        Py_XSETREF(RConstOp[k], rcst[k]);
+        Py_INCREF(twins[k]);
+        Py_XSETREF(OperatorTwin[k], twins[k]);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef operator_config = {
+    "configure_operators", configure_operators, METH_VARARGS,
+    "configure_operators(add, addc, sub, rsubc, matmul, mulc, add_twin, sub_twin, mul_twin): the ops\n"
+    "Expression's +, - and * record, and their Python twins (see expr_recorder.c)."};
+
 PyTypeObject ExprBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dynagraph._bookkeeping.ExprBase",
@@ -58,6 +164,7 @@ PyTypeObject ExprBaseType = {
     .tp_clear = (inquiry)expr_clear,
     .tp_dealloc = (destructor)expr_dealloc,
     .tp_members = expr_members,
+    .tp_as_number = &expr_number,
     .tp_new = expr_new,
 };
 
@@ -280,8 +387,9 @@ PyObject *ExprType = NULL;  /* Expression (a Python subclass of ExprBase) */
 
 PyObject *dg_configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *expr, *slot, *key, *shapes = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!O|O!", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes))
+    PyObject *expr, *slot, *key, *shapes = NULL, *draw = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O|O!O", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes,
+                          &draw))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
         ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
@@ -290,7 +398,7 @@ PyObject *dg_configure(PyObject *self, PyObject *args) {
     }
     Py_INCREF(expr);
     Py_XSETREF(ExprType, expr);
-    dg_graph_configure(slot, key, shapes);
+    dg_graph_configure(slot, key, shapes, draw);
     Py_RETURN_NONE;
 }
 
@@ -307,6 +415,13 @@ PyObject *dg_make_expr(PyObject *cg, PyObject *nid) {
 int dg_expr_add_types(PyObject *m) {
     if (PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
         return -1;
+    if (!EmptyAttrs && !(EmptyAttrs = PyTuple_New(0)))
+        return -1;
+    PyObject *f = PyCFunction_NewEx(&operator_config, NULL, NULL);
+    if (!f || PyModule_AddObject(m, "configure_operators", f) < 0) {
+        Py_XDECREF(f);
+        return -1;
+    }
     PyTypeObject *types[2] = {&ExprBaseType, &RecorderType};
     const char *names[2] = {"ExprBase", "Recorder"};
     for (int k = 0; k < 2; k++) {

@@ -73,10 +73,111 @@ static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     return 0;
 }
 
+/* Emptied column lists of freed graphs, kept with their storage: a per-sentence program
+   makes a graph of a few dozen nodes per sentence, and growing a dozen fresh lists to that
+   size (a realloc every few appends) cost as much as recording the nodes. One pool per
+   column, so each list keeps serving the column it grew for (the storage kept stays that of
+   the graphs the program makes, it does not creep); a few per column (the next graph is
+   made before the last one is freed), small lists only (a large graph's appends are
+   amortised anyway), and only when the graph held the last reference to the list. */
+enum { LIST_POOL = 2, LIST_POOL_MAX_ITEMS = 4096, N_LIST_COLUMNS = 13 };
+static PyObject *ListPool[N_LIST_COLUMNS][LIST_POOL];
+static int ListPoolSize[N_LIST_COLUMNS];
+
+static void pool_list(int column, PyObject *l) {
+    if (ListPoolSize[column] == LIST_POOL || !PyList_CheckExact(l) || Py_REFCNT(l) != 1 ||
+        ((PyListObject *)l)->allocated > LIST_POOL_MAX_ITEMS) {
+        Py_DECREF(l);
+        return;
+    }
+    /* nothing else can reach l: empty it first, then release the items (which may run code) */
+    PyObject **items = ((PyListObject *)l)->ob_item;
+    Py_ssize_t n = Py_SIZE(l);
+    Py_SET_SIZE(l, 0);
+    for (Py_ssize_t k = 0; k < n; k++)
+        Py_DECREF(items[k]);
+    if (ListPoolSize[column] < LIST_POOL && Py_REFCNT(l) == 1 && Py_SIZE(l) == 0 &&
+        ((PyListObject *)l)->ob_item == items)
+        ListPool[column][ListPoolSize[column]++] = l;
+    else
+        Py_DECREF(l);
+}
+
+static PyObject *pooled_list(int column) {
+    return ListPoolSize[column] ? ListPool[column][--ListPoolSize[column]] : PyList_New(0);
+}
+
+/* The columns that are lists, whose storage pool_list keeps. */
+static PyObject **list_column(GraphObject *g, int k) {
+    PyObject **cols[N_LIST_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth, &g->sig,
+                                       &g->sig_part, &g->needs_grad, &g->blk, &g->row, &g->blocks,
+                                       &g->signatures};
+    return cols[k];
+}
+
 static int graph_clear(GraphObject *g) {
+    for (int k = 0; k < N_LIST_COLUMNS; k++) {
+        PyObject *l = *list_column(g, k);
+        *list_column(g, k) = NULL;
+        if (l)
+            pool_list(k, l);
+    }
     for (int k = 0; k < N_COLUMNS; k++)
         Py_CLEAR(*graph_column(g, k));
     sig_cache_clear(g);
+    return 0;
+}
+
+/* _start(): a new graph's empty columns (lists kept from freed graphs where there are). */
+static PyObject *graph_start(GraphObject *g, PyObject *unused) {
+    (void)unused;
+    for (int k = 0; k < N_LIST_COLUMNS; k++) {
+        PyObject *l = pooled_list(k);
+        if (!l)
+            return NULL;
+        Py_XSETREF(*list_column(g, k), l);
+    }
+    PyObject **dicts[3] = {&g->sig_id, &g->leaves, &g->block_param};
+    for (int k = 0; k < 3; k++) {
+        PyObject *d = PyDict_New();
+        if (!d)
+            return NULL;
+        Py_XSETREF(*dicts[k], d);
+    }
+    Py_RETURN_NONE;
+}
+
+/* _rand_base: the first node id's random key, drawn (RandDraw()) when a graph first needs it:
+   most graphs record no random op, and a draw from the seeded stream cost a quarter of
+   renew_cg(). */
+static PyObject *RandDraw = NULL;
+
+static PyObject *rand_base_of(GraphObject *g) {
+    if (!g->rand_base) {
+        if (!RandDraw) {
+            PyErr_SetString(PyExc_RuntimeError, "configure() was not given the random key draw");
+            return NULL;
+        }
+        PyObject *v = PyObject_CallNoArgs(RandDraw);
+        if (!v)
+            return NULL;
+        if (g->rand_base)  /* the draw ran Python code that set it */
+            Py_DECREF(v);
+        else
+            g->rand_base = v;
+    }
+    return g->rand_base;  /* borrowed */
+}
+
+static PyObject *graph_get_rand_base(GraphObject *g, void *closure) {
+    (void)closure;
+    return Py_XNewRef(rand_base_of(g));
+}
+
+static int graph_set_rand_base(GraphObject *g, PyObject *v, void *closure) {
+    (void)closure;
+    Py_XINCREF(v);
+    Py_XSETREF(g->rand_base, v);
     return 0;
 }
 
@@ -98,6 +199,30 @@ static size_t sig_slot(PyObject *op, PyObject *const *parts, Py_ssize_t n) {
     return (h ^ (h >> 11)) % SIG_CACHE;
 }
 
+/* Whether attrs tuples a (cached) and b are equal, as the signature dict would find them:
+   equal values share a signature. Only exact ints and floats are compared here; anything
+   else that is not the same object is "no" (the caller then takes the dict). */
+static int attrs_match(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (!PyTuple_CheckExact(a) || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b))
+        return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(a); k++) {
+        PyObject *x = PyTuple_GET_ITEM(a, k), *y = PyTuple_GET_ITEM(b, k);
+        if (x == y)
+            continue;
+        if (!(PyLong_CheckExact(x) && PyLong_CheckExact(y)) && !(PyFloat_CheckExact(x) && PyFloat_CheckExact(y)))
+            return 0;
+        int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+        if (eq != 1) {
+            if (eq < 0)
+                PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The cached `known` tuple for (op, attrs, parts), or NULL (borrowed). */
 static PyObject *sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n) {
     if (!g->cache || g->cache_of != g->sig_id || n > SIG_CACHE_ARGS)
@@ -108,25 +233,8 @@ static PyObject *sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, Py
     for (Py_ssize_t k = 0; k < n; k++)
         if (e->parts[k] != parts[k])
             return NULL;
-    if (e->attrs != attrs) {  /* equal values share the signature, as in the dict */
-        if (!PyTuple_CheckExact(attrs) || !PyTuple_CheckExact(e->attrs) ||
-            PyTuple_GET_SIZE(attrs) != PyTuple_GET_SIZE(e->attrs))
-            return NULL;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
-            PyObject *a = PyTuple_GET_ITEM(attrs, k), *b = PyTuple_GET_ITEM(e->attrs, k);
-            /* only exact ints and floats compare here: anything else takes the dict */
-            if (a == b)
-                continue;
-            if (!(PyLong_CheckExact(a) && PyLong_CheckExact(b)) && !(PyFloat_CheckExact(a) && PyFloat_CheckExact(b)))
-                return NULL;
-            int eq = PyObject_RichCompareBool(a, b, Py_EQ);
-            if (eq != 1) {
-                if (eq < 0)
-                    PyErr_Clear();
-                return NULL;
-            }
-        }
-    }
+    if (!attrs_match(e->attrs, attrs))
+        return NULL;
     return e->known;
 }
 
@@ -164,6 +272,105 @@ static void sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObjec
         e->parts[k] = parts[k];
     }
     e->n = n;
+}
+
+
+/* ------------------------------------------------------ signatures across graphs */
+/* A per-sentence program builds the same dozen signatures in every graph: each graph meets
+   each of them once, and registering it (the key tuple built and hashed, the shared shape
+   cache's key built and hashed, the op's check read) was a third of recording a sentence.
+   This cache, shared by every graph, remembers by identity what a signature is made of:
+   the op, equal attrs, the arguments' parts and their shapes (a parameter's part does not
+   determine its shape: its storage may be replaced), and gives the key tuple, the output
+   shape and the interned attrs. A graph meeting such a signature registers it exactly as
+   _new_signature does, reading check and blocks_grad from the op as that does. Entries hold
+   references, so no address they compare against can be reused. */
+enum { GLOBAL_SIGS = 1024 };
+typedef struct {
+    PyObject *op, *attrs, *key, *shape, *parts[SIG_CACHE_ARGS], *shapes[SIG_CACHE_ARGS];
+    Py_ssize_t n;
+} GlobalSig;
+static GlobalSig *GlobalSigs = NULL;
+
+static size_t global_slot(PyObject *op, PyObject *const *parts, PyObject *const *shapes, Py_ssize_t n) {
+    size_t h = (size_t)op >> 4;
+    for (Py_ssize_t k = 0; k < n; k++)
+        h = (h * 1000003u ^ ((size_t)parts[k] >> 4)) * 31u ^ ((size_t)shapes[k] >> 4);
+    return (h ^ (h >> 13)) % GLOBAL_SIGS;
+}
+
+/* The argument shapes (borrowed) of ids, the first SIG_CACHE_ARGS. */
+static void arg_shapes(GraphObject *g, PyObject *ids, PyObject **shapes) {
+    Py_ssize_t n = PyTuple_GET_SIZE(ids);
+    for (Py_ssize_t k = 0; k < n && k < SIG_CACHE_ARGS; k++)
+        shapes[k] = PyList_GET_ITEM(g->shape, PyLong_AsSsize_t(PyTuple_GET_ITEM(ids, k)));  /* checked */
+}
+
+static void global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, PyObject *const *shapes,
+                       Py_ssize_t n, PyObject *key, PyObject *known) {
+    if (n > SIG_CACHE_ARGS || !PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
+        return;
+    if (!GlobalSigs && !(GlobalSigs = PyMem_Calloc(GLOBAL_SIGS, sizeof(GlobalSig))))
+        return;
+    GlobalSig *e = &GlobalSigs[global_slot(op, parts, shapes, n)];
+    PyObject *old[4 + 2 * SIG_CACHE_ARGS];  /* released last: a decref may run Python code */
+    int nold = 0;
+    old[nold++] = e->op;
+    old[nold++] = e->attrs;
+    old[nold++] = e->key;
+    old[nold++] = e->shape;
+    for (Py_ssize_t k = 0; k < e->n; k++) {
+        old[nold++] = e->parts[k];
+        old[nold++] = e->shapes[k];
+    }
+    e->op = Py_NewRef(op);
+    e->attrs = Py_NewRef(PyTuple_GET_ITEM(known, 2));
+    e->key = Py_NewRef(key);
+    e->shape = Py_NewRef(PyTuple_GET_ITEM(known, 1));
+    for (Py_ssize_t k = 0; k < n; k++) {
+        e->parts[k] = Py_NewRef(parts[k]);
+        e->shapes[k] = Py_NewRef(shapes[k]);
+    }
+    e->n = n;
+    for (int k = 0; k < nold; k++)
+        Py_XDECREF(old[k]);
+}
+
+/* The signature's `known` tuple in g (borrowed) when the shared cache knows it, registered
+   in g if it is new there; NULL without an error when the cache does not know it, NULL with
+   an error (*failed = 1) on failure. */
+static PyObject *global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts,
+                            PyObject *const *shapes, Py_ssize_t n, int *failed) {
+    *failed = 0;
+    if (!GlobalSigs || n > SIG_CACHE_ARGS || !g->signatures || !PyList_CheckExact(g->signatures))
+        return NULL;
+    GlobalSig *e = &GlobalSigs[global_slot(op, parts, shapes, n)];
+    if (!e->key || e->n != n || e->op != op)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (e->parts[k] != parts[k] || e->shapes[k] != shapes[k])
+            return NULL;
+    if (!attrs_match(e->attrs, attrs))
+        return NULL;
+    PyObject *key = Py_NewRef(e->key), *shape = Py_NewRef(e->shape), *iattrs = Py_NewRef(e->attrs);
+    /* check and blocks_grad as the op has them now, as _new_signature reads them */
+    PyObject *check = PyObject_GetAttr(op, CheckName);
+    PyObject *blocks = check ? PyObject_GetAttr(op, BlocksGradName) : NULL;
+    PyObject *sid = blocks ? PyLong_FromSsize_t(PyList_GET_SIZE(g->signatures)) : NULL;
+    PyObject *made = sid ? PyTuple_Pack(5, sid, shape, iattrs, check, blocks) : NULL;
+    PyObject *known = made ? PyDict_SetDefault(g->sig_id, key, made) : NULL;  /* borrowed */
+    if (known == made && made && PyList_Append(g->signatures, key) < 0)
+        known = NULL;  /* (sig_id then names a signature id past the list: Python's add() would too) */
+    Py_XDECREF(made);
+    Py_XDECREF(sid);
+    Py_XDECREF(check);
+    Py_XDECREF(blocks);
+    Py_DECREF(key);
+    Py_DECREF(shape);
+    Py_DECREF(iattrs);
+    if (!known)
+        *failed = 1;
+    return known;
 }
 
 /* The slow path: ComputationGraph._add_py(op, ids, attrs, data). */
@@ -368,11 +575,15 @@ static PyObject *lookup_signature(GraphObject *g, PyObject *op, PyObject *attrs,
     PyObject *known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
     if (!known && !PyErr_Occurred())
         known = known_from_cache(g, op, attrs, ids, key);
-    Py_DECREF(key);
-    if (!known && PyErr_Occurred())
+    if (!known && PyErr_Occurred()) {
         *slow = 0;
-    else if (known)
+    } else if (known) {
         sig_cache_put(g, op, attrs, part, n, known);
+        PyObject *shapes[SIG_CACHE_ARGS];
+        arg_shapes(g, ids, shapes);
+        global_put(op, attrs, part, shapes, n, key, known);
+    }
+    Py_DECREF(key);
     return known;
 }
 
@@ -385,7 +596,8 @@ static inline int append_node(GraphObject *g, PyObject *op, PyObject *ids, PyObj
     Py_INCREF(value);
     if (data == RandomKey) {
         Py_DECREF(value);
-        value = PyNumber_Add(g->rand_base, nid);
+        PyObject *base = rand_base_of(g);
+        value = base ? PyNumber_Add(base, nid) : NULL;
     }
     int blocks = PyObject_IsTrue(PyTuple_GET_ITEM(known, 4));
     if (blocks < 0 || append_steal(g->data, value) < 0 ||
@@ -416,6 +628,18 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     if (!scan_args(g, ids, nodes, part, &depth, &needs))
         return NULL;
     PyObject *known = sig_cache_get(g, op, attrs, part, n);
+    if (!known && n <= SIG_CACHE_ARGS) {  /* new to this graph: known to an earlier one? */
+        PyObject *shapes[SIG_CACHE_ARGS];
+        int failed;
+        arg_shapes(g, ids, shapes);
+        known = global_get(g, op, attrs, part, shapes, n, &failed);
+        if (failed) {
+            *slow = 0;
+            return NULL;
+        }
+        if (known)
+            sig_cache_put(g, op, attrs, part, n, known);
+    }
     if (!known && !(known = lookup_signature(g, op, attrs, ids, part, slow)))
         return NULL;
     if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
@@ -473,7 +697,7 @@ static PyObject *graph_add(GraphObject *g, PyObject *const *argv, Py_ssize_t nar
    parameter is an ordinary one (its storage, updated flag and signature parts in its
    __dict__, as parameters._Stored sets them); anything else is Python's. */
 static PyObject *ParameterOp = NULL, *TableOp = NULL;  /* ops.inputs.PARAMETER, LOOKUP_TABLE */
-static PyObject *StorageName, *UpdatedName, *SigPartsName, *IsLookupName, *ShapeName, *LeafPyName;
+static PyObject *StorageName, *UpdatedName, *SigPartsName, *IsLookupName, *ShapeName, *LeafPyName, *LeafViewName;
 static PyObject *MinusOne, *Zero, *NoArgs;
 
 int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op) {
@@ -523,15 +747,35 @@ static int leaf_parts(PyObject *p, int update, LeafParts *lp) {
     Py_INCREF(lp->part);
     lp->values = values;
     Py_INCREF(values);  /* the attribute reads below may run Python code */
+    /* (storage, storage[None], its shape) as the last graph made them, while the storage is
+       the same array: a view is never changed in place, so graphs may share it, and the same
+       shape object lets the signature cache across graphs hit */
+    PyObject *made = PyDict_GetItemWithError(dict, LeafViewName);
+    if (!made)
+        PyErr_Clear();
+    if (made && PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 3 && PyTuple_GET_ITEM(made, 0) == values &&
+        PyTuple_CheckExact(PyTuple_GET_ITEM(made, 2))) {
+        lp->view = Py_NewRef(PyTuple_GET_ITEM(made, 1));
+        lp->shape = Py_NewRef(PyTuple_GET_ITEM(made, 2));
+        made = NULL;
+    } else {
+        made = Py_NewRef(dict);  /* where the new view goes */
+    }
     Py_DECREF(dict);
     PyObject *is_lookup = PyObject_GetAttr(p, IsLookupName);
     lp->table = is_lookup ? PyObject_IsTrue(is_lookup) : -1;
     Py_XDECREF(is_lookup);
-    if (lp->table >= 0)
+    if (made && lp->table >= 0) {
         lp->shape = PyObject_GetAttr(values, ShapeName);
-    if (lp->shape && PyTuple_CheckExact(lp->shape))
-        lp->view = PyObject_GetItem(values, Py_None);  /* values[None] */
-    if (!lp->view) {
+        if (lp->shape && PyTuple_CheckExact(lp->shape))
+            lp->view = PyObject_GetItem(values, Py_None);  /* values[None] */
+        PyObject *entry = lp->view ? PyTuple_Pack(3, values, lp->view, lp->shape) : NULL;
+        if (!entry || PyDict_SetItem(made, LeafViewName, entry) < 0)
+            Py_CLEAR(lp->view);
+        Py_XDECREF(entry);
+    }
+    Py_XDECREF(made);
+    if (lp->table < 0 || !lp->view) {
         PyErr_Clear();
         leaf_parts_clear(lp);
         return -1;
@@ -631,9 +875,11 @@ static PyObject *graph_leaf(GraphObject *g, PyObject *const *argv, size_t nargsf
 }
 
 static int leaf_names(void) {
-    const char *names[6] = {"_values_storage", "_updated", "_sig_parts", "is_lookup", "shape", "_leaf_py"};
-    PyObject **slots[6] = {&StorageName, &UpdatedName, &SigPartsName, &IsLookupName, &ShapeName, &LeafPyName};
-    for (int k = 0; k < 6; k++)
+    const char *names[7] = {"_values_storage", "_updated", "_sig_parts", "is_lookup", "shape", "_leaf_py",
+                            "_leaf_view"};
+    PyObject **slots[7] = {&StorageName, &UpdatedName, &SigPartsName, &IsLookupName, &ShapeName, &LeafPyName,
+                           &LeafViewName};
+    for (int k = 0; k < 7; k++)
         if (!*slots[k] && !(*slots[k] = PyUnicode_InternFromString(names[k])))
             return -1;
     if (!MinusOne && !(MinusOne = PyLong_FromLong(-1)))
@@ -645,7 +891,14 @@ static int leaf_names(void) {
     return 0;
 }
 
+static PyGetSetDef graph_getset[] = {
+    {"_rand_base", (getter)graph_get_rand_base, (setter)graph_set_rand_base,
+     "random key of node 0 (node i's is this + i), drawn on first use", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMethodDef graph_methods[] = {
+    {"_start", (PyCFunction)graph_start, METH_NOARGS, "_start(): the new graph's empty columns."},
     {"add", (PyCFunction)(void (*)(void))graph_add, METH_FASTCALL,
      "add(op, ids, attrs=(), data=None) -> node id. Record one node (see ComputationGraph._add_py)."},
     {"leaf", (PyCFunction)(void (*)(void))graph_leaf, METH_FASTCALL | METH_KEYWORDS,
@@ -664,7 +917,6 @@ static PyMemberDef graph_members[] = {
     {"sig_part", T_OBJECT_EX, offsetof(GraphObject, sig_part), 0, NULL},
     {"needs_grad", T_OBJECT_EX, offsetof(GraphObject, needs_grad), 0, NULL},
     {"_sig_id", T_OBJECT_EX, offsetof(GraphObject, sig_id), 0, NULL},
-    {"_rand_base", T_OBJECT_EX, offsetof(GraphObject, rand_base), 0, NULL},
     {"signatures", T_OBJECT_EX, offsetof(GraphObject, signatures), 0, NULL},
     {"_leaves", T_OBJECT_EX, offsetof(GraphObject, leaves), 0, NULL},
     {"blk", T_OBJECT_EX, offsetof(GraphObject, blk), 0, NULL},
@@ -687,6 +939,7 @@ PyTypeObject GraphBaseType = {
     .tp_dealloc = (destructor)graph_dealloc,
     .tp_methods = graph_methods,
     .tp_members = graph_members,
+    .tp_getset = graph_getset,
     .tp_new = PyType_GenericNew,
 };
 
@@ -711,7 +964,9 @@ PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObje
 
 /* --------------------------------------------------------------------- module */
 /* The graph's share of configure() (expr_recorder.c checks and keeps the Expression class). */
-void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes) {
+void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes, PyObject *draw) {
+    Py_XINCREF(draw);
+    Py_XSETREF(RandDraw, draw);
     Py_INCREF(slot);
     Py_INCREF(key);
     Py_XSETREF(IndexSlotType, slot);

@@ -38,7 +38,7 @@ typedef struct {
 
 extern PyTypeObject GraphBaseType;  /* recorder.c */
 extern PyObject *ExprType;          /* expr_recorder.c: Expression (a subclass of ExprBase), set by configure() */
-void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes);  /* recorder.c */
+void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes, PyObject *draw);  /* recorder.c */
 /* The leaf node id of parameter p (update: trained) in graph cg, made if it is new (new
    reference; recorder.c). NULL with *slow = 1: Python (ComputationGraph._leaf_py) must make
    it, nothing was touched; NULL with *slow = 0: an error is set. */
