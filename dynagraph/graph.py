@@ -37,6 +37,9 @@ from .stats import Stats
 _engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
 
 
+_NP_DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+
 def set_engine(engine) -> None:
     global _engine
     _engine = engine
@@ -64,7 +67,7 @@ class ComputationGraph(GraphBase):
             self.immediate_compute = True
         if check_validity:
             self.check_validity = check_validity
-        self.dtype = config.np_dtype
+        self.dtype = _NP_DTYPES.get(config.dtype) or config.np_dtype  # np.dtype() parses its name
         # Node storage: parallel lists indexed by node id (GraphBase._start makes them in C):
         #   op, args, attrs, data, shape, depth,
         #   sig            signature id per node; see `signatures`
@@ -77,7 +80,7 @@ class ComputationGraph(GraphBase):
         #   _block_param   leaf value block -> parameter object
         self._start()
         self.executed: list = []        # forward batches in execution order (for backward)
-        self._stats = Stats()
+        self._stats = Stats.fresh()
         self._t_last = time.perf_counter()
 
     def _start_py(self) -> None:
