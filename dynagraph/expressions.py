@@ -25,7 +25,7 @@ from .expression import Expression, expression_of
 from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters, Parameters
-from .recording import INTS, LIST, ONE, TWO, entry_recorders, recorder
+from .recording import INDEX, INTS, LIST, LIST_INT, ONE, TWO, entry_recorders, recorder
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
@@ -309,6 +309,11 @@ def concatenate(xs: Sequence[Expression], d: int = 0) -> Expression:
     return _concatenate(xs, (d if type(d) is int else as_index(d, "concatenate"),))
 
 
+# A list of live expressions and an exact int: compiled, no Python frame (twice per tree node).
+concatenate = _named(recorder(_O["concatenate"], LIST_INT, concatenate, (0,)), "concatenate",
+                     "concatenate([x, ...], d=0): the expressions joined along dimension d.")
+
+
 concatenate_cols = _list_recorder("concatenate", "concatenate_cols", "concatenate_cols([x, ...]): side by side "
                                   "as columns.", attrs=(1,))
 
@@ -409,6 +414,12 @@ def log_softmax(x, restrict: Sequence[int] | None = None) -> Expression:
 
 def pickneglogsoftmax(x, v: int) -> Expression:
     return record1(_O["pickneglogsoftmax"], x, (), _int(v, "pickneglogsoftmax"))
+
+
+# An expression and an int label: compiled, the label's range checked in C (once per loss).
+pickneglogsoftmax = _named(recorder(_O["pickneglogsoftmax"], INDEX, pickneglogsoftmax, (),
+                                    row_check=_O["pickneglogsoftmax"].check),
+                           "pickneglogsoftmax", "pickneglogsoftmax(x, v): -log(softmax(x)[v]).")
 
 
 def hinge(x, index: int, m: float = 1.0) -> Expression:

@@ -9,9 +9,11 @@ message exist once, in Python.
 
     GraphBase   base of ComputationGraph: the node columns, and add() when compiled
     ExprBase    base of Expression: the two fields cg and i
-    recorder(op, form, fallback, attrs=())
+    recorder(op, form, fallback, attrs=(), row_check=None)
                 a function recording `op` (op=None: the op is the first argument) from
                 form 1: f(x[, attrs[, data]])   2: f(x, y[, attrs])   3: f([x, ...][, attrs])
+                     4: f(x, i, ...) (ints filling attrs)   5: f([x, ...][, d]) (attrs (d,))
+                     6: f(x, index) (data index)
                 or, if an argument is not a live Expression of one graph, fallback(*args)
 
 DYNAGRAPH_BOOKKEEPING=python forces the pure-Python path here and in the executor
@@ -31,7 +33,7 @@ except ImportError:
 NATIVE = _c
 
 COMPILED = _c is not None
-ONE, TWO, LIST, INTS = 1, 2, 3, 4
+ONE, TWO, LIST, INTS, LIST_INT, INDEX = 1, 2, 3, 4, 5, 6
 
 
 class _PyGraphBase:
@@ -100,10 +102,12 @@ def entry_recorders(parameters: type, lookup_parameters: type, integer: type, pa
     return parameter, lookup
 
 
-def recorder(op, form: int, fallback: Callable, attrs: tuple = ()) -> Callable:
+def recorder(op, form: int, fallback: Callable, attrs: tuple = (), row_check: Callable | None = None) -> Callable:
+    """row_check (form INDEX): the op's check when it is exactly `0 <= index < shape(x)[0]`,
+    which the compiled recorder then does itself."""
     if COMPILED:
-        return _c.Recorder(op, form, fallback, attrs)
-    if form == INTS:  # f(x, i, ...): the Python function is its own twin
+        return _c.Recorder(op, form, fallback, attrs, row_check)
+    if form in (INTS, LIST_INT, INDEX):  # the Python function is its own twin
         return fallback
     return (_bound if op is not None else _unbound)[form](op, fallback, attrs)
 

@@ -195,7 +195,7 @@ static GraphObject *live_graph(PyObject *x) {
 }
 
 /* ------------------------------------------------------------------- Recorder */
-enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4 };
+enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4, LIST_INT = 5, INDEX = 6 };
 
 typedef struct {
     PyObject_HEAD
@@ -203,6 +203,7 @@ typedef struct {
     PyObject *fallback;  /* called with the same arguments when the fast path does not apply */
     PyObject *attrs;     /* default attrs */
     PyObject *dict;
+    PyObject *row_check; /* INDEX: the op's check when it is `0 <= index < shape(x)[0]`, done here */
     vectorcallfunc vectorcall;
     int form;
 } RecorderObject;
@@ -232,6 +233,38 @@ static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, P
     }
     *slow = 0;
     PyObject *nid = dg_graph_add((PyObject *)g, op, ids, attrs, data);
+    Py_DECREF(ids);
+    return make_expr((PyObject *)g, nid);
+}
+
+/* f(x, i): data i (a class index), attrs the default. When the op's check is r->row_check
+   (`0 <= i < shape(x)[0]`, checked here), it is not run again in Python; an index out of
+   range records through the op's check, which raises the worded error. */
+static PyObject *record_index(RecorderObject *r, PyObject *op, PyObject *x, PyObject *i, int *slow) {
+    *slow = 1;
+    GraphObject *g = live_graph(x);
+    if (!g || !((ExprObject *)x)->i || !PyTuple_CheckExact(r->attrs))
+        return NULL;
+    PyObject *checked = NULL;
+    if (r->row_check && g->shape && PyList_CheckExact(g->shape)) {
+        Py_ssize_t n = PyLong_AsSsize_t(((ExprObject *)x)->i);
+        PyObject *shape = n >= 0 && n < PyList_GET_SIZE(g->shape) ? PyList_GET_ITEM(g->shape, n) : NULL;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        else if (shape && PyTuple_CheckExact(shape) && PyTuple_GET_SIZE(shape) >= 1 && !overflow && v >= 0 &&
+                 v < PyLong_AsLongLong(PyTuple_GET_ITEM(shape, 0)))
+            checked = r->row_check;
+        if (PyErr_Occurred())
+            PyErr_Clear();
+    }
+    PyObject *ids = PyTuple_Pack(1, ((ExprObject *)x)->i);
+    *slow = 0;
+    if (!ids)
+        return NULL;
+    PyObject *nid = checked ? dg_graph_add_checked((PyObject *)g, op, ids, r->attrs, i, checked)
+                            : dg_graph_add((PyObject *)g, op, ids, r->attrs, i);
     Py_DECREF(ids);
     return make_expr((PyObject *)g, nid);
 }
@@ -273,6 +306,28 @@ static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t 
         if (ok)
             res = record_exprs(op, a, 1, at, Py_None, &slow);
         Py_DECREF(at);
+    } else if (r->form == LIST_INT && (na == 1 || na == 2) && PyList_CheckExact(a[0]) &&
+               PyTuple_GET_SIZE(r->attrs) == 1) {
+        /* f([x, ...], d): attrs (d,), d an exact int (the default attrs when d is omitted or equal) */
+        PyObject *at = r->attrs;
+        int ok = 1;
+        if (na == 2 && a[1] != PyTuple_GET_ITEM(at, 0)) {
+            ok = PyLong_CheckExact(a[1]);
+            at = ok ? PyTuple_Pack(1, a[1]) : NULL;
+            if (ok && !at)
+                return NULL;
+        } else {
+            Py_INCREF(at);
+        }
+        if (ok) {
+            PyObject *xs = a[0];
+            Py_INCREF(xs);
+            res = record_exprs(op, &PyList_GET_ITEM(xs, 0), PyList_GET_SIZE(xs), at, Py_None, &slow);
+            Py_DECREF(xs);
+            Py_DECREF(at);
+        }
+    } else if (r->form == INDEX && na == 2 && PyLong_CheckExact(a[1])) {
+        res = record_index(r, op, a[0], a[1], &slow);
     } else if (r->form == LIST && (na == 1 || na == 2) && PyList_CheckExact(a[0])) {
         /* the list may change under a call into Python: hold it */
         PyObject *xs = a[0];
@@ -288,14 +343,20 @@ slow:
 }
 
 static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *op, *fallback, *attrs = NULL;
+    PyObject *op, *fallback, *attrs = NULL, *row_check = NULL;
     int form;
-    static char *names[] = {"op", "form", "fallback", "attrs", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!", names, &op, &form, &fallback, &PyTuple_Type, &attrs))
+    static char *names[] = {"op", "form", "fallback", "attrs", "row_check", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!O", names, &op, &form, &fallback, &PyTuple_Type, &attrs,
+                                     &row_check))
         return NULL;
-    if (form < ONE || form > INTS) {
-        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list) or 4 (an "
-                                          "expression and ints)");
+    if (form < ONE || form > INDEX) {
+        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list), 4 (an "
+                                          "expression and ints), 5 (a list and an int) or 6 (an expression and "
+                                          "an index)");
+        return NULL;
+    }
+    if ((form == LIST_INT || form == INDEX) && op == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "forms 5 and 6 need their op");
         return NULL;
     }
     if (!PyCallable_Check(fallback)) {
@@ -313,6 +374,8 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     if (attrs)
         Py_INCREF(attrs);
     r->form = form;
+    r->row_check = row_check == Py_None ? NULL : row_check;
+    Py_XINCREF(r->row_check);
     r->vectorcall = (vectorcallfunc)recorder_call;
     if (!r->attrs) {
         Py_DECREF(r);
@@ -326,6 +389,7 @@ static int recorder_traverse(RecorderObject *r, visitproc visit, void *arg) {
     Py_VISIT(r->fallback);
     Py_VISIT(r->attrs);
     Py_VISIT(r->dict);
+    Py_VISIT(r->row_check);
     return 0;
 }
 
@@ -334,6 +398,7 @@ static int recorder_clear(RecorderObject *r) {
     Py_CLEAR(r->fallback);
     Py_CLEAR(r->attrs);
     Py_CLEAR(r->dict);
+    Py_CLEAR(r->row_check);
     return 0;
 }
 
@@ -354,7 +419,8 @@ static PyObject *recorder_get(PyObject *self, PyObject *obj, PyObject *type) {
 
 static PyMemberDef recorder_members[] = {
     {"fallback", T_OBJECT, offsetof(RecorderObject, fallback), READONLY, "called when an argument is not a live Expression"},
-    {"form", T_INT, offsetof(RecorderObject, form), READONLY, "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...)"},
+    {"form", T_INT, offsetof(RecorderObject, form), READONLY,
+     "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...), 5: f([x, ...], d), 6: f(x, index)"},
     {NULL, 0, 0, 0, NULL},
 };
 
