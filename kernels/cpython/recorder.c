@@ -192,8 +192,35 @@ static void graph_dealloc(GraphObject *g) {
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
 
-static size_t sig_slot(PyObject *op, PyObject *const *parts, Py_ssize_t n) {
-    size_t h = (size_t)op >> 4;
+/* A hash of attrs consistent with attrs_match: exact ints and floats by value (a gate's
+   pick_range attrs are a new tuple per call, and the gates of one cell differ only there),
+   anything else by identity. Without it every slice of one argument shared a cache slot. */
+static size_t attrs_hash(PyObject *attrs) {
+    if (!PyTuple_CheckExact(attrs))
+        return (size_t)attrs >> 4;
+    size_t h = (size_t)PyTuple_GET_SIZE(attrs);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
+        PyObject *a = PyTuple_GET_ITEM(attrs, k);
+        size_t v;
+        if (PyLong_CheckExact(a)) {
+            int overflow;
+            long long x = PyLong_AsLongLongAndOverflow(a, &overflow);
+            v = overflow ? 0 : (size_t)x;
+        } else if (PyFloat_CheckExact(a)) {
+            double d = PyFloat_AS_DOUBLE(a);
+            if (d == 0.0)
+                d = 0.0;  /* -0.0 == 0.0 */
+            memcpy(&v, &d, sizeof(v) < sizeof(d) ? sizeof(v) : sizeof(d));
+        } else {
+            v = (size_t)a >> 4;
+        }
+        h = (h * 1000003u) ^ v;
+    }
+    return h;
+}
+
+static size_t sig_slot(PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n) {
+    size_t h = ((size_t)op >> 4) ^ (attrs_hash(attrs) * 0x9E3779B97F4A7C15ull);
     for (Py_ssize_t k = 0; k < n; k++)
         h = h * 1000003u ^ ((size_t)parts[k] >> 4);
     return (h ^ (h >> 11)) % SIG_CACHE;
@@ -227,7 +254,7 @@ static int attrs_match(PyObject *a, PyObject *b) {
 static PyObject *sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n) {
     if (!g->cache || g->cache_of != g->sig_id || n > SIG_CACHE_ARGS)
         return NULL;
-    SigEntry *e = &g->cache[sig_slot(op, parts, n)];
+    SigEntry *e = &g->cache[sig_slot(op, attrs, parts, n)];
     if (e->n != n || e->op != op || !e->known)
         return NULL;
     for (Py_ssize_t k = 0; k < n; k++)
@@ -256,7 +283,7 @@ static void sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObjec
         Py_INCREF(g->sig_id);
         g->cache_of = g->sig_id;
     }
-    size_t slot = sig_slot(op, parts, n);
+    size_t slot = sig_slot(op, attrs, parts, n);
     SigEntry *e = &g->cache[slot];
     if (!e->op)
         g->used[g->nused++] = (unsigned short)slot;  /* each slot at most once: it stays filled */
@@ -292,8 +319,9 @@ typedef struct {
 } GlobalSig;
 static GlobalSig *GlobalSigs = NULL;
 
-static size_t global_slot(PyObject *op, PyObject *const *parts, PyObject *const *shapes, Py_ssize_t n) {
-    size_t h = (size_t)op >> 4;
+static size_t global_slot(PyObject *op, PyObject *attrs, PyObject *const *parts, PyObject *const *shapes,
+                          Py_ssize_t n) {
+    size_t h = ((size_t)op >> 4) ^ (attrs_hash(attrs) * 0x9E3779B97F4A7C15ull);
     for (Py_ssize_t k = 0; k < n; k++)
         h = (h * 1000003u ^ ((size_t)parts[k] >> 4)) * 31u ^ ((size_t)shapes[k] >> 4);
     return (h ^ (h >> 13)) % GLOBAL_SIGS;
@@ -312,7 +340,7 @@ static void global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, Py
         return;
     if (!GlobalSigs && !(GlobalSigs = PyMem_Calloc(GLOBAL_SIGS, sizeof(GlobalSig))))
         return;
-    GlobalSig *e = &GlobalSigs[global_slot(op, parts, shapes, n)];
+    GlobalSig *e = &GlobalSigs[global_slot(op, attrs, parts, shapes, n)];
     PyObject *old[4 + 2 * SIG_CACHE_ARGS];  /* released last: a decref may run Python code */
     int nold = 0;
     old[nold++] = e->op;
@@ -344,7 +372,7 @@ static PyObject *global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObj
     *failed = 0;
     if (!GlobalSigs || n > SIG_CACHE_ARGS || !g->signatures || !PyList_CheckExact(g->signatures))
         return NULL;
-    GlobalSig *e = &GlobalSigs[global_slot(op, parts, shapes, n)];
+    GlobalSig *e = &GlobalSigs[global_slot(op, attrs, parts, shapes, n)];
     if (!e->key || e->n != n || e->op != op)
         return NULL;
     for (Py_ssize_t k = 0; k < n; k++)
