@@ -42,7 +42,8 @@ class Expression(ExprBase):
         cg, i = self.cg, self.i
         if cg.shape[i] == (1,) and not recalculate:  # a loss: one float, without the array copy
             cg.forward_to(i)
-            return float(to_numpy(cg.value(i)).reshape(-1)[0])
+            v = cg.host_scalar(i)
+            return v if v is not None else float(to_numpy(cg.value(i)).reshape(-1)[0])
         v = self.npvalue(recalculate)
         if v.shape == (1,):
             return float(v[0])

@@ -412,7 +412,9 @@ class ComputationGraph(GraphBase):
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
                                  f"\n  called at {user_line()}")
-        loss = float(to_numpy(self.value(expr.i)).reshape(-1)[0])  # one scalar to the host
+        loss = self.host_scalar(expr.i)
+        if loss is None:  # a device value: one scalar to the host
+            loss = float(to_numpy(self.value(expr.i)).reshape(-1)[0])
         if not math.isfinite(loss):
             # A gradient from an infinite or nan loss is meaningless; stop here, before any
             # parameter gradient is accumulated (check_validity finds the producing op).
@@ -429,6 +431,15 @@ class ComputationGraph(GraphBase):
 
     def value(self, nid: int):
         return self.blocks[self.blk[nid]][self.row[nid]]
+
+    def host_scalar(self, nid: int) -> float | None:
+        """The first element of evaluated node nid as a float (a loss: its only one), read
+        straight from its block when that is a host array (once per sentence in per-sentence
+        programs); None for a device array, which the caller transfers explicitly."""
+        block = self.blocks[self.blk[nid]]
+        if type(block) is np.ndarray:  # row r's first element is flat index r * (elements per row)
+            return float(block.item(self.row[nid] * (block.size // block.shape[0])))
+        return None
 
     def gradient(self, nid: int):
         self._sync_values()
