@@ -25,7 +25,7 @@ from .expression import Expression, expression_of
 from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters, Parameters
-from .recording import INDEX, INTS, LIST, LIST_INT, ONE, TWO, entry_recorders, recorder
+from .recording import BARE, INDEX, INTS, LIST, LIST_INT, ONE, TWO, entry_recorders, recorder
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
@@ -351,6 +351,10 @@ def transpose(x, dims: Sequence[int] = (1, 0)) -> Expression:
     return record1(_O["transpose"], x, (tuple(as_index(d, "transpose") for d in dims),))
 
 
+transpose = _named(recorder(_O["transpose"], BARE, transpose, ((1, 0),)), "transpose",
+                   "transpose(x, dims=[1, 0]): x with its dimensions permuted.")
+
+
 def pick(x, index: int = 0, dim: int = 0) -> Expression:
     return record1(_O["pick"], x, (as_index(dim, "pick"),), _int(index, "pick"))
 
@@ -408,8 +412,15 @@ def softmax(x, d: int = 0) -> Expression:
     return record1(_O["softmax"], x, (as_index(d, "softmax"),))
 
 
+softmax = _named(recorder(_O["softmax"], INTS, softmax, (0,)), "softmax", "softmax(x, d=0): softmax along d.")
+
+
 def log_softmax(x, restrict: Sequence[int] | None = None) -> Expression:
     return record1(_O["log_softmax"], x, (None if restrict is None else tuple(as_index(i, "log_softmax restrict") for i in restrict),))
+
+
+log_softmax = _named(recorder(_O["log_softmax"], BARE, log_softmax, (None,)), "log_softmax",
+                     "log_softmax(x, restrict=None): log of the softmax (over `restrict` only, if given).")
 
 
 def pickneglogsoftmax(x, v: int) -> Expression:

@@ -13,7 +13,7 @@ message exist once, in Python.
                 a function recording `op` (op=None: the op is the first argument) from
                 form 1: f(x[, attrs[, data]])   2: f(x, y[, attrs])   3: f([x, ...][, attrs])
                      4: f(x, i, ...) (ints filling attrs)   5: f([x, ...][, d]) (attrs (d,))
-                     6: f(x, index) (data index)
+                     6: f(x, index) (data index)   7: f(x) alone (the default attrs)
                 or, if an argument is not a live Expression of one graph, fallback(*args)
 
 DYNAGRAPH_BOOKKEEPING=python forces the pure-Python path here and in the executor
@@ -33,7 +33,7 @@ except ImportError:
 NATIVE = _c
 
 COMPILED = _c is not None
-ONE, TWO, LIST, INTS, LIST_INT, INDEX = 1, 2, 3, 4, 5, 6
+ONE, TWO, LIST, INTS, LIST_INT, INDEX, BARE = 1, 2, 3, 4, 5, 6, 7
 
 
 class _PyGraphBase:
@@ -107,7 +107,7 @@ def recorder(op, form: int, fallback: Callable, attrs: tuple = (), row_check: Ca
     which the compiled recorder then does itself."""
     if COMPILED:
         return _c.Recorder(op, form, fallback, attrs, row_check)
-    if form in (INTS, LIST_INT, INDEX):  # the Python function is its own twin
+    if form in (INTS, LIST_INT, INDEX, BARE):  # the Python function is its own twin
         return fallback
     return (_bound if op is not None else _unbound)[form](op, fallback, attrs)
 

@@ -342,3 +342,22 @@ def test_reused_column_storage_never_leaks_between_graphs(parts):
         assert all(len(getattr(cg, c)) == 0 for c in COLUMNS + ("blk", "row", "blocks", "signatures"))
         _program(parts).value()
     assert len(kept_ops) == n
+
+
+def test_transpose_softmax_log_softmax_forms(parts):
+    cg = dy.renew_cg()
+    m = dy.inputTensor(np.arange(6.0).reshape(2, 3))
+    assert dy.transpose(m).shape == (3, 2) and dy.transpose(m, [1, 0]).shape == (3, 2)
+    assert cg.attrs[dy.transpose(m).i] == ((1, 0),)
+    s0, s1 = dy.softmax(m), dy.softmax(m, 1)
+    assert cg.attrs[s0.i] == (0,) and cg.attrs[s1.i] == (1,)
+    np.testing.assert_allclose(s1.npvalue().sum(1), [1.0, 1.0], rtol=1e-6)
+    assert cg.attrs[dy.softmax(m, np.int64(1)).i] == (1,)
+    with pytest.raises(DynagraphError, match=r"softmax\(\(2, 3\)\): dimension 2 out of range"):
+        dy.softmax(m, 2)
+    with pytest.raises(TypeError, match="softmax: indices must be integers"):
+        dy.softmax(m, 1.0)
+    v = dy.inputVector([1.0, 2.0, 3.0])
+    assert cg.attrs[dy.log_softmax(v).i] == (None,)
+    r = dy.log_softmax(v, [0, 2]).npvalue()
+    assert np.isneginf(r[1]) and abs(np.exp(r[[0, 2]]).sum() - 1) < 1e-6

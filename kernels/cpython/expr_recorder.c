@@ -195,7 +195,7 @@ static GraphObject *live_graph(PyObject *x) {
 }
 
 /* ------------------------------------------------------------------- Recorder */
-enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4, LIST_INT = 5, INDEX = 6 };
+enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4, LIST_INT = 5, INDEX = 6, BARE = 7 };
 
 typedef struct {
     PyObject_HEAD
@@ -326,6 +326,8 @@ static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t 
             Py_DECREF(xs);
             Py_DECREF(at);
         }
+    } else if (r->form == BARE && na == 1) {  /* f(x): the default attrs; any other call: the fallback */
+        res = record_exprs(op, a, 1, r->attrs, Py_None, &slow);
     } else if (r->form == INDEX && na == 2 && PyLong_CheckExact(a[1])) {
         res = record_index(r, op, a[0], a[1], &slow);
     } else if (r->form == LIST && (na == 1 || na == 2) && PyList_CheckExact(a[0])) {
@@ -349,14 +351,14 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!O", names, &op, &form, &fallback, &PyTuple_Type, &attrs,
                                      &row_check))
         return NULL;
-    if (form < ONE || form > INDEX) {
+    if (form < ONE || form > BARE) {
         PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list), 4 (an "
-                                          "expression and ints), 5 (a list and an int) or 6 (an expression and "
-                                          "an index)");
+                                          "expression and ints), 5 (a list and an int), 6 (an expression and "
+                                          "an index) or 7 (one expression alone)");
         return NULL;
     }
-    if ((form == LIST_INT || form == INDEX) && op == Py_None) {
-        PyErr_SetString(PyExc_ValueError, "forms 5 and 6 need their op");
+    if ((form == LIST_INT || form == INDEX || form == BARE) && op == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "forms 5, 6 and 7 need their op");
         return NULL;
     }
     if (!PyCallable_Check(fallback)) {
@@ -420,7 +422,7 @@ static PyObject *recorder_get(PyObject *self, PyObject *obj, PyObject *type) {
 static PyMemberDef recorder_members[] = {
     {"fallback", T_OBJECT, offsetof(RecorderObject, fallback), READONLY, "called when an argument is not a live Expression"},
     {"form", T_INT, offsetof(RecorderObject, form), READONLY,
-     "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...), 5: f([x, ...], d), 6: f(x, index)"},
+     "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...), 5: f([x, ...], d), 6: f(x, index), 7: f(x)"},
     {NULL, 0, 0, 0, NULL},
 };
 
