@@ -29,6 +29,7 @@ from .recording import BARE, INDEX, INTS, LIST, LIST_INT, ONE, TWO, entry_record
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
+_RESHAPE = OPS["reshape"]
 
 __all__ = [
     "parameter", "const_parameter", "lookup", "const_lookup",
@@ -326,6 +327,12 @@ affine_transform = _list_recorder(
 # ------------------------------------------------------------ shape & selection
 def reshape(x, d, batch_size: int = 1) -> Expression:
     """DyNet: d and batch_size give the new shape; batch_size=1 with a per-sample d keeps x's batch."""
+    if type(d) is tuple and d and batch_size == 1 and type(x) is not _B:  # a tuple of sizes: no as_shape
+        for k in d:
+            if type(k) is not int or k <= 0:
+                break
+        else:
+            return record1(_RESHAPE, x, (d,))
     d = _dim(d, "reshape")
     if type(x) is _B or batch_size != 1:
         return _reshape_batch(x, d, _batch_arg(batch_size, "reshape"))
