@@ -126,7 +126,9 @@ def lookup(p: LookupParameters, index: int, update: bool = True) -> Expression:
 
 
 # Compiled for the common call (recording.entry_recorders); the functions above are their twins.
-parameter, lookup = entry_recorders(Parameters, LookupParameters, np.integer, parameter, lookup)
+parameter, lookup, _table_getitem = entry_recorders(Parameters, LookupParameters, np.integer, parameter, lookup)
+if _table_getitem is not None:  # E[w], once per word: the compiled row lookup (parameters.py has the twin)
+    LookupParameters.__getitem__ = _table_getitem
 
 
 def const_parameter(*ps):

@@ -93,13 +93,15 @@ def leaf_recorder(fallback: Callable, graph_state, lookup_op, parameter_op, tabl
 
 def entry_recorders(parameters: type, lookup_parameters: type, integer: type, parameter: Callable,
                     lookup: Callable) -> tuple:
-    """(dy.parameter, dy.lookup): compiled for an exact `parameters` / `lookup_parameters`
+    """(dy.parameter, dy.lookup, E[i]): compiled for an exact `parameters` / `lookup_parameters`
     (and an int or `integer` row) in the current graph, else the Python functions given,
-    which are the reference and word every error."""
+    which are the reference and word every error. E[i] is a method descriptor for
+    `lookup_parameters.__getitem__` (its Python twin is expression_of(E, True, lookup=i)),
+    or None without the compiled module."""
     if COMPILED:
-        _c.configure_entries(parameters, lookup_parameters, integer, parameter, lookup)
-        return _c.parameter, _c.lookup
-    return parameter, lookup
+        getitem = _c.configure_entries(parameters, lookup_parameters, integer, parameter, lookup)
+        return _c.parameter, _c.lookup, getitem
+    return parameter, lookup, None
 
 
 def recorder(op, form: int, fallback: Callable, attrs: tuple = (), row_check: Callable | None = None) -> Callable:

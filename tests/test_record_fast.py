@@ -361,3 +361,20 @@ def test_transpose_softmax_log_softmax_forms(parts):
     assert cg.attrs[dy.log_softmax(v).i] == (None,)
     r = dy.log_softmax(v, [0, 2]).npvalue()
     assert np.isneginf(r[1]) and abs(np.exp(r[[0, 2]]).sum() - 1) < 1e-6
+
+
+def test_table_rows_by_subscript_take_the_compiled_path_and_the_same_errors(parts):
+    E = parts[0]
+    cg = dy.renew_cg()
+    rows = [E[3], E[np.int64(4)], E[np.int16(0)]]
+    assert [cg.data[r.i] for r in rows] == [3, 4, 0] and all(type(cg.data[r.i]) is int for r in rows)
+    assert cg.op[rows[0].i] is OPS["lookup"] and rows[0].i == rows[1].i - 1  # one shared table leaf
+    np.testing.assert_array_equal(rows[1].npvalue(), E.as_array()[4])
+    with pytest.raises(DynagraphIndexError, match=r"lookup\(\(10, 6\)\): index 10 out of range") as e:
+        E[10]
+    assert "test_record_fast.py" in str(e.value)
+    for bad in (2.0, True, "1"):
+        with pytest.raises(TypeError, match="lookup: indices must be integers"):
+            E[bad]
+    with dy.renew_cg() as other:  # a `with` graph is the current one
+        assert E[1].cg is other

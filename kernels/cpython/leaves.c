@@ -195,6 +195,25 @@ static PyObject *lookup(PyObject *self, PyObject *const *argv, size_t nargsf, Py
     return PyObject_Vectorcall(LookupFallback, argv, nargsf, kwnames);
 }
 
+/* E[i] as LookupParameters.__getitem__ (a method descriptor of the class): row i of the
+   table in the current graph, with no Python frame; anything else is the Python twin,
+   expression._expression_of(E, True, i), as the Python __getitem__ calls it. */
+static PyObject *table_getitem(PyObject *self, PyObject *i) {
+    PyObject *index = GraphState && dg_recorder_ready() ? plain_index(i) : NULL;
+    PyObject *cg = index ? current_graph() : NULL;
+    int slow = 1;
+    PyObject *res = cg ? fast_expression(cg, self, index, &slow) : NULL;
+    Py_XDECREF(index);
+    if (res || !slow || PyErr_Occurred())
+        return res;
+    PyObject *argv[3] = {self, Py_True, i};
+    return leaf_slow(argv, 3, NULL);
+}
+
+static PyMethodDef table_getitem_def = {
+    "__getitem__", (PyCFunction)table_getitem, METH_O,
+    "E[i]: row i of lookup table E as an expression of the current graph (see expression._expression_of)."};
+
 /* configure_leaves(fallback, graph_state, lookup_op, parameter_op, table_op): what
    expression_of falls back to, the ContextVar holding (current graph, with-stack, default
    graph), the lookup op, and the ops of parameter and table leaves. */
@@ -222,7 +241,8 @@ PyObject *dg_configure_leaves(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* configure_entries(Parameters, LookupParameters, integer, parameter_fallback, lookup_fallback) */
+/* configure_entries(Parameters, LookupParameters, integer, parameter_fallback, lookup_fallback)
+   -> the compiled LookupParameters.__getitem__ */
 static PyObject *configure_entries(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *pt, *tt, *it, *pf, *lf;
@@ -238,7 +258,7 @@ static PyObject *configure_entries(PyObject *self, PyObject *args) {
         Py_INCREF(objs[k]);
         Py_XSETREF(*slots[k], objs[k]);
     }
-    Py_RETURN_NONE;
+    return PyDescr_NewMethod((PyTypeObject *)tt, &table_getitem_def);  /* LookupParameters.__getitem__ */
 }
 
 static PyMethodDef leaf_methods[] = {
@@ -251,7 +271,8 @@ static PyMethodDef leaf_methods[] = {
      "lookup(p, index, update=True): dy.lookup; see expressions.lookup."},
     {"configure_entries", configure_entries, METH_VARARGS,
      "configure_entries(Parameters, LookupParameters, numpy.integer, parameter_fallback, lookup_fallback): "
-     "the classes dy.parameter and dy.lookup take without Python, and their Python twins."},
+     "the classes dy.parameter and dy.lookup take without Python, and their Python twins; returns the\n"
+     "compiled LookupParameters.__getitem__."},
     {NULL, NULL, 0, NULL},
 };
 
