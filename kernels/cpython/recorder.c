@@ -316,7 +316,22 @@ enum { GLOBAL_SIGS = 1024 };
 typedef struct {
     PyObject *op, *attrs, *key, *shape, *parts[SIG_CACHE_ARGS], *shapes[SIG_CACHE_ARGS];
     Py_ssize_t n;
+    Py_hash_t hash;  /* the key's: registering it in a graph's sig_id does not hash it again */
 } GlobalSig;
+
+/* sig_id.setdefault(key, made) (borrowed result) with the key's hash known, where CPython
+   exports the known-hash dict calls (hashing a nested key tuple was most of a registration). */
+static PyObject *setdefault_known(PyObject *dict, PyObject *key, PyObject *made, Py_hash_t hash) {
+#if PY_VERSION_HEX < 0x030D0000
+    PyObject *found = _PyDict_GetItem_KnownHash(dict, key, hash);
+    if (found || PyErr_Occurred())
+        return found;
+    return _PyDict_SetItem_KnownHash(dict, key, made, hash) < 0 ? NULL : made;
+#else
+    (void)hash;
+    return PyDict_SetDefault(dict, key, made);
+#endif
+}
 static GlobalSig *GlobalSigs = NULL;
 
 static size_t global_slot(PyObject *op, PyObject *attrs, PyObject *const *parts, PyObject *const *shapes,
@@ -340,6 +355,14 @@ static void global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, Py
         return;
     if (!GlobalSigs && !(GlobalSigs = PyMem_Calloc(GLOBAL_SIGS, sizeof(GlobalSig))))
         return;
+    Py_INCREF(known);  /* borrowed from sig_id, and hashing attrs might run code */
+    Py_hash_t hash = PyObject_Hash(key);
+    if (hash == -1 || Py_REFCNT(known) == 1) {  /* no hash, or sig_id let go of it meanwhile */
+        PyErr_Clear();
+        Py_DECREF(known);
+        return;
+    }
+    Py_DECREF(known);
     GlobalSig *e = &GlobalSigs[global_slot(op, attrs, parts, shapes, n)];
     PyObject *old[4 + 2 * SIG_CACHE_ARGS];  /* released last: a decref may run Python code */
     int nold = 0;
@@ -351,6 +374,7 @@ static void global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, Py
         old[nold++] = e->parts[k];
         old[nold++] = e->shapes[k];
     }
+    e->hash = hash;
     e->op = Py_NewRef(op);
     e->attrs = Py_NewRef(PyTuple_GET_ITEM(known, 2));
     e->key = Py_NewRef(key);
@@ -386,7 +410,7 @@ static PyObject *global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObj
     PyObject *blocks = check ? PyObject_GetAttr(op, BlocksGradName) : NULL;
     PyObject *sid = blocks ? PyLong_FromSsize_t(PyList_GET_SIZE(g->signatures)) : NULL;
     PyObject *made = sid ? PyTuple_Pack(5, sid, shape, iattrs, check, blocks) : NULL;
-    PyObject *known = made ? PyDict_SetDefault(g->sig_id, key, made) : NULL;  /* borrowed */
+    PyObject *known = made ? setdefault_known(g->sig_id, key, made, e->hash) : NULL;  /* borrowed */
     if (known == made && made && PyList_Append(g->signatures, key) < 0)
         known = NULL;  /* (sig_id then names a signature id past the list: Python's add() would too) */
     Py_XDECREF(made);
