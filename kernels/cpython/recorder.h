@@ -47,6 +47,24 @@ PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow);
    it is skipped when it is still the op's check; any other check runs. */
 PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
                                PyObject *checked);
-int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op);  /* recorder.c */
+int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op);  /* graph_leaves.c */
+PyObject *dg_graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t nargsf, PyObject *kwnames);
+int dg_leaf_names(void);
+
+/* recorder.c, for graph_leaves.c and sig_cache.c */
+int dg_col_append(PyObject *list, PyObject *v);  /* a node column's append (grows large lists by half) */
+int dg_columns_ready(GraphObject *g);            /* the node columns are lists of one length */
+
+/* sig_cache.c */
+void dg_sig_cache_clear(GraphObject *g);
+void dg_sig_cache_free(GraphObject *g);
+PyObject *dg_sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n);
+void dg_sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n,
+                      PyObject *known);
+void dg_arg_shapes(GraphObject *g, PyObject *ids, PyObject **shapes);
+void dg_global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, PyObject *const *shapes, Py_ssize_t n,
+                   PyObject *key, PyObject *known);
+PyObject *dg_global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts,
+                        PyObject *const *shapes, Py_ssize_t n, int *failed);
 
 #endif
