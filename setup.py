@@ -36,7 +36,7 @@ def bookkeeping_extension() -> Extension:
     strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
     src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/expr_recorder.c",
-           "kernels/cpython/leaves.c",
+           "kernels/cpython/leaves.c", "kernels/cpython/graph_leaves.c", "kernels/cpython/sig_cache.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
            "kernels/cpython/batch_run.c", "kernels/cpython/direct_batch.c",
            "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c", "kernels/cpython/grad_rows.c",

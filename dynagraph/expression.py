@@ -11,10 +11,11 @@ import numpy as np
 from . import parameters as _params
 from .backends import to_numpy
 from .errors import DynagraphError, DynagraphIndexError, StaleExpressionError, as_index, user_line
-from .graph import _RANDOM_KEY, GRAPH_STATE, ComputationGraph, IndexSlot, current
+from .graph import _RANDOM_KEY, GRAPH_STATE, ComputationGraph, IndexSlot, current, draw_rand_base
 from .ops import OPS, OpDef
+from .ops.inputs import LOOKUP_TABLE, PARAMETER
 from .parameters import LookupParameters, Parameters
-from .recording import ONE, TWO, ExprBase, configure, leaf_recorder, recorder
+from .recording import COMPILED, ONE, TWO, ExprBase, configure, leaf_recorder, operators, recorder
 
 _LOOKUP = OPS["lookup"]
 _INPUT, _PICK = OPS["input"], OPS["pick"]
@@ -41,7 +42,8 @@ class Expression(ExprBase):
         cg, i = self.cg, self.i
         if cg.shape[i] == (1,) and not recalculate:  # a loss: one float, without the array copy
             cg.forward_to(i)
-            return float(to_numpy(cg.value(i)).reshape(-1)[0])
+            v = cg.host_scalar(i)
+            return v if v is not None else float(to_numpy(cg.value(i)).reshape(-1)[0])
         v = self.npvalue(recalculate)
         if v.shape == (1,):
             return float(v[0])
@@ -106,10 +108,11 @@ class Expression(ExprBase):
     def __repr__(self) -> str:
         return f"expression {self.i}/{self.cg.version} {self.cg.op[self.i].name} {self.cg.shape[self.i]}"
 
-    # --- operators (DyNet: `*` between expressions is a matrix product)
+    # --- operators (DyNet: `*` between expressions is a matrix product). +, - and * are C slots of
+    # ExprBase when compiled (kernels/cpython/expr_recorder.c); these methods are their twins.
     # A BatchedExpression (DyNet's minibatch dimension) on the right: return NotImplemented so
     # its reflected operator maps over the samples. Checked only after the fast paths fail.
-    def __add__(self, o):
+    def _add(self, o):
         if type(o) is Expression:  # the common case first: it is on every model's hot path
             return record2(_ADD, self, o)
         if _is_number(o):
@@ -118,10 +121,10 @@ class Expression(ExprBase):
             return NotImplemented
         return record2(_ADD, self, o)
 
-    def __radd__(self, o):
+    def _radd(self, o):
         return _binary_or_const(o, self, "add", "addc", 1.0)
 
-    def __sub__(self, o):
+    def _sub(self, o):
         if type(o) is Expression:
             return record2(_SUB, self, o)
         if _is_number(o):
@@ -130,12 +133,12 @@ class Expression(ExprBase):
             return NotImplemented
         return record2(_SUB, self, o)
 
-    def __rsub__(self, o):
+    def _rsub(self, o):
         if _is_number(o):
             return record1(_RSUBC, self, (float(o),))
         return record2(_SUB, o, self)
 
-    def __mul__(self, o):
+    def _mul(self, o):
         if type(o) is Expression:
             return record2(_MATMUL, self, o)
         if _is_number(o):
@@ -144,10 +147,13 @@ class Expression(ExprBase):
             return NotImplemented
         return record2(_MATMUL, self, o)
 
-    def __rmul__(self, o):
+    def _rmul(self, o):
         if _is_number(o):
             return record1(_MULC, self, (float(o),))
         return record2(_MATMUL, o, self)
+
+    if not COMPILED:  # compiled: ExprBase's C slots, which call _operator(...) below for the rest
+        __add__, __radd__, __sub__, __rsub__, __mul__, __rmul__ = _add, _radd, _sub, _rsub, _mul, _rmul
 
     def __truediv__(self, o):
         if type(o) is Expression:
@@ -189,6 +195,16 @@ class Expression(ExprBase):
         return record1(OPS["pick"], self, (0,), i)
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
+
+
+def _operator(forward: str, reflected: str):
+    """The Python twin of a compiled operator slot: called as slot(a, b) for `a op b`, where
+    either operand is the Expression (b when Python tried a's type first)."""
+    def twin(a, b):
+        if isinstance(a, Expression):
+            return getattr(a, forward)(b)
+        return getattr(b, reflected)(a)
+    return twin
 
 
 def _record1(op: OpDef, x, attrs: tuple = (), data: Any = None) -> Expression:
@@ -310,8 +326,10 @@ def _slice_range(sl: slice, n: int) -> tuple:
     return (start, stop, 0)
 
 
-configure(Expression, IndexSlot, _RANDOM_KEY)
+configure(Expression, IndexSlot, _RANDOM_KEY, draw_rand_base)
+operators(_ADD, _ADDC, _SUB, _RSUBC, _MATMUL, _MULC, _operator("_add", "_radd"), _operator("_sub", "_rsub"),
+          _operator("_mul", "_rmul"))
 # expression_of(p, update=True, lookup=None, graph=None): _expression_of, compiled for the
 # common case (the parameter already has its leaf in the graph)
-expression_of = leaf_recorder(_expression_of, GRAPH_STATE, _LOOKUP)
+expression_of = leaf_recorder(_expression_of, GRAPH_STATE, _LOOKUP, PARAMETER, LOOKUP_TABLE)
 _params.expression_hook = expression_of

@@ -25,10 +25,11 @@ from .expression import Expression, expression_of
 from .graph import IndexSlot, random_key
 from .ops import OPS, as_shape
 from .parameters import LookupParameters, Parameters
-from .recording import INTS, LIST, ONE, TWO, recorder
+from .recording import BARE, INDEX, INTS, LIST, LIST_INT, ONE, TWO, entry_recorders, recorder
 
 _O = OPS
 _PICK_RANGE = OPS["pick_range"]
+_RESHAPE = OPS["reshape"]
 
 __all__ = [
     "parameter", "const_parameter", "lookup", "const_lookup",
@@ -118,15 +119,21 @@ def parameter(*ps):
     return out[0] if len(out) == 1 else out
 
 
-def const_parameter(*ps):
-    out = [p.expr(False) for p in ps]
-    return out[0] if len(out) == 1 else out
-
-
 def lookup(p: LookupParameters, index: int, update: bool = True) -> Expression:
     if type(p) is not LookupParameters and not isinstance(p, LookupParameters):
         raise TypeError(f"lookup needs LookupParameters, got {type(p).__name__}")
     return expression_of(p, update, index if type(index) is int else _int(index, "lookup"))
+
+
+# Compiled for the common call (recording.entry_recorders); the functions above are their twins.
+parameter, lookup, _table_getitem = entry_recorders(Parameters, LookupParameters, np.integer, parameter, lookup)
+if _table_getitem is not None:  # E[w], once per word: the compiled row lookup (parameters.py has the twin)
+    LookupParameters.__getitem__ = _table_getitem
+
+
+def const_parameter(*ps):
+    out = [p.expr(False) for p in ps]
+    return out[0] if len(out) == 1 else out
 
 
 def const_lookup(p: LookupParameters, index: int) -> Expression:
@@ -305,6 +312,11 @@ def concatenate(xs: Sequence[Expression], d: int = 0) -> Expression:
     return _concatenate(xs, (d if type(d) is int else as_index(d, "concatenate"),))
 
 
+# A list of live expressions and an exact int: compiled, no Python frame (twice per tree node).
+concatenate = _named(recorder(_O["concatenate"], LIST_INT, concatenate, (0,)), "concatenate",
+                     "concatenate([x, ...], d=0): the expressions joined along dimension d.")
+
+
 concatenate_cols = _list_recorder("concatenate", "concatenate_cols", "concatenate_cols([x, ...]): side by side "
                                   "as columns.", attrs=(1,))
 
@@ -317,6 +329,12 @@ affine_transform = _list_recorder(
 # ------------------------------------------------------------ shape & selection
 def reshape(x, d, batch_size: int = 1) -> Expression:
     """DyNet: d and batch_size give the new shape; batch_size=1 with a per-sample d keeps x's batch."""
+    if type(d) is tuple and d and batch_size == 1 and type(x) is not _B:  # a tuple of sizes: no as_shape
+        for k in d:
+            if type(k) is not int or k <= 0:
+                break
+        else:
+            return record1(_RESHAPE, x, (d,))
     d = _dim(d, "reshape")
     if type(x) is _B or batch_size != 1:
         return _reshape_batch(x, d, _batch_arg(batch_size, "reshape"))
@@ -340,6 +358,10 @@ def _reshape_batch(x, d: tuple, n_out: int):
 
 def transpose(x, dims: Sequence[int] = (1, 0)) -> Expression:
     return record1(_O["transpose"], x, (tuple(as_index(d, "transpose") for d in dims),))
+
+
+transpose = _named(recorder(_O["transpose"], BARE, transpose, ((1, 0),)), "transpose",
+                   "transpose(x, dims=[1, 0]): x with its dimensions permuted.")
 
 
 def pick(x, index: int = 0, dim: int = 0) -> Expression:
@@ -399,12 +421,25 @@ def softmax(x, d: int = 0) -> Expression:
     return record1(_O["softmax"], x, (as_index(d, "softmax"),))
 
 
+softmax = _named(recorder(_O["softmax"], INTS, softmax, (0,)), "softmax", "softmax(x, d=0): softmax along d.")
+
+
 def log_softmax(x, restrict: Sequence[int] | None = None) -> Expression:
     return record1(_O["log_softmax"], x, (None if restrict is None else tuple(as_index(i, "log_softmax restrict") for i in restrict),))
 
 
+log_softmax = _named(recorder(_O["log_softmax"], BARE, log_softmax, (None,)), "log_softmax",
+                     "log_softmax(x, restrict=None): log of the softmax (over `restrict` only, if given).")
+
+
 def pickneglogsoftmax(x, v: int) -> Expression:
     return record1(_O["pickneglogsoftmax"], x, (), _int(v, "pickneglogsoftmax"))
+
+
+# An expression and an int label: compiled, the label's range checked in C (once per loss).
+pickneglogsoftmax = _named(recorder(_O["pickneglogsoftmax"], INDEX, pickneglogsoftmax, (),
+                                    row_check=_O["pickneglogsoftmax"].check),
+                           "pickneglogsoftmax", "pickneglogsoftmax(x, v): -log(softmax(x)[v]).")
 
 
 def hinge(x, index: int, m: float = 1.0) -> Expression:

@@ -37,6 +37,9 @@ from .stats import Stats
 _engine: Any = None  # set by dynagraph.engine: forward(cg, upto), backward(cg, nid, full)
 
 
+_NP_DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+
 def set_engine(engine) -> None:
     global _engine
     _engine = engine
@@ -47,41 +50,67 @@ class ComputationGraph(GraphBase):
 
     _serial = itertools.count(1)  # next() is atomic under the GIL: versions stay unique across threads
 
+    # Defaults every graph starts with, as class attributes: renew_cg() runs once per sentence in
+    # per-sentence programs, so a new graph sets only what differs (an instance attribute
+    # then shadows these).
+    done = 0                    # nodes [0, done) are evaluated
+    grad_blocks: list | None = None
+    grad_full = False
+    tracing = False             # a static subgraph's trace: recorded, never evaluated
+    reverts = 0                 # bumped by revert(): node ids may be reused after it
+    check_validity = False
+
     def __init__(self, scheduler=None, immediate_compute: bool = False, check_validity: bool = False):
         self.version = next(ComputationGraph._serial)
-        self.retired = False
         self.scheduler = scheduler if scheduler is not None else config.scheduler
-        self.immediate_compute = bool(immediate_compute)
-        self.check_validity = check_validity
-        self.dtype = config.np_dtype
-        # Node storage: parallel lists indexed by node id.
+        if immediate_compute:
+            self.immediate_compute = True
+        if check_validity:
+            self.check_validity = check_validity
+        self.dtype = _NP_DTYPES.get(config.dtype) or config.np_dtype  # np.dtype() parses its name
+        # Node storage: parallel lists indexed by node id (GraphBase._start makes them in C):
+        #   op, args, attrs, data, shape, depth,
+        #   sig            signature id per node; see `signatures`
+        #   signatures     id -> (op, attrs, per-arg shape or shared id); _sig_id: key -> id, ...
+        #   sig_part       how a node appears inside its users' signatures
+        #   needs_grad
+        #   blk, row       values: node -> (block, row); blocks are the batched outputs
+        #   blocks
+        #   _leaves        parameter (or (parameter, False)) -> its leaf node
+        #   _block_param   leaf value block -> parameter object
+        self._start()
+        self.executed: list = []        # forward batches in execution order (for backward)
+        self._stats = Stats.fresh()
+        self._t_last = time.perf_counter()
+
+    def _start_py(self) -> None:
         self.op: list[OpDef] = []
         self.args: list[tuple] = []
         self.attrs: list[tuple] = []
         self.data: list = []
         self.shape: list[tuple] = []
         self.depth: list[int] = []
-        self.sig: list[int] = []        # signature id per node; see `signatures`
-        self.signatures: list[tuple] = []  # id -> (op, attrs, per-arg shape or shared id)
+        self.sig: list[int] = []
+        self.signatures: list[tuple] = []
         self._sig_id: dict = {}
-        self.sig_part: list = []        # how a node appears inside its users' signatures
+        self.sig_part: list = []
         self.needs_grad: list[bool] = []
-        # Values: node -> (block, row). Blocks are the batched outputs.
         self.blk: list[int] = []
         self.row: list[int] = []
         self.blocks: list = []
-        self.done = 0                   # nodes [0, done) are evaluated
-        self.executed: list = []        # forward batches in execution order (for backward)
-        self.grad_blocks: list | None = None
-        self.grad_full = False
         self._leaves: dict = {}
-        self._block_param: dict = {}    # leaf value block -> parameter object
-        self._rand_base = int(config.rng.integers(1, 2 ** 40)) << 20
-        self._stats = Stats()
-        self._t_last = time.perf_counter()
-        self.tracing = False            # a static subgraph's trace: recorded, never evaluated
-        self._checkpoints: list[int] = []
-        self.reverts = 0                # bumped by revert(): node ids may be reused after it
+        self._block_param: dict = {}
+
+    if not COMPILED:
+        _start = _start_py
+
+        @property
+        def _rand_base(self) -> int:
+            """Node 0's random key (node i's is this + i), drawn when the graph first needs it."""
+            base = self.__dict__.get("_rand_base_drawn")
+            if base is None:
+                base = self.__dict__["_rand_base_drawn"] = draw_rand_base()
+            return base
 
     # ------------------------------------------------------------------ recording
     def _add_py(self, op: OpDef, ids: tuple, attrs: tuple = (), data: Any = None) -> int:
@@ -197,9 +226,11 @@ class ComputationGraph(GraphBase):
         self.needs_grad.append(True)
         return nid
 
-    def leaf(self, p, update: bool = True) -> int:
+    def _leaf_py(self, p, update: bool = True) -> int:
         """The node standing for a parameter in this graph (one per parameter and mode).
-        Made once per parameter per graph, so several per sentence: written out flat."""
+        Made once per parameter per graph, so several per sentence: written out flat. This
+        is `leaf` without the compiled recorder (kernels/cpython/recorder.c), which makes
+        the leaf of an ordinary parameter the same way and hands anything else here."""
         key = p if update else (p, False)
         nid = self._leaves.get(key)
         if nid is not None:
@@ -230,17 +261,21 @@ class ComputationGraph(GraphBase):
         self._leaves[key] = nid
         return nid
 
+    if not COMPILED:
+        leaf = _leaf_py
+
     def checkpoint(self) -> None:
         """DyNet's cg_checkpoint(): remember the graph's size for a later revert()."""
-        self._checkpoints.append(len(self.op))
+        self.__dict__.setdefault("_checkpoints", []).append(len(self.op))
 
     def revert(self) -> None:
         """DyNet's cg_revert(): drop every node recorded since the last checkpoint (a
         beam search scores hypotheses, then forgets them). Their expressions must not be
         used again; values of the kept nodes stay computed."""
-        if not self._checkpoints:
+        checkpoints = self.__dict__.get("_checkpoints")
+        if not checkpoints:
             raise DynagraphError(f"cg_revert() without a matching cg_checkpoint()\n  at {user_line()}")
-        n = self._checkpoints.pop()
+        n = checkpoints.pop()
         self._sync_values()
         for column in (self.op, self.args, self.attrs, self.data, self.shape, self.depth, self.sig,
                        self.sig_part, self.needs_grad, self.blk, self.row):
@@ -377,7 +412,9 @@ class ComputationGraph(GraphBase):
         if self.shape[expr.i] != (1,):
             raise DynagraphError(f"backward() needs a scalar expression, got shape {self.shape[expr.i]}"
                                  f"\n  called at {user_line()}")
-        loss = float(to_numpy(self.value(expr.i)).reshape(-1)[0])  # one scalar to the host
+        loss = self.host_scalar(expr.i)
+        if loss is None:  # a device value: one scalar to the host
+            loss = float(to_numpy(self.value(expr.i)).reshape(-1)[0])
         if not math.isfinite(loss):
             # A gradient from an infinite or nan loss is meaningless; stop here, before any
             # parameter gradient is accumulated (check_validity finds the producing op).
@@ -394,6 +431,15 @@ class ComputationGraph(GraphBase):
 
     def value(self, nid: int):
         return self.blocks[self.blk[nid]][self.row[nid]]
+
+    def host_scalar(self, nid: int) -> float | None:
+        """The first element of evaluated node nid as a float (a loss: its only one), read
+        straight from its block when that is a host array (once per sentence in per-sentence
+        programs); None for a device array, which the caller transfers explicitly."""
+        block = self.blocks[self.blk[nid]]
+        if type(block) is np.ndarray:  # row r's first element is flat index r * (elements per row)
+            return float(block.item(self.row[nid] * (block.size // block.shape[0])))
+        return None
 
     def gradient(self, nid: int):
         self._sync_values()
@@ -451,6 +497,11 @@ class ComputationGraph(GraphBase):
 
 
 _RANDOM_KEY = object()  # data placeholder replaced by a per-node random key
+
+
+def draw_rand_base() -> int:
+    """A graph's random key base, drawn from the seeded stream when it first records a random op."""
+    return int(config.rng.integers(1, 2 ** 40)) << 20
 
 
 def needed_within(args, within: set, targets) -> set:

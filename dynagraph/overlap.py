@@ -30,7 +30,7 @@ from typing import Callable
 
 from .config import config
 
-__all__ = ["enabled", "before_execution", "defer", "wait", "wait_for", "pending", "Synced", "storage",
+__all__ = ["enabled", "before_execution", "defer", "idle", "wait", "wait_for", "pending", "Synced", "storage",
            "OverlapError"]
 
 
@@ -170,6 +170,12 @@ def defer(fn: Callable[[], None], what: str, owner: object = None, chained: bool
         return True
     wait()
     return False
+
+
+def idle() -> bool:
+    """Whether a call may run in place with no wait() first: overlap off and nothing deferred
+    or pending (wait() would do nothing then). For the per-sentence calls (update())."""
+    return not config.overlap and not _worker.busy and _worker.error is None and not _worker.chained
 
 
 def wait() -> None:

@@ -173,6 +173,10 @@ class _Stored:
         self.values = host if be.xp is np else be.to_device(host)
         self.grad = be.xp.zeros_like(self.values)
         self._updated = True
+        # How this parameter appears in its users' signatures (trained, constant): shared
+        # arguments batch by identity and mode. Made once, so the recorder's signature cache,
+        # which compares these by identity, hits in every graph.
+        self._sig_parts = (("shared", id(self), True), ("shared", id(self), False))
 
     @property
     def updated(self) -> bool:

@@ -9,9 +9,11 @@ message exist once, in Python.
 
     GraphBase   base of ComputationGraph: the node columns, and add() when compiled
     ExprBase    base of Expression: the two fields cg and i
-    recorder(op, form, fallback, attrs=())
+    recorder(op, form, fallback, attrs=(), row_check=None)
                 a function recording `op` (op=None: the op is the first argument) from
                 form 1: f(x[, attrs[, data]])   2: f(x, y[, attrs])   3: f([x, ...][, attrs])
+                     4: f(x, i, ...) (ints filling attrs)   5: f([x, ...][, d]) (attrs (d,))
+                     6: f(x, index) (data index)   7: f(x) alone (the default attrs)
                 or, if an argument is not a live Expression of one graph, fallback(*args)
 
 DYNAGRAPH_BOOKKEEPING=python forces the pure-Python path here and in the executor
@@ -31,11 +33,13 @@ except ImportError:
 NATIVE = _c
 
 COMPILED = _c is not None
-ONE, TWO, LIST, INTS = 1, 2, 3, 4
+ONE, TWO, LIST, INTS, LIST_INT, INDEX, BARE = 1, 2, 3, 4, 5, 6, 7
 
 
 class _PyGraphBase:
     """The node columns are plain attributes; ComputationGraph supplies add = _add_py."""
+    retired = False
+    immediate_compute = False
 
 
 class _PyExprBase:
@@ -57,28 +61,55 @@ ExprBase: type = _c.ExprBase if COMPILED else _PyExprBase
 _Expression: Any = None
 
 
-def configure(expression: type, index_slot: type, random_key: object) -> None:
-    """The classes the fast path creates (Expression) and treats specially (IndexSlot)."""
+def configure(expression: type, index_slot: type, random_key: object, draw_rand_base: Callable) -> None:
+    """The classes the fast path creates (Expression) and treats specially (IndexSlot), the
+    data standing for a random key, and how a graph draws its random key base."""
     global _Expression
     _Expression = expression
     if COMPILED:
-        _c.configure(expression, index_slot, random_key, SHAPES)
+        _c.configure(expression, index_slot, random_key, SHAPES, draw_rand_base)
 
 
-def leaf_recorder(fallback: Callable, graph_state, lookup_op) -> Callable:
-    """expression_of(p, update=True, lookup=None, graph=None), the expression of a parameter
-    or of one row of a lookup table: compiled for a parameter that already has its leaf in
-    the graph (every use after the first), else `fallback` itself, the reference."""
+def operators(add, addc, sub, rsubc, matmul, mulc, add_twin: Callable, sub_twin: Callable,
+              mul_twin: Callable) -> None:
+    """The ops ExprBase's compiled +, - and * record (two expressions: add, sub, matmul; an
+    expression and a number: addc, rsubc, mulc), and the Python twins they call for anything
+    else (twin(a, b) for `a op b`). Without the compiled module Expression keeps its Python
+    operators, so this does nothing."""
     if COMPILED:
-        _c.configure_leaves(fallback, graph_state, lookup_op)
+        _c.configure_operators(add, addc, sub, rsubc, matmul, mulc, add_twin, sub_twin, mul_twin)
+
+
+def leaf_recorder(fallback: Callable, graph_state, lookup_op, parameter_op, table_op) -> Callable:
+    """expression_of(p, update=True, lookup=None, graph=None), the expression of a parameter
+    or of one row of a lookup table: compiled for an ordinary trained parameter (its leaf
+    made in C on its first use in a graph, the row checked in C), else `fallback` itself,
+    the reference."""
+    if COMPILED:
+        _c.configure_leaves(fallback, graph_state, lookup_op, parameter_op, table_op)
         return _c.expression_of
     return fallback
 
 
-def recorder(op, form: int, fallback: Callable, attrs: tuple = ()) -> Callable:
+def entry_recorders(parameters: type, lookup_parameters: type, integer: type, parameter: Callable,
+                    lookup: Callable) -> tuple:
+    """(dy.parameter, dy.lookup, E[i]): compiled for an exact `parameters` / `lookup_parameters`
+    (and an int or `integer` row) in the current graph, else the Python functions given,
+    which are the reference and word every error. E[i] is a method descriptor for
+    `lookup_parameters.__getitem__` (its Python twin is expression_of(E, True, lookup=i)),
+    or None without the compiled module."""
     if COMPILED:
-        return _c.Recorder(op, form, fallback, attrs)
-    if form == INTS:  # f(x, i, ...): the Python function is its own twin
+        getitem = _c.configure_entries(parameters, lookup_parameters, integer, parameter, lookup)
+        return _c.parameter, _c.lookup, getitem
+    return parameter, lookup, None
+
+
+def recorder(op, form: int, fallback: Callable, attrs: tuple = (), row_check: Callable | None = None) -> Callable:
+    """row_check (form INDEX): the op's check when it is exactly `0 <= index < shape(x)[0]`,
+    which the compiled recorder then does itself."""
+    if COMPILED:
+        return _c.Recorder(op, form, fallback, attrs, row_check)
+    if form in (INTS, LIST_INT, INDEX, BARE):  # the Python function is its own twin
         return fallback
     return (_bound if op is not None else _unbound)[form](op, fallback, attrs)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
 
 _NOT_COUNTERS = ("batch_log", "lower_bound_fn")
@@ -38,6 +38,15 @@ class Stats:
     def lower_bound(self) -> int:
         """Batches no schedule can beat: see schedulers.base.lower_bound."""
         return self.lower_bound_fn() if self.lower_bound_fn is not None else 0
+
+    @classmethod
+    def fresh(cls) -> "Stats":
+        """Stats() without the generated __init__'s 22 assignments (a graph is made per sentence):
+        fields with a plain default read it from the class until first set."""
+        s = object.__new__(cls)
+        for name, make in _FACTORY_FIELDS:
+            setattr(s, name, make())
+        return s
 
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_COUNTERS}
@@ -102,3 +111,7 @@ def count_block_copies(copies: int, nbytes: int) -> None:
     if stats is not None and copies:
         stats.block_copies += copies
         stats.block_copy_bytes += nbytes
+
+
+# Stats.fresh(): the fields whose default is made per instance
+_FACTORY_FIELDS = tuple((f.name, f.default_factory) for f in fields(Stats) if f.default_factory is not MISSING)

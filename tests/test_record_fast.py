@@ -180,3 +180,201 @@ def test_long_columns_grow_and_shrink_correctly():
     for k in range(6000):
         v = (v * 0.5 + ref) if k % 2 else np.tanh(v)
     np.testing.assert_allclose(z.npvalue(), np.tanh(v), rtol=1e-6)
+
+
+# ------------------------------------------------- compiled entries (dy.lookup, dy.parameter)
+def test_lookup_takes_numpy_integers_and_checks_rows_with_the_python_message(parts):
+    E = parts[0]
+    cg = dy.renew_cg()
+    rows = [dy.lookup(E, k) for k in (np.int64(3), np.int32(1), 4, np.uint8(9))]
+    assert [cg.data[e.i] for e in rows] == [3, 1, 4, 9]
+    assert all(type(cg.data[e.i]) is int for e in rows)
+    np.testing.assert_array_equal(rows[0].npvalue(), E.as_array()[3])
+    assert E[np.int64(2)].npvalue().tolist() == E.as_array()[2].tolist()
+    for bad in (10, -1, np.int64(10), 2 ** 70):
+        with pytest.raises(DynagraphIndexError, match=r"lookup\(\(10, 6\)\): index .* out of range") as e:
+            dy.lookup(E, bad)
+        assert "test_record_fast.py" in str(e.value)
+    for bad in (True, 2.0, np.float64(1.0), "3", None):
+        with pytest.raises(TypeError, match="lookup"):
+            dy.lookup(E, bad)
+    with pytest.raises(TypeError, match="LookupParameters"):
+        dy.lookup(parts[1], 0)
+    n = len(cg.op)
+    assert [len(getattr(cg, c)) for c in COLUMNS] == [n] * len(COLUMNS)  # failed calls appended nothing
+    c = dy.const_lookup(E, np.int64(5))
+    assert cg.needs_grad[c.i] is False and cg.data[c.i] == 5
+
+
+def test_leaves_made_in_c_equal_the_python_twins(parts):
+    E, W, b = parts
+    b.updated = False
+    cg1 = dy.renew_cg()
+    xs = [dy.parameter(W), dy.parameter(b), dy.lookup(E, 2), dy.const_parameter(W), W.expr(True)]
+    cg2 = dy.renew_cg()
+    ids = [cg2._leaf_py(W), cg2._leaf_py(b), cg2._leaf_py(E)]
+    cg2.add(OPS["lookup"], (ids[2],), (), 2)
+    ids += [cg2._leaf_py(W, False)]
+    assert [x.i for x in xs] == [0, 1, 3, 4, 0]
+    for c in COLUMNS + ("blk", "row"):
+        assert list(getattr(cg1, c)) == list(getattr(cg2, c)), c
+    assert cg1._leaves == cg2._leaves and cg1._block_param == cg2._block_param
+    assert [blk.shape for blk in cg1.blocks] == [blk.shape for blk in cg2.blocks]
+    assert all(np.shares_memory(x, y) for x, y in zip(cg1.blocks, cg2.blocks))
+    assert cg1.needs_grad[:2] == [True, False]
+
+
+def test_a_replaced_storage_is_bound_by_the_next_graph(parts):
+    _, W, _ = parts
+    dy.renew_cg()
+    before = dy.parameter(W).npvalue()
+    W.values = np.full_like(W.values, 0.5)  # new storage: the view of the old one is not reused
+    dy.renew_cg()
+    after = dy.parameter(W).npvalue()
+    assert not np.array_equal(before, after) and (after == 0.5).all()
+    W.values = np.ones((3, 6), dtype=W.values.dtype)  # a new shape: the signature cache must not hide it
+    dy.renew_cg()
+    y = dy.parameter(W) * dy.inputVector([1.0] * 6)
+    assert y.shape == (3,)
+    np.testing.assert_allclose(y.npvalue(), [6.0] * 3)
+
+
+# ------------------------------------------------------------------ compiled operators
+def test_operators_record_what_the_python_twins_record(parts):
+    _, W, b = parts
+    cg = dy.renew_cg()
+    x, y = dy.inputVector([1.0, -2.0, 3.0]), dy.inputVector([0.5, 4.0, -1.0])
+    forms = [x + y, x - y, x + 2, 2 + x, x - 2, 2 - x, x * 3, 3 * x, x + 2.5, 1.5 - x, 0.5 * x,
+             x + np.float64(2), np.float64(2) - x, np.int64(3) * x]
+    names = ["add", "sub", "addc", "addc", "addc", "rsubc", "mulc", "mulc", "addc", "rsubc", "mulc",
+             "addc", "rsubc", "mulc"]
+    assert [cg.op[e.i].name for e in forms] == names
+    attrs = [cg.attrs[e.i] for e in forms[2:]]
+    assert attrs == [(2.0,), (2.0,), (-2.0,), (2.0,), (3.0,), (3.0,), (2.5,), (1.5,), (0.5,), (2.0,), (2.0,),
+                     (3.0,)]
+    assert all(type(a[0]) is float for a in attrs)
+    xv, yv = np.array([1.0, -2.0, 3.0]), np.array([0.5, 4.0, -1.0])
+    want = [xv + yv, xv - yv, xv + 2, 2 + xv, xv - 2, 2 - xv, xv * 3, 3 * xv, xv + 2.5, 1.5 - xv, 0.5 * xv,
+            xv + 2, 2 - xv, 3 * xv]
+    for e, w in zip(forms, want):
+        np.testing.assert_allclose(e.npvalue(), w, rtol=1e-6)
+    h = dy.parameter(W) * dy.inputVector([1.0] * 6) + b  # a Parameters operand takes the twin
+    assert cg.op[h.i].name == "add" and h.shape == (6,)
+    assert (x.__add__(y)).shape == (3,) and (x.__radd__(2)).shape == (3,)
+
+
+def test_operator_errors_name_the_op_shapes_and_line(parts):
+    dy.renew_cg()
+    x, m = dy.inputVector([1.0, 2.0]), dy.inputTensor(np.ones((3, 4)))
+    with pytest.raises(DynagraphError, match=r"matmul\(\(3, 4\), \(2,\)\)") as e:
+        m * x
+    assert "test_record_fast.py" in str(e.value)
+    with pytest.raises(DynagraphError, match=r"add\(\(2,\), \(3, 4\)\)"):
+        x + m
+    with pytest.raises(TypeError, match="add"):
+        x + "a"
+    with pytest.raises(TypeError):
+        "a" + x
+    with pytest.raises(TypeError, match="add"):
+        x + True  # a bool is not a number here, as in the Python operators
+    old = x
+    dy.renew_cg()
+    y = dy.inputVector([1.0, 2.0])
+    for f in (lambda: old + old, lambda: old - 1, lambda: 2 * old, lambda: y * old):
+        with pytest.raises((StaleExpressionError, DynagraphError)):
+            f()
+
+
+# --------------------------------------------------- compiled concatenate, pickneglogsoftmax
+def test_concatenate_and_pickneglogsoftmax_forms(parts):
+    cg = dy.renew_cg()
+    x, y = dy.inputVector([1.0, 2.0]), dy.inputVector([3.0, 4.0])
+    assert dy.concatenate([x, y]).npvalue().tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert dy.concatenate([x, y], 0).shape == (4,)
+    assert dy.concatenate([x, y], np.int64(0)).shape == (4,)
+    assert dy.concatenate_cols([x, y]).shape == (2, 2)
+    with pytest.raises(DynagraphError, match="concatenate"):
+        dy.concatenate([x, dy.inputVector([1.0, 2.0, 3.0])], 1)
+    with pytest.raises(DynagraphError, match="at least one"):
+        dy.concatenate([])
+    losses = [dy.pickneglogsoftmax(x, k) for k in (0, 1, np.int64(1))]
+    assert [cg.data[e.i] for e in losses] == [0, 1, 1]
+    z = np.array([1.0, 2.0])
+    np.testing.assert_allclose([e.value() for e in losses], [np.log(np.exp(z).sum()) - z[k] for k in (0, 1, 1)],
+                               rtol=1e-6)
+    n = len(cg.op)
+    for bad in (2, -1, 2 ** 70):
+        with pytest.raises(DynagraphIndexError, match=r"pickneglogsoftmax\(\(2,\)\): label .* out of range") as e:
+            dy.pickneglogsoftmax(x, bad)
+        assert "test_record_fast.py" in str(e.value)
+    with pytest.raises(TypeError, match="pickneglogsoftmax"):
+        dy.pickneglogsoftmax(x, 1.0)
+    assert len(cg.op) == n
+
+
+# ------------------------------------------------------------------------------ renew_cg
+def test_a_graph_without_random_ops_draws_no_random_key(parts):
+    from dynagraph.config import config
+    dy.config.set(random_seed=3)
+    state = config.rng.bit_generator.state
+    cg = dy.renew_cg()
+    _program(parts).value()
+    assert config.rng.bit_generator.state == state
+    d1 = dy.dropout(dy.inputVector([1.0] * 50), 0.5)
+    assert cg.data[d1.i] == cg._rand_base + d1.i
+    assert config.rng.bit_generator.state != state  # drawn at the first random op
+    v1 = d1.npvalue().tolist()
+    dy.config.set(random_seed=3)
+    cg = dy.renew_cg()
+    _program(parts).value()
+    d2 = dy.dropout(dy.inputVector([1.0] * 50), 0.5)
+    assert v1 == d2.npvalue().tolist()  # the same seed, the same masks
+    assert 0 < v1.count(0.0) < 50
+
+
+def test_reused_column_storage_never_leaks_between_graphs(parts):
+    cg = dy.renew_cg()
+    _program(parts)
+    kept_ops, n = cg.op, len(cg.op)  # held: this list is not reused
+    del cg
+    for _ in range(3):
+        cg = dy.renew_cg()
+        assert all(len(getattr(cg, c)) == 0 for c in COLUMNS + ("blk", "row", "blocks", "signatures"))
+        _program(parts).value()
+    assert len(kept_ops) == n
+
+
+def test_transpose_softmax_log_softmax_forms(parts):
+    cg = dy.renew_cg()
+    m = dy.inputTensor(np.arange(6.0).reshape(2, 3))
+    assert dy.transpose(m).shape == (3, 2) and dy.transpose(m, [1, 0]).shape == (3, 2)
+    assert cg.attrs[dy.transpose(m).i] == ((1, 0),)
+    s0, s1 = dy.softmax(m), dy.softmax(m, 1)
+    assert cg.attrs[s0.i] == (0,) and cg.attrs[s1.i] == (1,)
+    np.testing.assert_allclose(s1.npvalue().sum(1), [1.0, 1.0], rtol=1e-6)
+    assert cg.attrs[dy.softmax(m, np.int64(1)).i] == (1,)
+    with pytest.raises(DynagraphError, match=r"softmax\(\(2, 3\)\): dimension 2 out of range"):
+        dy.softmax(m, 2)
+    with pytest.raises(TypeError, match="softmax: indices must be integers"):
+        dy.softmax(m, 1.0)
+    v = dy.inputVector([1.0, 2.0, 3.0])
+    assert cg.attrs[dy.log_softmax(v).i] == (None,)
+    r = dy.log_softmax(v, [0, 2]).npvalue()
+    assert np.isneginf(r[1]) and abs(np.exp(r[[0, 2]]).sum() - 1) < 1e-6
+
+
+def test_table_rows_by_subscript_take_the_compiled_path_and_the_same_errors(parts):
+    E = parts[0]
+    cg = dy.renew_cg()
+    rows = [E[3], E[np.int64(4)], E[np.int16(0)]]
+    assert [cg.data[r.i] for r in rows] == [3, 4, 0] and all(type(cg.data[r.i]) is int for r in rows)
+    assert cg.op[rows[0].i] is OPS["lookup"] and rows[0].i == rows[1].i - 1  # one shared table leaf
+    np.testing.assert_array_equal(rows[1].npvalue(), E.as_array()[4])
+    with pytest.raises(DynagraphIndexError, match=r"lookup\(\(10, 6\)\): index 10 out of range") as e:
+        E[10]
+    assert "test_record_fast.py" in str(e.value)
+    for bad in (2.0, True, "1"):
+        with pytest.raises(TypeError, match="lookup: indices must be integers"):
+            E[bad]
+    with dy.renew_cg() as other:  # a `with` graph is the current one
+        assert E[1].cg is other

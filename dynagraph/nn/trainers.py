@@ -112,13 +112,15 @@ class Trainer:
     # -------------------------------------------------------------- update
     def update(self) -> None:
         # On two cores the update runs on the overlap thread, after the deferred backward().
-        if not overlap.defer(self._update, f"{type(self).__name__}.update()", chained=True):
+        # Per-sentence programs call this once per sentence: with nothing deferred and nothing
+        # to defer to (overlap off, the default), straight to the update.
+        if overlap.idle() or not overlap.defer(self._update, f"{type(self).__name__}.update()", chained=True):
             self._update()
 
     def _update(self) -> None:
-        params = self.model._all()
-        if self._collection_rule is not None and self._step_collection(params):
+        if self._collection_rule is not None and self._step_collection():
             return
+        params = self.model._all()
         gscale = self._clip_scale(_grad_norm_sq(params))
         rules = self._rules()  # once per update, not per parameter: per-sentence programs update often
         for p in params:
@@ -143,21 +145,21 @@ class Trainer:
         """The rule's scalars for the backend's CollectionStep (see kernels/dg_kernels.h)."""
         raise NotImplementedError
 
-    def _step_collection(self, params: list) -> bool:
+    def _step_collection(self) -> bool:
         """update() as one call of the backend's CollectionStep (norm, clipping, rule, cleared
         gradients), where every parameter lives on one backend that has it; False where not
         (the per-parameter path then runs). The same arithmetic as that path, but for the
         global norm, which is summed in float64 instead of per parameter in its dtype."""
-        key = self._collection_key(params)
+        key = self._collection_key()
         plan = self._collection
         if plan is None or plan[0] != key:
-            plan = self._collection = (key, self._collection_plan(params))
+            plan = self._collection = (key, self._collection_plan(self.model._all()))
         step = plan[1]
         if step is None or (self.clipping_enabled and not self.clip_threshold > 0):
             return False
         finite, norm_sq, clipped = step(self._collection_hp(), self.clip_threshold if self.clipping_enabled else 0.0)
         if not finite:
-            _grad_norm_sq(params)  # names the non-finite parameters (raises); nothing was written
+            _grad_norm_sq(self.model._all())  # names the non-finite parameters (raises); nothing was written
             return False
         if clipped:
             self.clips += 1
@@ -166,10 +168,11 @@ class Trainer:
         self.updates_since_status += 1
         return True
 
-    def _collection_key(self, params: list) -> tuple:
+    def _collection_key(self) -> tuple:
         """What a CollectionStep was built from: the parameters, their arrays and updated flags
-        (parameters.layout_version changes with any of them), and the sparse-update setting."""
-        return (layout_version(), self.sparse_updates_enabled, len(params))
+        (parameters.layout_version changes with any of them, and with any parameter added to
+        any collection), and the sparse-update setting."""
+        return (layout_version(), self.sparse_updates_enabled)
 
     def _collection_plan(self, params: list):
         """A CollectionStep of the parameters' one backend, or None (mixed or other backends,

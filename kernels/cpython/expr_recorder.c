@@ -8,6 +8,7 @@
 #include <structmember.h>
 
 /* ------------------------------------------------------------------- ExprBase */
+static PyObject *EmptyAttrs = NULL;  /* () */
 
 static int expr_traverse(ExprObject *e, visitproc visit, void *arg) {
     Py_VISIT(e->cg);
@@ -48,6 +49,111 @@ static PyMemberDef expr_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+/* The arithmetic operators x + y, x - y, x * y (DyNet: a matrix product) as C slots: an
+   operator in a Python method cost a frame per op, and a cell written from primitive ops
+   uses several per step. Two live Expressions of one graph, or an Expression and an exact
+   int or float (the constant forms addc, rsubc, mulc) are recorded here; anything else goes
+   to the operator's Python twin (expression._add, ...), with the operands as Python passed
+   them, which handles the rest and words every error. Configured by configure_operators(). */
+enum { OP_ADD, OP_SUB, OP_MUL, N_OPERATORS };
+static PyObject *PairOp[N_OPERATORS];       /* add, sub, matmul */
+static PyObject *ConstOp[N_OPERATORS];      /* x + c: addc, x - c: addc (of -c), x * c: mulc */
+static PyObject *RConstOp[N_OPERATORS];     /* c + x: addc, c - x: rsubc, c * x: mulc */
+static PyObject *OperatorTwin[N_OPERATORS];
+
+static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, PyObject *attrs,
+                              PyObject *data, int *slow);
+
+/* An exact int or float (not a bool) as a float, else NULL without an error. */
+static PyObject *plain_number(PyObject *c) {
+    if (PyFloat_CheckExact(c)) {
+        Py_INCREF(c);
+        return c;
+    }
+    if (PyLong_CheckExact(c)) {
+        double v = PyLong_AsDouble(c);
+        if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return NULL;
+        }
+        return PyFloat_FromDouble(v);
+    }
+    return NULL;
+}
+
+static PyObject *expr_operator(int which, PyObject *a, PyObject *b) {
+    if (PairOp[which] && OperatorTwin[which]) {
+        int a_expr = (PyObject *)Py_TYPE(a) == ExprType, b_expr = (PyObject *)Py_TYPE(b) == ExprType;
+        int slow = 1;
+        PyObject *res = NULL;
+        if (a_expr && b_expr) {
+            PyObject *xs[2] = {a, b};
+            res = record_exprs(PairOp[which], xs, 2, EmptyAttrs, Py_None, &slow);
+        } else if (a_expr || b_expr) {
+            PyObject *c = plain_number(a_expr ? b : a), *attrs = NULL;
+            if (c && which == OP_SUB && a_expr)  /* x - c records addc(x, -c), as DyNet */
+                Py_SETREF(c, PyNumber_Negative(c));
+            if (c)
+                attrs = PyTuple_Pack(1, c);
+            Py_XDECREF(c);
+            if (attrs) {
+                PyObject *x = a_expr ? a : b;
+                res = record_exprs(a_expr ? ConstOp[which] : RConstOp[which], &x, 1, attrs, Py_None, &slow);
+                Py_DECREF(attrs);
+            } else if (PyErr_Occurred()) {
+                return NULL;
+            }
+        }
+        if (res || !slow)
+            return res;
+        PyObject *args[2] = {a, b};
+        return PyObject_Vectorcall(OperatorTwin[which], args, 2, NULL);
+    }
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static PyObject *expr_add(PyObject *a, PyObject *b) { return expr_operator(OP_ADD, a, b); }
+static PyObject *expr_sub(PyObject *a, PyObject *b) { return expr_operator(OP_SUB, a, b); }
+static PyObject *expr_mul(PyObject *a, PyObject *b) { return expr_operator(OP_MUL, a, b); }
+
+static PyNumberMethods expr_number = {
+    .nb_add = expr_add,
+    .nb_subtract = expr_sub,
+    .nb_multiply = expr_mul,
+};
+
+/* configure_operators(add, addc, sub, rsubc, matmul, mulc, add_twin, sub_twin, mul_twin) */
+static PyObject *configure_operators(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *add, *addc, *sub, *rsubc, *matmul, *mulc, *twins[N_OPERATORS];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &add, &addc, &sub, &rsubc, &matmul, &mulc, &twins[0], &twins[1],
+                          &twins[2]))
+        return NULL;
+    for (int k = 0; k < N_OPERATORS; k++)
+        if (!PyCallable_Check(twins[k])) {
+            PyErr_SetString(PyExc_TypeError, "the operators' twins must be callable");
+            return NULL;
+        }
+    PyObject *pair[N_OPERATORS] = {add, sub, matmul}, *cst[N_OPERATORS] = {addc, addc, mulc},
+             *rcst[N_OPERATORS] = {addc, rsubc, mulc};
+    for (int k = 0; k < N_OPERATORS; k++) {
+        Py_INCREF(pair[k]);
+        Py_XSETREF(PairOp[k], pair[k]);
+        Py_INCREF(cst[k]);
+        Py_XSETREF(ConstOp[k], cst[k]);
+        Py_INCREF(rcst[k]);
+        Py_XSETREF(RConstOp[k], rcst[k]);
+        Py_INCREF(twins[k]);
+        Py_XSETREF(OperatorTwin[k], twins[k]);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef operator_config = {
+    "configure_operators", configure_operators, METH_VARARGS,
+    "configure_operators(add, addc, sub, rsubc, matmul, mulc, add_twin, sub_twin, mul_twin): the ops\n"
+    "Expression's +, - and * record, and their Python twins (see expr_recorder.c)."};
+
 PyTypeObject ExprBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dynagraph._bookkeeping.ExprBase",
@@ -58,6 +164,7 @@ PyTypeObject ExprBaseType = {
     .tp_clear = (inquiry)expr_clear,
     .tp_dealloc = (destructor)expr_dealloc,
     .tp_members = expr_members,
+    .tp_as_number = &expr_number,
     .tp_new = expr_new,
 };
 
@@ -88,7 +195,7 @@ static GraphObject *live_graph(PyObject *x) {
 }
 
 /* ------------------------------------------------------------------- Recorder */
-enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4 };
+enum { ONE = 1, TWO = 2, LIST = 3, INTS = 4, LIST_INT = 5, INDEX = 6, BARE = 7 };
 
 typedef struct {
     PyObject_HEAD
@@ -96,6 +203,7 @@ typedef struct {
     PyObject *fallback;  /* called with the same arguments when the fast path does not apply */
     PyObject *attrs;     /* default attrs */
     PyObject *dict;
+    PyObject *row_check; /* INDEX: the op's check when it is `0 <= index < shape(x)[0]`, done here */
     vectorcallfunc vectorcall;
     int form;
 } RecorderObject;
@@ -125,6 +233,38 @@ static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, P
     }
     *slow = 0;
     PyObject *nid = dg_graph_add((PyObject *)g, op, ids, attrs, data);
+    Py_DECREF(ids);
+    return make_expr((PyObject *)g, nid);
+}
+
+/* f(x, i): data i (a class index), attrs the default. When the op's check is r->row_check
+   (`0 <= i < shape(x)[0]`, checked here), it is not run again in Python; an index out of
+   range records through the op's check, which raises the worded error. */
+static PyObject *record_index(RecorderObject *r, PyObject *op, PyObject *x, PyObject *i, int *slow) {
+    *slow = 1;
+    GraphObject *g = live_graph(x);
+    if (!g || !((ExprObject *)x)->i || !PyTuple_CheckExact(r->attrs))
+        return NULL;
+    PyObject *checked = NULL;
+    if (r->row_check && g->shape && PyList_CheckExact(g->shape)) {
+        Py_ssize_t n = PyLong_AsSsize_t(((ExprObject *)x)->i);
+        PyObject *shape = n >= 0 && n < PyList_GET_SIZE(g->shape) ? PyList_GET_ITEM(g->shape, n) : NULL;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        else if (shape && PyTuple_CheckExact(shape) && PyTuple_GET_SIZE(shape) >= 1 && !overflow && v >= 0 &&
+                 v < PyLong_AsLongLong(PyTuple_GET_ITEM(shape, 0)))
+            checked = r->row_check;
+        if (PyErr_Occurred())
+            PyErr_Clear();
+    }
+    PyObject *ids = PyTuple_Pack(1, ((ExprObject *)x)->i);
+    *slow = 0;
+    if (!ids)
+        return NULL;
+    PyObject *nid = checked ? dg_graph_add_checked((PyObject *)g, op, ids, r->attrs, i, checked)
+                            : dg_graph_add((PyObject *)g, op, ids, r->attrs, i);
     Py_DECREF(ids);
     return make_expr((PyObject *)g, nid);
 }
@@ -166,6 +306,30 @@ static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t 
         if (ok)
             res = record_exprs(op, a, 1, at, Py_None, &slow);
         Py_DECREF(at);
+    } else if (r->form == LIST_INT && (na == 1 || na == 2) && PyList_CheckExact(a[0]) &&
+               PyTuple_GET_SIZE(r->attrs) == 1) {
+        /* f([x, ...], d): attrs (d,), d an exact int (the default attrs when d is omitted or equal) */
+        PyObject *at = r->attrs;
+        int ok = 1;
+        if (na == 2 && a[1] != PyTuple_GET_ITEM(at, 0)) {
+            ok = PyLong_CheckExact(a[1]);
+            at = ok ? PyTuple_Pack(1, a[1]) : NULL;
+            if (ok && !at)
+                return NULL;
+        } else {
+            Py_INCREF(at);
+        }
+        if (ok) {
+            PyObject *xs = a[0];
+            Py_INCREF(xs);
+            res = record_exprs(op, &PyList_GET_ITEM(xs, 0), PyList_GET_SIZE(xs), at, Py_None, &slow);
+            Py_DECREF(xs);
+            Py_DECREF(at);
+        }
+    } else if (r->form == BARE && na == 1) {  /* f(x): the default attrs; any other call: the fallback */
+        res = record_exprs(op, a, 1, r->attrs, Py_None, &slow);
+    } else if (r->form == INDEX && na == 2 && PyLong_CheckExact(a[1])) {
+        res = record_index(r, op, a[0], a[1], &slow);
     } else if (r->form == LIST && (na == 1 || na == 2) && PyList_CheckExact(a[0])) {
         /* the list may change under a call into Python: hold it */
         PyObject *xs = a[0];
@@ -181,14 +345,20 @@ slow:
 }
 
 static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *op, *fallback, *attrs = NULL;
+    PyObject *op, *fallback, *attrs = NULL, *row_check = NULL;
     int form;
-    static char *names[] = {"op", "form", "fallback", "attrs", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!", names, &op, &form, &fallback, &PyTuple_Type, &attrs))
+    static char *names[] = {"op", "form", "fallback", "attrs", "row_check", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OiO|O!O", names, &op, &form, &fallback, &PyTuple_Type, &attrs,
+                                     &row_check))
         return NULL;
-    if (form < ONE || form > INTS) {
-        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list) or 4 (an "
-                                          "expression and ints)");
+    if (form < ONE || form > BARE) {
+        PyErr_SetString(PyExc_ValueError, "form must be 1 (one expression), 2 (two), 3 (a list), 4 (an "
+                                          "expression and ints), 5 (a list and an int), 6 (an expression and "
+                                          "an index) or 7 (one expression alone)");
+        return NULL;
+    }
+    if ((form == LIST_INT || form == INDEX || form == BARE) && op == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "forms 5, 6 and 7 need their op");
         return NULL;
     }
     if (!PyCallable_Check(fallback)) {
@@ -206,6 +376,8 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     if (attrs)
         Py_INCREF(attrs);
     r->form = form;
+    r->row_check = row_check == Py_None ? NULL : row_check;
+    Py_XINCREF(r->row_check);
     r->vectorcall = (vectorcallfunc)recorder_call;
     if (!r->attrs) {
         Py_DECREF(r);
@@ -219,6 +391,7 @@ static int recorder_traverse(RecorderObject *r, visitproc visit, void *arg) {
     Py_VISIT(r->fallback);
     Py_VISIT(r->attrs);
     Py_VISIT(r->dict);
+    Py_VISIT(r->row_check);
     return 0;
 }
 
@@ -227,6 +400,7 @@ static int recorder_clear(RecorderObject *r) {
     Py_CLEAR(r->fallback);
     Py_CLEAR(r->attrs);
     Py_CLEAR(r->dict);
+    Py_CLEAR(r->row_check);
     return 0;
 }
 
@@ -247,7 +421,8 @@ static PyObject *recorder_get(PyObject *self, PyObject *obj, PyObject *type) {
 
 static PyMemberDef recorder_members[] = {
     {"fallback", T_OBJECT, offsetof(RecorderObject, fallback), READONLY, "called when an argument is not a live Expression"},
-    {"form", T_INT, offsetof(RecorderObject, form), READONLY, "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...)"},
+    {"form", T_INT, offsetof(RecorderObject, form), READONLY,
+     "1: f(x), 2: f(x, y), 3: f([x, ...]), 4: f(x, i, ...), 5: f([x, ...], d), 6: f(x, index), 7: f(x)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -280,8 +455,9 @@ PyObject *ExprType = NULL;  /* Expression (a Python subclass of ExprBase) */
 
 PyObject *dg_configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *expr, *slot, *key, *shapes = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!O|O!", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes))
+    PyObject *expr, *slot, *key, *shapes = NULL, *draw = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O|O!O", &PyType_Type, &expr, &PyType_Type, &slot, &key, &PyDict_Type, &shapes,
+                          &draw))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)expr, &ExprBaseType) ||
         ((PyTypeObject *)expr)->tp_basicsize != ExprBaseType.tp_basicsize) {
@@ -290,7 +466,7 @@ PyObject *dg_configure(PyObject *self, PyObject *args) {
     }
     Py_INCREF(expr);
     Py_XSETREF(ExprType, expr);
-    dg_graph_configure(slot, key, shapes);
+    dg_graph_configure(slot, key, shapes, draw);
     Py_RETURN_NONE;
 }
 
@@ -307,6 +483,13 @@ PyObject *dg_make_expr(PyObject *cg, PyObject *nid) {
 int dg_expr_add_types(PyObject *m) {
     if (PyType_Ready(&ExprBaseType) < 0 || PyType_Ready(&RecorderType) < 0)
         return -1;
+    if (!EmptyAttrs && !(EmptyAttrs = PyTuple_New(0)))
+        return -1;
+    PyObject *f = PyCFunction_NewEx(&operator_config, NULL, NULL);
+    if (!f || PyModule_AddObject(m, "configure_operators", f) < 0) {
+        Py_XDECREF(f);
+        return -1;
+    }
     PyTypeObject *types[2] = {&ExprBaseType, &RecorderType};
     const char *names[2] = {"ExprBase", "Recorder"};
     for (int k = 0; k < 2; k++) {

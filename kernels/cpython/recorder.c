@@ -17,27 +17,6 @@ Types (ExprBase and Recorder live in expr_recorder.c):
 
 /* ------------------------------------------------------------------ GraphBase */
 
-static void sig_entry_clear(SigEntry *e) {
-    Py_CLEAR(e->op);
-    Py_CLEAR(e->attrs);
-    Py_CLEAR(e->known);
-    for (int k = 0; k < SIG_CACHE_ARGS; k++)
-        Py_CLEAR(e->parts[k]);
-    e->n = 0;
-}
-
-static void sig_cache_clear(GraphObject *g) {
-    if (g->cache)
-        for (int k = 0; k < g->nused; k++)
-            sig_entry_clear(&g->cache[g->used[k]]);
-    g->nused = 0;
-    Py_CLEAR(g->cache_of);
-}
-
-/* One cleared cache kept from the last graph freed: renew_cg() then costs no allocation and
-   no zeroing of SIG_CACHE entries for the next graph. */
-static SigEntry *SpareCache = NULL;
-
 static PyObject *IndexSlotType = NULL;
 static PyObject *RandomKey = NULL;
 static PyObject *AddPyName = NULL;     /* "_add_py" */
@@ -49,11 +28,12 @@ static PyObject *CheckName = NULL, *BlocksGradName = NULL;  /* "check", "blocks_
    ComputationGraph._new_signature only; read here. */
 static PyObject *ShapeCache = NULL;
 
-#define N_COLUMNS 13
+#define N_COLUMNS 17
 static PyObject **graph_column(GraphObject *g, int k) {
     PyObject **cols[N_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth,
                                   &g->sig, &g->sig_part, &g->needs_grad, &g->sig_id, &g->rand_base,
-                                  &g->signatures, &g->leaves};
+                                  &g->signatures, &g->leaves, &g->blk, &g->row, &g->blocks,
+                                  &g->block_param};
     return cols[k];
 }
 
@@ -72,97 +52,119 @@ static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     return 0;
 }
 
+/* Emptied column lists of freed graphs, kept with their storage: a per-sentence program
+   makes a graph of a few dozen nodes per sentence, and growing a dozen fresh lists to that
+   size (a realloc every few appends) cost as much as recording the nodes. One pool per
+   column, so each list keeps serving the column it grew for (the storage kept stays that of
+   the graphs the program makes, it does not creep); a few per column (the next graph is
+   made before the last one is freed), small lists only (a large graph's appends are
+   amortised anyway), and only when the graph held the last reference to the list. */
+enum { LIST_POOL = 2, LIST_POOL_MAX_ITEMS = 4096, N_LIST_COLUMNS = 13 };
+static PyObject *ListPool[N_LIST_COLUMNS][LIST_POOL];
+static int ListPoolSize[N_LIST_COLUMNS];
+
+static void pool_list(int column, PyObject *l) {
+    if (ListPoolSize[column] == LIST_POOL || !PyList_CheckExact(l) || Py_REFCNT(l) != 1 ||
+        ((PyListObject *)l)->allocated > LIST_POOL_MAX_ITEMS) {
+        Py_DECREF(l);
+        return;
+    }
+    /* nothing else can reach l: empty it first, then release the items (which may run code) */
+    PyObject **items = ((PyListObject *)l)->ob_item;
+    Py_ssize_t n = Py_SIZE(l);
+    Py_SET_SIZE(l, 0);
+    for (Py_ssize_t k = 0; k < n; k++)
+        Py_DECREF(items[k]);
+    if (ListPoolSize[column] < LIST_POOL && Py_REFCNT(l) == 1 && Py_SIZE(l) == 0 &&
+        ((PyListObject *)l)->ob_item == items)
+        ListPool[column][ListPoolSize[column]++] = l;
+    else
+        Py_DECREF(l);
+}
+
+static PyObject *pooled_list(int column) {
+    return ListPoolSize[column] ? ListPool[column][--ListPoolSize[column]] : PyList_New(0);
+}
+
+/* The columns that are lists, whose storage pool_list keeps. */
+static PyObject **list_column(GraphObject *g, int k) {
+    PyObject **cols[N_LIST_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth, &g->sig,
+                                       &g->sig_part, &g->needs_grad, &g->blk, &g->row, &g->blocks,
+                                       &g->signatures};
+    return cols[k];
+}
+
 static int graph_clear(GraphObject *g) {
+    for (int k = 0; k < N_LIST_COLUMNS; k++) {
+        PyObject *l = *list_column(g, k);
+        *list_column(g, k) = NULL;
+        if (l)
+            pool_list(k, l);
+    }
     for (int k = 0; k < N_COLUMNS; k++)
         Py_CLEAR(*graph_column(g, k));
-    sig_cache_clear(g);
+    dg_sig_cache_clear(g);
+    return 0;
+}
+
+/* _start(): a new graph's empty columns (lists kept from freed graphs where there are). */
+static PyObject *graph_start(GraphObject *g, PyObject *unused) {
+    (void)unused;
+    for (int k = 0; k < N_LIST_COLUMNS; k++) {
+        PyObject *l = pooled_list(k);
+        if (!l)
+            return NULL;
+        Py_XSETREF(*list_column(g, k), l);
+    }
+    PyObject **dicts[3] = {&g->sig_id, &g->leaves, &g->block_param};
+    for (int k = 0; k < 3; k++) {
+        PyObject *d = PyDict_New();
+        if (!d)
+            return NULL;
+        Py_XSETREF(*dicts[k], d);
+    }
+    Py_RETURN_NONE;
+}
+
+/* _rand_base: the first node id's random key, drawn (RandDraw()) when a graph first needs it:
+   most graphs record no random op, and a draw from the seeded stream cost a quarter of
+   renew_cg(). */
+static PyObject *RandDraw = NULL;
+
+static PyObject *rand_base_of(GraphObject *g) {
+    if (!g->rand_base) {
+        if (!RandDraw) {
+            PyErr_SetString(PyExc_RuntimeError, "configure() was not given the random key draw");
+            return NULL;
+        }
+        PyObject *v = PyObject_CallNoArgs(RandDraw);
+        if (!v)
+            return NULL;
+        if (g->rand_base)  /* the draw ran Python code that set it */
+            Py_DECREF(v);
+        else
+            g->rand_base = v;
+    }
+    return g->rand_base;  /* borrowed */
+}
+
+static PyObject *graph_get_rand_base(GraphObject *g, void *closure) {
+    (void)closure;
+    return Py_XNewRef(rand_base_of(g));
+}
+
+static int graph_set_rand_base(GraphObject *g, PyObject *v, void *closure) {
+    (void)closure;
+    Py_XINCREF(v);
+    Py_XSETREF(g->rand_base, v);
     return 0;
 }
 
 static void graph_dealloc(GraphObject *g) {
     PyObject_GC_UnTrack(g);
     graph_clear(g);
-    if (g->cache && !SpareCache)
-        SpareCache = g->cache;  /* cleared by graph_clear */
-    else
-        PyMem_Free(g->cache);
-    g->cache = NULL;
+    dg_sig_cache_free(g);
     Py_TYPE(g)->tp_free((PyObject *)g);
-}
-
-static size_t sig_slot(PyObject *op, PyObject *const *parts, Py_ssize_t n) {
-    size_t h = (size_t)op >> 4;
-    for (Py_ssize_t k = 0; k < n; k++)
-        h = h * 1000003u ^ ((size_t)parts[k] >> 4);
-    return (h ^ (h >> 11)) % SIG_CACHE;
-}
-
-/* The cached `known` tuple for (op, attrs, parts), or NULL (borrowed). */
-static PyObject *sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n) {
-    if (!g->cache || g->cache_of != g->sig_id || n > SIG_CACHE_ARGS)
-        return NULL;
-    SigEntry *e = &g->cache[sig_slot(op, parts, n)];
-    if (e->n != n || e->op != op || !e->known)
-        return NULL;
-    for (Py_ssize_t k = 0; k < n; k++)
-        if (e->parts[k] != parts[k])
-            return NULL;
-    if (e->attrs != attrs) {  /* equal values share the signature, as in the dict */
-        if (!PyTuple_CheckExact(attrs) || !PyTuple_CheckExact(e->attrs) ||
-            PyTuple_GET_SIZE(attrs) != PyTuple_GET_SIZE(e->attrs))
-            return NULL;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
-            PyObject *a = PyTuple_GET_ITEM(attrs, k), *b = PyTuple_GET_ITEM(e->attrs, k);
-            /* only exact ints and floats compare here: anything else takes the dict */
-            if (a == b)
-                continue;
-            if (!(PyLong_CheckExact(a) && PyLong_CheckExact(b)) && !(PyFloat_CheckExact(a) && PyFloat_CheckExact(b)))
-                return NULL;
-            int eq = PyObject_RichCompareBool(a, b, Py_EQ);
-            if (eq != 1) {
-                if (eq < 0)
-                    PyErr_Clear();
-                return NULL;
-            }
-        }
-    }
-    return e->known;
-}
-
-static void sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n,
-                          PyObject *known) {
-    if (n > SIG_CACHE_ARGS)
-        return;
-    if (!g->cache) {
-        if (SpareCache) {
-            g->cache = SpareCache;
-            SpareCache = NULL;
-        } else if (!(g->cache = PyMem_Calloc(SIG_CACHE, sizeof(SigEntry)))) {
-            return;  /* no cache: every lookup takes the dict */
-        }
-        g->nused = 0;
-    }
-    if (g->cache_of != g->sig_id) {  /* sig_id was replaced: nothing cached still holds */
-        sig_cache_clear(g);
-        Py_INCREF(g->sig_id);
-        g->cache_of = g->sig_id;
-    }
-    size_t slot = sig_slot(op, parts, n);
-    SigEntry *e = &g->cache[slot];
-    if (!e->op)
-        g->used[g->nused++] = (unsigned short)slot;  /* each slot at most once: it stays filled */
-    sig_entry_clear(e);
-    Py_INCREF(op);
-    Py_INCREF(attrs);
-    Py_INCREF(known);
-    e->op = op;
-    e->attrs = attrs;
-    e->known = known;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Py_INCREF(parts[k]);
-        e->parts[k] = parts[k];
-    }
-    e->n = n;
 }
 
 /* The slow path: ComputationGraph._add_py(op, ids, attrs, data). */
@@ -222,7 +224,7 @@ static int run_check(GraphObject *g, PyObject *check, PyObject *attrs, PyObject 
    of a large list may copy it (realloc), which measured ~9% of recording. Past 4096 entries
    a column grows by half instead, through the allocator CPython's lists use (PyMem_Realloc,
    as list_resize does), so the copies amortise to a few per column. */
-static int col_append(PyObject *list, PyObject *v) {
+int dg_col_append(PyObject *list, PyObject *v) {
     PyListObject *l = (PyListObject *)list;
     Py_ssize_t n = Py_SIZE(l);
     if (n >= l->allocated) {
@@ -249,7 +251,7 @@ static int col_append(PyObject *list, PyObject *v) {
 static int append_steal(PyObject *list, PyObject *v) {
     if (!v)
         return -1;
-    int rc = col_append(list, v);
+    int rc = dg_col_append(list, v);
     Py_DECREF(v);
     return rc;
 }
@@ -300,7 +302,7 @@ static PyObject *known_from_cache(GraphObject *g, PyObject *op, PyObject *attrs,
 
 /* Whether the graph's columns are the lists (of one length) that the fast path appends to;
    anything else is Python's. */
-static inline int columns_ready(GraphObject *g) {
+int dg_columns_ready(GraphObject *g) {
     LIST_OR_SLOW(g->op); LIST_OR_SLOW(g->args); LIST_OR_SLOW(g->attrs); LIST_OR_SLOW(g->data);
     LIST_OR_SLOW(g->shape); LIST_OR_SLOW(g->depth); LIST_OR_SLOW(g->sig); LIST_OR_SLOW(g->sig_part);
     LIST_OR_SLOW(g->needs_grad);
@@ -367,11 +369,15 @@ static PyObject *lookup_signature(GraphObject *g, PyObject *op, PyObject *attrs,
     PyObject *known = PyDict_GetItemWithError(g->sig_id, key);  /* borrowed */
     if (!known && !PyErr_Occurred())
         known = known_from_cache(g, op, attrs, ids, key);
-    Py_DECREF(key);
-    if (!known && PyErr_Occurred())
+    if (!known && PyErr_Occurred()) {
         *slow = 0;
-    else if (known)
-        sig_cache_put(g, op, attrs, part, n, known);
+    } else if (known) {
+        dg_sig_cache_put(g, op, attrs, part, n, known);
+        PyObject *shapes[SIG_CACHE_ARGS];
+        dg_arg_shapes(g, ids, shapes);
+        dg_global_put(op, attrs, part, shapes, n, key, known);
+    }
+    Py_DECREF(key);
     return known;
 }
 
@@ -384,28 +390,30 @@ static inline int append_node(GraphObject *g, PyObject *op, PyObject *ids, PyObj
     Py_INCREF(value);
     if (data == RandomKey) {
         Py_DECREF(value);
-        value = PyNumber_Add(g->rand_base, nid);
+        PyObject *base = rand_base_of(g);
+        value = base ? PyNumber_Add(base, nid) : NULL;
     }
     int blocks = PyObject_IsTrue(PyTuple_GET_ITEM(known, 4));
     if (blocks < 0 || append_steal(g->data, value) < 0 ||
-        col_append(g->op, op) < 0 || col_append(g->args, ids) < 0 ||
-        col_append(g->attrs, PyTuple_GET_ITEM(known, 2)) < 0 ||
-        col_append(g->shape, shape) < 0 ||
+        dg_col_append(g->op, op) < 0 || dg_col_append(g->args, ids) < 0 ||
+        dg_col_append(g->attrs, PyTuple_GET_ITEM(known, 2)) < 0 ||
+        dg_col_append(g->shape, shape) < 0 ||
         append_steal(g->depth, PyLong_FromLong(depth + 1)) < 0 ||
-        col_append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
-        col_append(g->sig_part, shape) < 0 ||
-        col_append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0)
+        dg_col_append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
+        dg_col_append(g->sig_part, shape) < 0 ||
+        dg_col_append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0)
         return -1;
     return 0;
 }
 
 /* The fast path of add(). Returns the new node id; NULL with an error set; or NULL
    with *slow = 1 when Python must handle the call (nothing has been appended then). */
-static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data, int *slow) {
+static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                          PyObject *checked, int *slow) {
     *slow = 1;
     if (g->immediate || !PyTuple_CheckExact(ids) || (data && Py_TYPE(data) == (PyTypeObject *)IndexSlotType))
         return NULL;
-    if (!columns_ready(g))
+    if (!dg_columns_ready(g))
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(ids), nodes = PyList_GET_SIZE(g->op);
     long depth;
@@ -413,13 +421,25 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     PyObject *part[SIG_CACHE_ARGS];  /* borrowed: the arguments' sig_part, for the cache */
     if (!scan_args(g, ids, nodes, part, &depth, &needs))
         return NULL;
-    PyObject *known = sig_cache_get(g, op, attrs, part, n);
+    PyObject *known = dg_sig_cache_get(g, op, attrs, part, n);
+    if (!known && n <= SIG_CACHE_ARGS) {  /* new to this graph: known to an earlier one? */
+        PyObject *shapes[SIG_CACHE_ARGS];
+        int failed;
+        dg_arg_shapes(g, ids, shapes);
+        known = dg_global_get(g, op, attrs, part, shapes, n, &failed);
+        if (failed) {
+            *slow = 0;
+            return NULL;
+        }
+        if (known)
+            dg_sig_cache_put(g, op, attrs, part, n, known);
+    }
     if (!known && !(known = lookup_signature(g, op, attrs, ids, part, slow)))
         return NULL;
     if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 5)
         return NULL;
     PyObject *check = PyTuple_GET_ITEM(known, 3);
-    if (check != Py_None) {
+    if (check != Py_None && check != checked) {  /* `checked`: the check the caller has done */
         int ok = run_check(g, check, attrs, data ? data : Py_None, ids, n);
         if (ok <= 0) {
             *slow = ok == 0;
@@ -440,9 +460,10 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     return nid;
 }
 
-static PyObject *graph_add_ids(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
+static PyObject *graph_add_ids(GraphObject *g, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                               PyObject *checked) {
     int slow;
-    PyObject *nid = add_fast(g, op, ids, attrs, data, &slow);
+    PyObject *nid = add_fast(g, op, ids, attrs, data, checked, &slow);
     if (nid || !slow)
         return nid;
     return add_in_python(g, op, ids, attrs, data ? data : Py_None);
@@ -458,14 +479,23 @@ static PyObject *graph_add(GraphObject *g, PyObject *const *argv, Py_ssize_t nar
     PyObject *attrs = nargs > 2 ? argv[2] : (empty = PyTuple_New(0));
     if (!attrs)
         return NULL;
-    res = graph_add_ids(g, argv[0], argv[1], attrs, nargs > 3 ? argv[3] : Py_None);
+    res = graph_add_ids(g, argv[0], argv[1], attrs, nargs > 3 ? argv[3] : Py_None, NULL);
     Py_XDECREF(empty);
     return res;
 }
 
+static PyGetSetDef graph_getset[] = {
+    {"_rand_base", (getter)graph_get_rand_base, (setter)graph_set_rand_base,
+     "random key of node 0 (node i's is this + i), drawn on first use", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMethodDef graph_methods[] = {
+    {"_start", (PyCFunction)graph_start, METH_NOARGS, "_start(): the new graph's empty columns."},
     {"add", (PyCFunction)(void (*)(void))graph_add, METH_FASTCALL,
      "add(op, ids, attrs=(), data=None) -> node id. Record one node (see ComputationGraph._add_py)."},
+    {"leaf", (PyCFunction)(void (*)(void))dg_graph_leaf_method, METH_FASTCALL | METH_KEYWORDS,
+     "leaf(p, update=True) -> node id. The node of parameter p in this graph (see ComputationGraph._leaf_py)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -480,9 +510,12 @@ static PyMemberDef graph_members[] = {
     {"sig_part", T_OBJECT_EX, offsetof(GraphObject, sig_part), 0, NULL},
     {"needs_grad", T_OBJECT_EX, offsetof(GraphObject, needs_grad), 0, NULL},
     {"_sig_id", T_OBJECT_EX, offsetof(GraphObject, sig_id), 0, NULL},
-    {"_rand_base", T_OBJECT_EX, offsetof(GraphObject, rand_base), 0, NULL},
     {"signatures", T_OBJECT_EX, offsetof(GraphObject, signatures), 0, NULL},
     {"_leaves", T_OBJECT_EX, offsetof(GraphObject, leaves), 0, NULL},
+    {"blk", T_OBJECT_EX, offsetof(GraphObject, blk), 0, NULL},
+    {"row", T_OBJECT_EX, offsetof(GraphObject, row), 0, NULL},
+    {"blocks", T_OBJECT_EX, offsetof(GraphObject, blocks), 0, NULL},
+    {"_block_param", T_OBJECT_EX, offsetof(GraphObject, block_param), 0, NULL},
     {"retired", T_BOOL, offsetof(GraphObject, retired), 0, NULL},
     {"immediate_compute", T_BOOL, offsetof(GraphObject, immediate), 0, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -499,6 +532,7 @@ PyTypeObject GraphBaseType = {
     .tp_dealloc = (destructor)graph_dealloc,
     .tp_methods = graph_methods,
     .tp_members = graph_members,
+    .tp_getset = graph_getset,
     .tp_new = PyType_GenericNew,
 };
 
@@ -513,12 +547,19 @@ PyObject *dg_live_leaves(PyObject *cg) {
 }
 
 PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data) {
-    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data);
+    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data, NULL);
+}
+
+PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                               PyObject *checked) {
+    return graph_add_ids((GraphObject *)cg, op, ids, attrs, data, checked);
 }
 
 /* --------------------------------------------------------------------- module */
 /* The graph's share of configure() (expr_recorder.c checks and keeps the Expression class). */
-void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes) {
+void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes, PyObject *draw) {
+    Py_XINCREF(draw);
+    Py_XSETREF(RandDraw, draw);
     Py_INCREF(slot);
     Py_INCREF(key);
     Py_XSETREF(IndexSlotType, slot);
@@ -528,7 +569,7 @@ void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes) {
 }
 
 int dg_recorder_add_types(PyObject *m) {
-    if (PyType_Ready(&GraphBaseType) < 0)
+    if (PyType_Ready(&GraphBaseType) < 0 || dg_leaf_names() < 0)
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
         return -1;

@@ -21,6 +21,9 @@ typedef struct {
     PyObject *leaves;     /* dict: parameter (or (parameter, False)) -> its leaf node id */
     PyObject *sig_id;     /* dict: signature key -> (sid, shape, attrs, check, blocks_grad) */
     PyObject *rand_base;  /* int: data RANDOM_KEY becomes rand_base + node id */
+    PyObject *blk, *row;  /* value slot per node: block and row (lists; evaluation fills them) */
+    PyObject *blocks;     /* list: value blocks (a parameter leaf's block is a view of its storage) */
+    PyObject *block_param;  /* dict: leaf value block -> its parameter */
     SigEntry *cache;      /* SIG_CACHE entries, filled from sig_id (cache_of), or NULL */
     PyObject *cache_of;
     int nused;            /* the filled entries of cache are used[0..nused): clearing and */
@@ -35,6 +38,33 @@ typedef struct {
 
 extern PyTypeObject GraphBaseType;  /* recorder.c */
 extern PyObject *ExprType;          /* expr_recorder.c: Expression (a subclass of ExprBase), set by configure() */
-void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes);  /* recorder.c */
+void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes, PyObject *draw);  /* recorder.c */
+/* The leaf node id of parameter p (update: trained) in graph cg, made if it is new (new
+   reference; recorder.c). NULL with *slow = 1: Python (ComputationGraph._leaf_py) must make
+   it, nothing was touched; NULL with *slow = 0: an error is set. */
+PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow);
+/* add() where the caller has done the op's per-node check `checked` (a lookup's row index):
+   it is skipped when it is still the op's check; any other check runs. */
+PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
+                               PyObject *checked);
+int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op);  /* graph_leaves.c */
+PyObject *dg_graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t nargsf, PyObject *kwnames);
+int dg_leaf_names(void);
+
+/* recorder.c, for graph_leaves.c and sig_cache.c */
+int dg_col_append(PyObject *list, PyObject *v);  /* a node column's append (grows large lists by half) */
+int dg_columns_ready(GraphObject *g);            /* the node columns are lists of one length */
+
+/* sig_cache.c */
+void dg_sig_cache_clear(GraphObject *g);
+void dg_sig_cache_free(GraphObject *g);
+PyObject *dg_sig_cache_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n);
+void dg_sig_cache_put(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts, Py_ssize_t n,
+                      PyObject *known);
+void dg_arg_shapes(GraphObject *g, PyObject *ids, PyObject **shapes);
+void dg_global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, PyObject *const *shapes, Py_ssize_t n,
+                   PyObject *key, PyObject *known);
+PyObject *dg_global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts,
+                        PyObject *const *shapes, Py_ssize_t n, int *failed);
 
 #endif
