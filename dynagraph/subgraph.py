@@ -94,6 +94,9 @@ class Plan:
             else:
                 spec = ("const", d)
             self.steps.append((i, op, trace.args[i], trace.attrs[i], spec, trace.shape[i]))
+        # no expression argument and no randomness: a call's outputs are a function of its int
+        # indices alone (a leaf cell of a word id), so a batch runs once per distinct index tuple
+        self.by_index = not inputs and not self.random
         self.out_shapes = [trace.shape[o] for o in outputs]
         self.out_sizes = [size_of(s) for s in self.out_shapes]
         self.total = sum(self.out_sizes)
@@ -148,6 +151,15 @@ class Plan:
         return [acc.result(i) for i in self.inputs + self.leaves]
 
     def forward(self, xp, attrs, data, *xs):
+        inverse = None
+        if self.by_index and len(data) > 1 and xp is np:
+            data, inverse = _distinct_calls(data)
+        y, saved, leads = self._forward_calls(xp, data, xs)
+        if inverse is not None:
+            y = xp.take(y, inverse, axis=0)  # distinct calls' rows -> every call: one copy
+        return y, (saved, leads, inverse)
+
+    def _forward_calls(self, xp, data: list, xs: tuple) -> tuple:
         B = len(data)
         data_of = lambda spec: self._data(spec, data)  # noqa: E731
         if self.program is not None:
@@ -157,17 +169,20 @@ class Plan:
             vals, saved = self.run_steps(get_backend(), xs, data_of)
         if self.direct:
             v = vals[self.outputs[0]]
-            return xp.broadcast_to(v, (B,) + v.shape[1:]), (saved, [v.shape[0]])
+            return xp.broadcast_to(v, (B,) + v.shape[1:]), saved, [v.shape[0]]
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
         # an output computed from parameters alone has one shared row: backward sums into it
-        return xp.concatenate(outs, axis=1), (saved, [vals[o].shape[0] for o in self.outputs])
+        return xp.concatenate(outs, axis=1), saved, [vals[o].shape[0] for o in self.outputs]
 
     def backward(self, xp, attrs, data, xs, y, g, need, ctx=None):
         B = len(data)
         g = g.reshape(B, -1)  # (B, total), or (B,) + the output's shape for a direct plan
+        ctx, leads, inverse = ctx
+        if inverse is not None:  # the forward ran once per distinct call: sum its calls' gradients
+            g = _sum_per_call(g, inverse)
+            B = g.shape[0]
         acc = _Grads(xp) if self.program is None else UnitGrads(xp, self.program, B, g.dtype)
         start = 0
-        ctx, leads = ctx
         for o, n, shape, lead in zip(self.outputs, self.out_sizes, self.out_shapes, leads):
             acc.add(o, g[:, start:start + n].reshape((B,) + shape), (lead,) + shape)
             start += n
@@ -213,6 +228,27 @@ class Plan:
                                           f"index argument {k}: {e}\n  recorded at {user_line()}") from None
         if len(checked) < _CHECKED_MAX:
             checked.add(values)
+
+
+def _distinct_calls(data: list) -> tuple:
+    """(the distinct calls' data in first-seen order, each call's position among them), or
+    (data, None) where too few calls repeat for the gather and the gradient sum to pay."""
+    pos: dict = {}
+    at = [pos.setdefault(d, len(pos)) for d in data]
+    if len(pos) > 0.9 * len(data):
+        return data, None
+    return list(pos), np.array(at, dtype=np.intp)
+
+
+def _sum_per_call(g: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """Per distinct call, the sum of its calls' gradient rows (in call order)."""
+    out = np.zeros((int(inverse.max()) + 1,) + g.shape[1:], dtype=g.dtype)
+    row_add = get_backend().row_add
+    if row_add is not None and g.dtype in (np.float32, np.float64):
+        row_add(out, inverse, np.ascontiguousarray(g))  # one pass in C, repeated rows included
+    else:
+        np.add.at(out, inverse, g)
+    return out
 
 
 _CHECKED_MAX = 1 << 16  # remembered valid index tuples per plan (a vocabulary's worth)
