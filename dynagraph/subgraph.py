@@ -107,6 +107,7 @@ class Plan:
         self._leaf_cache = None
         self._needs_memo: dict = {}
         self._checked: set = set()  # index tuples that passed check(): a word id is checked once
+        self._calls = (0, 0, {})  # by_index: (graph version, reverts, {index tuple: the call's outputs})
         self.piece_major = piece_major   # see program.Program
         self.set_mode(mode, fuse)
 
@@ -276,14 +277,15 @@ def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
 class Block:
     """A function traced once per argument signature and called as one coarse node."""
 
-    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default", fuse: bool = True):
+    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default", fuse: bool = True,
+                 share: bool = True):
         if plan == "default":
             plan = config.block_plan
         if plan not in MODES:
             raise DynagraphError(f"dy.block: plan must be one of {MODES}, got {plan!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "block")
-        self.mode, self.fuse = plan, fuse
+        self.mode, self.fuse, self.share = plan, fuse, share
         self._plans: dict = {}
 
     def _trace(self, key: tuple) -> Plan:
@@ -338,15 +340,35 @@ class Block:
             if plan.program is not None and plan.program.rehomed:
                 (cg or current()).rebind(plan.program.rehomed)
         values = tuple(values)
-        if plan.checks:
-            plan.check(values)
         if cg is None:
             cg = current()
+        if plan.by_index and self.share:  # a repeat of an earlier call in this graph (see below)
+            memo = plan._calls
+            if memo[0] == cg.version and memo[1] == cg.reverts and not cg.retired:
+                nids = memo[2].get(values)
+                if nids is not None:
+                    if type(nids) is int:
+                        return Expression(cg, nids)
+                    if len(nids) == 2:
+                        return Expression(cg, nids[0]), Expression(cg, nids[1])
+                    return tuple([Expression(cg, i) for i in nids])
+        if plan.checks:
+            plan.check(values)
         if plan.random:
             values = values + (cg._rand_base + len(cg.op),)
         if mixed or cg.retired:
             node = record(plan.op, [a for a in args if type(a) is Expression] + self._leaves(plan, cg), (), values)
             cg, nid = node.cg, node.i
+        elif plan.by_index and self.share:
+            # outputs that are a function of the indices alone: a repeated call in this graph
+            # returns the first call's expressions (one node, its gradient the users' sum)
+            # (repeats returned above); node ids, not expressions: no reference to a retired graph
+            memo = plan._calls
+            if memo[0] != cg.version or memo[1] != cg.reverts:
+                memo = plan._calls = (cg.version, cg.reverts, {})
+            out = self._record(plan, cg, ids, values)
+            memo[2][values] = out.i if type(out) is Expression else tuple(o.i for o in out)
+            return out
         else:
             cached = plan._leaf_cache  # plan.leaf_ids(cg), inline: it is asked once per call
             if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
@@ -364,17 +386,33 @@ class Block:
         return outs[0] if plan.single else tuple(outs)
 
     @staticmethod
+    def _record(plan, cg, ids: list, values: tuple):
+        """Block.__call__'s recording of one call into cg (not mixed, not retired)."""
+        cached = plan._leaf_cache
+        if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
+            plan.leaf_ids(cg)
+            cached = plan._leaf_cache
+        nid = cg.add(plan.op, tuple(ids) + cached[2], (), values)
+        if plan.direct:
+            out = Expression(cg, nid)
+            return out if plan.single else (out,)
+        outs = tuple(Expression(cg, cg.add(BLOCK_OUTPUT, (nid,), a)) for a in plan.out_attrs)
+        return outs[0] if plan.single else outs
+
+    @staticmethod
     def _leaves(plan, cg) -> list:
         return [Expression(cg, cg.leaf(p, upd)) for p, upd in zip(plan.leaf_params, plan.leaf_update)]
 
 
 def block(fn: Callable | None = None, *, name: str | None = None, plan: str | None = "default",
-          fuse: bool = True):
+          fuse: bool = True, share: bool = True):
     """Decorator: `@dy.block` or `@dy.block(name="cell", plan="naive")`. `plan` chooses how
     the block's steps run over a batch of calls: "planned", "naive" or None (one kernel per
     step); the default is `dy.config.set(block_plan=...)` (initially "planned"). With
-    "planned", `fuse` runs chains of elementwise steps as one fused kernel."""
+    "planned", `fuse` runs chains of elementwise steps as one fused kernel. `share`: a block
+    whose arguments are all int indices and that draws no random numbers (a leaf cell of a
+    word id) returns, for a call repeating an earlier call's indices in the same graph, that
+    call's expressions (same values; one node whose gradient is its users' sum)."""
     if fn is None:
-        return lambda f: Block(f, name, plan, fuse)
-    return Block(fn, name, plan, fuse)
-
+        return lambda f: Block(f, name, plan, fuse, share)
+    return Block(fn, name, plan, fuse, share)

@@ -355,3 +355,26 @@ def test_index_only_block_runs_once_per_distinct_call(monkeypatch):
     assert ("leaf", 3) in seen
     vals = got.values[:len(words)]
     assert np.array_equal(vals[0], vals[3]) and not np.array_equal(vals[0], vals[2])
+
+
+def test_repeated_index_call_shares_the_first_calls_nodes():
+    """A leaf cell called twice with the same word in one graph records one coarse node; a new
+    graph, a cg_revert() and share=False record again, and calls with other indices never share."""
+    pc = dy.ParameterCollection()
+    E = pc.add_lookup_parameters((5, H))
+    leaf = dy.block(lambda w: (dy.tanh(E[w]), dy.logistic(E[w])), name="leaf2")
+    cg = dy.renew_cg()
+    a, b, c = leaf(1), leaf(1), leaf(2)
+    assert [x.i for x in a] == [x.i for x in b] and a[0].i != c[0].i
+    assert sum(cg.op[i].name == "block:leaf2" for i in range(len(cg))) == 2
+    dy.cg_checkpoint()
+    d = leaf(3)
+    dy.cg_revert()                      # d's nodes are gone: a new call must record again
+    e = leaf(3)
+    assert np.allclose(e[0].npvalue(), np.tanh(E.row_as_array(3)))
+    assert d[0].i == e[0].i and sum(cg.op[i].name == "block:leaf2" for i in range(len(cg))) == 3
+    cg2 = dy.renew_cg()
+    f = leaf(1)
+    assert f[0].cg is cg2 and np.allclose(f[0].npvalue(), np.tanh(E.row_as_array(1)))
+    own = dy.block(lambda w: dy.tanh(E[w]), name="own", share=False)
+    assert own(4).i != own(4).i
