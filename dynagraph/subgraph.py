@@ -25,6 +25,7 @@ all scale with the node count).
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -39,6 +40,14 @@ from .memory.layout import plan_layout
 from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
 from .program import MODES, Grads as _Grads, Program, UnitGrads, step_backward, step_forward
 from .stats import count_block_copies
+
+try:  # optional, compiled beside the coarsening pass (setup.py); its twin is Block._call_py
+    if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
+        raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
+    from . import _coarsen as _native
+    _block_call = _native.block_call
+except (ImportError, AttributeError):
+    _native = _block_call = None
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
 
@@ -58,6 +67,8 @@ def _output_backward(xp, a, data, xs, y, g, need):
 
 
 BLOCK_OUTPUT = OpDef("block_output", lambda a, s: a[1], _output_forward, _output_backward, cost=CHEAP)
+if _native is not None:
+    _native.block_configure(Expression, current, BLOCK_OUTPUT)
 
 
 class Plan:
@@ -107,7 +118,8 @@ class Plan:
         self._leaf_cache = None
         self._needs_memo: dict = {}
         self._checked: set = set()  # index tuples that passed check(): a word id is checked once
-        self._calls = (0, 0, {})  # by_index: (graph version, reverts, {index tuple: the call's outputs})
+        self._calls = [0, 0, {}]  # by_index: [graph version, reverts, {index tuple: the call's node ids}]
+        self.single = False       # Block._trace: the traced function returned one expression
         self.piece_major = piece_major   # see program.Program
         self.set_mode(mode, fuse)
 
@@ -126,6 +138,12 @@ class Plan:
         node_shape = self.out_shapes[0] if self.direct else (self.total,)
         self.op = OpDef(f"block:{self.name}", lambda a, *s: node_shape, self.forward, self.backward,
                         uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, kernels))
+        self.refresh_fast()
+
+    def refresh_fast(self) -> None:
+        """What the compiled call path (kernels/cpython/block_call.c) reads of this plan."""
+        self._fast = (self.op, bool(self.checks), self._checked, self.by_index, self.direct, self.single,
+                      tuple(self.out_attrs), self.random)
 
     # ------------------------------------------------------------------ running
     def _data(self, spec, data: list):
@@ -312,11 +330,21 @@ class Block:
             inputs, out_ids = [m[i] for i in inputs], [m[o] for o in out_ids]
         plan = Plan(self.name, trace, inputs, out_ids, self.mode, self.fuse, direct=True)
         plan.single = single
+        plan.refresh_fast()
         return plan
 
     def __call__(self, *args):
-        # the hot path of per-sample code (thousands of calls per graph): one pass over
-        # the arguments, then one dict lookup for the plan; everything else is cached on it
+        # the hot path of per-sample code (thousands of calls per graph): compiled where built
+        # (kernels/cpython/block_call.c); None there means a case only _call_py handles
+        if _block_call is not None:
+            out = _block_call(self._plans, args, self.share)
+            if out is not None:
+                return out
+        return self._call_py(args)
+
+    def _call_py(self, args: tuple):
+        """__call__'s Python twin: one pass over the arguments, then one dict lookup for the
+        plan; everything else is cached on it."""
         cg, ids, key, values, mixed = None, [], [], [], False
         for a in args:  # argument ids, the trace key, the int indices, one graph or several
             if type(a) is Expression:
@@ -365,7 +393,7 @@ class Block:
             # (repeats returned above); node ids, not expressions: no reference to a retired graph
             memo = plan._calls
             if memo[0] != cg.version or memo[1] != cg.reverts:
-                memo = plan._calls = (cg.version, cg.reverts, {})
+                memo = plan._calls = [cg.version, cg.reverts, {}]
             out = self._record(plan, cg, ids, values)
             memo[2][values] = out.i if type(out) is Expression else tuple(o.i for o in out)
             return out
