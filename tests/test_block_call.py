@@ -117,7 +117,7 @@ def test_cases_left_to_the_twin(monkeypatch):
     other = dy.ComputationGraph()
     with other:
         y = dy.inputVector([0.1, 0.2, 0.3])
-    with pytest.raises(Exception):  # expressions of two graphs: the twin's error
+    with pytest.raises(dy.DynagraphError, match="two different ComputationGraphs"):  # the twin's error
         dy.block(lambda a, b: a + b)(x, y)
     dy.renew_cg()
     with pytest.raises(dy.StaleExpressionError):  # a retired graph's expression
