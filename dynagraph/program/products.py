@@ -54,19 +54,30 @@ def _rows(xp, x, B: int):
     return x if x.shape[0] == B else xp.broadcast_to(x, (B,) + x.shape[1:])
 
 
+_STACK_MAX = 1 << 16  # weight elements up to which stacking the products' weights pays (below)
+
+
 def pieces_forward(xp, name: str, ins: list, P: int, h: int, B: int):
-    """sum_k W_k x_k (+ b) written as (P, B, h): slice p of every row is plane p. The products'
-    inputs side by side, (B, sum X_k), against their weights' pieces stacked and transposed,
-    (P, sum X_k, h), make ONE batched GEMM writing the planes in place (per product, broadcast
-    over P, with the adds and the transposing copy after it, took 1.3x as long: TreeLSTM
-    node cell, B = 382, H = 64)."""
+    """sum_k W_k x_k (+ b) written as (P, B, h): slice p of every row is plane p, each plane a
+    GEMM against the weight rows of piece p read in place (a transposed view, no copy). Small
+    products (the weights up to _STACK_MAX elements: a TreeLSTM node cell at H=64) run as ONE
+    batched GEMM instead: the inputs side by side, (B, sum X_k), against the weights' pieces
+    stacked, (P, sum X_k, h), a copy that costs less than the second GEMM and the add (1.3x
+    faster at B = 382); at H=512 the same copy (10 MB) took as long as the GEMMs."""
     prods = products(name, ins)
     dt = prods[0][1].dtype
-    x = _rows(xp, prods[0][1], B) if len(prods) == 1 else \
-        xp.concatenate([_rows(xp, xk, B) for _, xk in prods], axis=1)
-    wt = xp.concatenate([w[0].reshape(P, h, -1) for w, _ in prods], axis=2).transpose(0, 2, 1)
     y3 = xp.empty((P, B, h), dtype=dt)
-    xp.matmul(x[None], xp.ascontiguousarray(wt), out=y3)
+    if len(prods) > 1 and sum(w[0].size for w, _ in prods) <= _STACK_MAX:
+        x = xp.concatenate([_rows(xp, xk, B) for _, xk in prods], axis=1)
+        wt = xp.concatenate([w[0].reshape(P, h, -1) for w, _ in prods], axis=2).transpose(0, 2, 1)
+        xp.matmul(x[None], xp.ascontiguousarray(wt), out=y3)
+    else:
+        for k, (w, x) in enumerate(prods):
+            wt = w[0].reshape(P, h, -1).transpose(0, 2, 1)  # (P, X, h) views of W's rows
+            if k == 0:
+                xp.matmul(_rows(xp, x, B)[None], wt, out=y3)
+            else:
+                y3 += xp.matmul(_rows(xp, x, B)[None], wt)
     if name == "affine":
         b = ins[0]
         y3 += b.reshape(b.shape[0], P, h).transpose(1, 0, 2)
