@@ -151,22 +151,24 @@ PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (n > MAX_CALL_ARGS) Py_RETURN_NONE;
     PyObject *ids[MAX_CALL_ARGS];
     Py_ssize_t nids = 0, nvals = 0;
-    PyObject *cg = NULL, *result = NULL, *key = NULL, *values = NULL, *fast = NULL, *cgref = NULL;
+    PyObject *cg = NULL, *result = NULL, *key = NULL, *values = NULL, *fast = NULL, *cgref = NULL, *shapes = NULL;
     PyObject *version = NULL, *reverts = NULL, *calls = NULL, *stored = NULL;
     if (!(key = PyTuple_New(n))) return NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *x = PyTuple_GET_ITEM(args, k);
         if (Py_TYPE(x) == (PyTypeObject *)expr_type) {
             BlockExprObject *e = (BlockExprObject *)x;
-            if (cg == NULL) cg = e->cg;
-            else if (e->cg != cg) goto fallback;
-            PyObject *shapes = PyObject_GetAttr(cg, s_shape);
-            if (!shapes) goto done;
+            if (cg == NULL) {
+                cg = e->cg;
+                if (!(shapes = PyObject_GetAttr(cg, s_shape))) goto done;  /* the graph's per-node shapes */
+                if (!PyList_Check(shapes)) goto fallback;
+            } else if (e->cg != cg) {
+                goto fallback;
+            }
             Py_ssize_t i = PyLong_AsSsize_t(e->i);
-            if (i == -1 && PyErr_Occurred()) { Py_DECREF(shapes); goto done; }
-            if (!PyList_Check(shapes) || i < 0 || i >= PyList_GET_SIZE(shapes)) { Py_DECREF(shapes); goto fallback; }
+            if (i == -1 && PyErr_Occurred()) goto done;
+            if (i < 0 || i >= PyList_GET_SIZE(shapes)) goto fallback;
             PyTuple_SET_ITEM(key, k, Py_NewRef(PyList_GET_ITEM(shapes, i)));
-            Py_DECREF(shapes);
             ids[nids++] = e->i;
         } else if (PyLong_CheckExact(x)) {
             PyTuple_SET_ITEM(key, k, Py_NewRef(s_index));
@@ -252,7 +254,7 @@ PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
 fallback:
     result = Py_NewRef(Py_None);
 done:
-    Py_XDECREF(key); Py_XDECREF(values); Py_XDECREF(fast); Py_XDECREF(cgref);
+    Py_XDECREF(key); Py_XDECREF(values); Py_XDECREF(fast); Py_XDECREF(cgref); Py_XDECREF(shapes);
     Py_XDECREF(version); Py_XDECREF(reverts); Py_XDECREF(calls); Py_XDECREF(stored);
     return result;
 }
