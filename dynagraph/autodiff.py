@@ -154,7 +154,14 @@ def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
     """Each parameter block's deferred dense gradients (one (B, ...) array per batch), summed
     over every row of every batch in one reduction and added to (or adopted as) its block."""
     for b, parts in leaf_sums.items():
-        total = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True)
+        if len(parts) > 1 and all(p.shape[0] == 1 for p in parts):
+            # already one row each (a dy.block plan's weight gradient per call, MBs at H=256):
+            # a running sum reads each once, where concatenating first copied them all
+            total = parts[0] + parts[1]
+            for p in parts[2:]:
+                total += p
+        else:
+            total = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True)
         if not gb.adopt(b, total, cg.blocks[b].shape, True):
             _grad_block(cg, xp, gb, b)[...] += total
 
