@@ -54,7 +54,8 @@ def coarsen_extension() -> Extension:
     dynagraph/coarsen/detect.py's instances_py)."""
     strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
-    return Extension("dynagraph._coarsen", ["kernels/cpython/coarsen.c", "kernels/cpython/coarsen_plan.c"],
+    return Extension("dynagraph._coarsen", ["kernels/cpython/coarsen.c", "kernels/cpython/coarsen_plan.c",
+                                               "kernels/cpython/block_call.c"],
                      depends=["kernels/cpython/coarsen.h"], include_dirs=["kernels/cpython"], extra_compile_args=flags)
 
 

@@ -167,12 +167,21 @@ def _outer(xp, G, X):
     return (G.T * X)[None]
 
 
+_RUNNING_SUM_MIN = 1 << 14  # elements: smaller parts keep the concatenated sum (its rounding, as before)
+
+
 def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
     """Each parameter block's deferred dense gradients (one (B, ...) array per batch), summed
     over every row of every batch in one reduction and added to (or adopted as) its block."""
     for b, parts in leaf_sums.items():
         if len(parts) == 1 and parts[0].shape[0] == 1:  # one row is its own sum (per sentence, most biases):
             total, owned = parts[0], False             # borrowed, as it may be another block's gradient
+        elif parts[0].size >= _RUNNING_SUM_MIN and all(p.shape[0] == 1 for p in parts):
+            # large and already one row each (a dy.block plan's weight gradient per call, MBs at
+            # H=256): a running sum reads each once, where concatenating first copied them all
+            total, owned = parts[0] + parts[1], True
+            for p in parts[2:]:
+                total += p
         else:
             total, owned = (parts[0] if len(parts) == 1 else xp.concatenate(parts)).sum(axis=0, keepdims=True), True
         if not gb.adopt(b, total, cg.blocks[b].shape, owned):

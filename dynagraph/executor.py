@@ -131,9 +131,11 @@ def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
     kind, b, rows = locate(cg.blk, cg.row, ids)
     if kind == SLICE:
         return cg.blocks[b][rows:rows + len(ids)], (SLICE, b, rows)
-    if kind == TAKE:
+    if kind == TAKE and not in_place:
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:
+        if kind == TAKE:  # rows of one block read in place too (a copy saved: MV-RNN's first level)
+            b = (b,) * len(rows)
         index = be.row_index(cg.blocks, b, rows)  # checked once: backward scatters with it
         if in_place:
             out = be.rows_operand(cg.blocks, index)

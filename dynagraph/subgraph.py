@@ -25,6 +25,7 @@ all scale with the node count).
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -39,6 +40,14 @@ from .memory.layout import plan_layout
 from .ops.base import CHEAP, GEMM, OpDef, Sliced, size_of
 from .program import MODES, Grads as _Grads, Program, UnitGrads, step_backward, step_forward
 from .stats import count_block_copies
+
+try:  # optional, compiled beside the coarsening pass (setup.py); its twin is Block._call_py
+    if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
+        raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
+    from . import _coarsen as _native
+    _block_call = _native.block_call
+except (ImportError, AttributeError):
+    _native = _block_call = None
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
 
@@ -58,6 +67,8 @@ def _output_backward(xp, a, data, xs, y, g, need):
 
 
 BLOCK_OUTPUT = OpDef("block_output", lambda a, s: a[1], _output_forward, _output_backward, cost=CHEAP)
+if _native is not None:
+    _native.block_configure(Expression, current, BLOCK_OUTPUT)
 
 
 class Plan:
@@ -94,6 +105,9 @@ class Plan:
             else:
                 spec = ("const", d)
             self.steps.append((i, op, trace.args[i], trace.attrs[i], spec, trace.shape[i]))
+        # no expression argument and no randomness: a call's outputs are a function of its int
+        # indices alone (a leaf cell of a word id), so a batch runs once per distinct index tuple
+        self.by_index = not inputs and not self.random
         self.out_shapes = [trace.shape[o] for o in outputs]
         self.out_sizes = [size_of(s) for s in self.out_shapes]
         self.total = sum(self.out_sizes)
@@ -104,6 +118,8 @@ class Plan:
         self._leaf_cache = None
         self._needs_memo: dict = {}
         self._checked: set = set()  # index tuples that passed check(): a word id is checked once
+        self._calls = [0, 0, {}]  # by_index: [graph version, reverts, {index tuple: the call's node ids}]
+        self.single = False       # Block._trace: the traced function returned one expression
         self.piece_major = piece_major   # see program.Program
         self.set_mode(mode, fuse)
 
@@ -122,6 +138,12 @@ class Plan:
         node_shape = self.out_shapes[0] if self.direct else (self.total,)
         self.op = OpDef(f"block:{self.name}", lambda a, *s: node_shape, self.forward, self.backward,
                         uses_data=True, saves_ctx=True, cost=GEMM, inner_kernels=max(1, kernels))
+        self.refresh_fast()
+
+    def refresh_fast(self) -> None:
+        """What the compiled call path (kernels/cpython/block_call.c) reads of this plan."""
+        self._fast = (self.op, bool(self.checks), self._checked, self.by_index, self.direct, self.single,
+                      tuple(self.out_attrs), self.random)
 
     # ------------------------------------------------------------------ running
     def _data(self, spec, data: list):
@@ -148,6 +170,15 @@ class Plan:
         return [acc.result(i) for i in self.inputs + self.leaves]
 
     def forward(self, xp, attrs, data, *xs):
+        inverse = None
+        if self.by_index and len(data) > 1 and xp is np:
+            data, inverse = _distinct_calls(data)
+        y, saved, leads = self._forward_calls(xp, data, xs)
+        if inverse is not None:
+            y = xp.take(y, inverse, axis=0)  # distinct calls' rows -> every call: one copy
+        return y, (saved, leads, inverse)
+
+    def _forward_calls(self, xp, data: list, xs: tuple) -> tuple:
         B = len(data)
         data_of = lambda spec: self._data(spec, data)  # noqa: E731
         if self.program is not None:
@@ -157,17 +188,20 @@ class Plan:
             vals, saved = self.run_steps(get_backend(), xs, data_of)
         if self.direct:
             v = vals[self.outputs[0]]
-            return xp.broadcast_to(v, (B,) + v.shape[1:]), (saved, [v.shape[0]])
+            return xp.broadcast_to(v, (B,) + v.shape[1:]), saved, [v.shape[0]]
         outs = [xp.broadcast_to(vals[o], (B,) + vals[o].shape[1:]).reshape(B, -1) for o in self.outputs]
         # an output computed from parameters alone has one shared row: backward sums into it
-        return xp.concatenate(outs, axis=1), (saved, [vals[o].shape[0] for o in self.outputs])
+        return xp.concatenate(outs, axis=1), saved, [vals[o].shape[0] for o in self.outputs]
 
     def backward(self, xp, attrs, data, xs, y, g, need, ctx=None):
         B = len(data)
         g = g.reshape(B, -1)  # (B, total), or (B,) + the output's shape for a direct plan
+        ctx, leads, inverse = ctx
+        if inverse is not None:  # the forward ran once per distinct call: sum its calls' gradients
+            g = _sum_per_call(g, inverse)
+            B = g.shape[0]
         acc = _Grads(xp) if self.program is None else UnitGrads(xp, self.program, B, g.dtype)
         start = 0
-        ctx, leads = ctx
         for o, n, shape, lead in zip(self.outputs, self.out_sizes, self.out_shapes, leads):
             acc.add(o, g[:, start:start + n].reshape((B,) + shape), (lead,) + shape)
             start += n
@@ -215,6 +249,27 @@ class Plan:
             checked.add(values)
 
 
+def _distinct_calls(data: list) -> tuple:
+    """(the distinct calls' data in first-seen order, each call's position among them), or
+    (data, None) where too few calls repeat for the gather and the gradient sum to pay."""
+    pos: dict = {}
+    at = [pos.setdefault(d, len(pos)) for d in data]
+    if len(pos) > 0.9 * len(data):
+        return data, None
+    return list(pos), np.array(at, dtype=np.intp)
+
+
+def _sum_per_call(g: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """Per distinct call, the sum of its calls' gradient rows (in call order)."""
+    out = np.zeros((int(inverse.max()) + 1,) + g.shape[1:], dtype=g.dtype)
+    row_add = get_backend().row_add
+    if row_add is not None and g.dtype in (np.float32, np.float64):
+        row_add(out, inverse, np.ascontiguousarray(g))  # one pass in C, repeated rows included
+    else:
+        np.add.at(out, inverse, g)
+    return out
+
+
 _CHECKED_MAX = 1 << 16  # remembered valid index tuples per plan (a vocabulary's worth)
 
 _RANDOM_OPS = {"dropout", "dropout_dim", "dropout_batch", "noise", "random_normal", "random_uniform",
@@ -240,14 +295,15 @@ def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
 class Block:
     """A function traced once per argument signature and called as one coarse node."""
 
-    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default", fuse: bool = True):
+    def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default", fuse: bool = True,
+                 share: bool = True):
         if plan == "default":
             plan = config.block_plan
         if plan not in MODES:
             raise DynagraphError(f"dy.block: plan must be one of {MODES}, got {plan!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "block")
-        self.mode, self.fuse = plan, fuse
+        self.mode, self.fuse, self.share = plan, fuse, share
         self._plans: dict = {}
 
     def _trace(self, key: tuple) -> Plan:
@@ -274,11 +330,21 @@ class Block:
             inputs, out_ids = [m[i] for i in inputs], [m[o] for o in out_ids]
         plan = Plan(self.name, trace, inputs, out_ids, self.mode, self.fuse, direct=True)
         plan.single = single
+        plan.refresh_fast()
         return plan
 
     def __call__(self, *args):
-        # the hot path of per-sample code (thousands of calls per graph): one pass over
-        # the arguments, then one dict lookup for the plan; everything else is cached on it
+        # the hot path of per-sample code (thousands of calls per graph): compiled where built
+        # (kernels/cpython/block_call.c); None there means a case only _call_py handles
+        if _block_call is not None:
+            out = _block_call(self._plans, args, self.share)
+            if out is not None:
+                return out
+        return self._call_py(args)
+
+    def _call_py(self, args: tuple):
+        """__call__'s Python twin: one pass over the arguments, then one dict lookup for the
+        plan; everything else is cached on it."""
         cg, ids, key, values, mixed = None, [], [], [], False
         for a in args:  # argument ids, the trace key, the int indices, one graph or several
             if type(a) is Expression:
@@ -302,15 +368,35 @@ class Block:
             if plan.program is not None and plan.program.rehomed:
                 (cg or current()).rebind(plan.program.rehomed)
         values = tuple(values)
-        if plan.checks:
-            plan.check(values)
         if cg is None:
             cg = current()
+        if plan.by_index and self.share:  # a repeat of an earlier call in this graph (see below)
+            memo = plan._calls
+            if memo[0] == cg.version and memo[1] == cg.reverts and not cg.retired:
+                nids = memo[2].get(values)
+                if nids is not None:
+                    if type(nids) is int:
+                        return Expression(cg, nids)
+                    if len(nids) == 2:
+                        return Expression(cg, nids[0]), Expression(cg, nids[1])
+                    return tuple([Expression(cg, i) for i in nids])
+        if plan.checks:
+            plan.check(values)
         if plan.random:
             values = values + (cg._rand_base + len(cg.op),)
         if mixed or cg.retired:
             node = record(plan.op, [a for a in args if type(a) is Expression] + self._leaves(plan, cg), (), values)
             cg, nid = node.cg, node.i
+        elif plan.by_index and self.share:
+            # outputs that are a function of the indices alone: a repeated call in this graph
+            # returns the first call's expressions (one node, its gradient the users' sum)
+            # (repeats returned above); node ids, not expressions: no reference to a retired graph
+            memo = plan._calls
+            if memo[0] != cg.version or memo[1] != cg.reverts:
+                memo = plan._calls = [cg.version, cg.reverts, {}]
+            out = self._record(plan, cg, ids, values)
+            memo[2][values] = out.i if type(out) is Expression else tuple(o.i for o in out)
+            return out
         else:
             cached = plan._leaf_cache  # plan.leaf_ids(cg), inline: it is asked once per call
             if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
@@ -328,17 +414,33 @@ class Block:
         return outs[0] if plan.single else tuple(outs)
 
     @staticmethod
+    def _record(plan, cg, ids: list, values: tuple):
+        """Block.__call__'s recording of one call into cg (not mixed, not retired)."""
+        cached = plan._leaf_cache
+        if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
+            plan.leaf_ids(cg)
+            cached = plan._leaf_cache
+        nid = cg.add(plan.op, tuple(ids) + cached[2], (), values)
+        if plan.direct:
+            out = Expression(cg, nid)
+            return out if plan.single else (out,)
+        outs = tuple(Expression(cg, cg.add(BLOCK_OUTPUT, (nid,), a)) for a in plan.out_attrs)
+        return outs[0] if plan.single else outs
+
+    @staticmethod
     def _leaves(plan, cg) -> list:
         return [Expression(cg, cg.leaf(p, upd)) for p, upd in zip(plan.leaf_params, plan.leaf_update)]
 
 
 def block(fn: Callable | None = None, *, name: str | None = None, plan: str | None = "default",
-          fuse: bool = True):
+          fuse: bool = True, share: bool = True):
     """Decorator: `@dy.block` or `@dy.block(name="cell", plan="naive")`. `plan` chooses how
     the block's steps run over a batch of calls: "planned", "naive" or None (one kernel per
     step); the default is `dy.config.set(block_plan=...)` (initially "planned"). With
-    "planned", `fuse` runs chains of elementwise steps as one fused kernel."""
+    "planned", `fuse` runs chains of elementwise steps as one fused kernel. `share`: a block
+    whose arguments are all int indices and that draws no random numbers (a leaf cell of a
+    word id) returns, for a call repeating an earlier call's indices in the same graph, that
+    call's expressions (same values; one node whose gradient is its users' sum)."""
     if fn is None:
-        return lambda f: Block(f, name, plan, fuse)
-    return Block(fn, name, plan, fuse)
-
+        return lambda f: Block(f, name, plan, fuse, share)
+    return Block(fn, name, plan, fuse, share)

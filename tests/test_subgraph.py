@@ -3,6 +3,8 @@ import inspect
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dynagraph as dy
 from refcheck import assert_same_run, executed_batches, run_graph
@@ -293,3 +295,86 @@ def test_blocked_builder_falls_back_with_dropout():
     outs = rnn.initial_state().transduce([dy.inputVector([1.0, 2.0, 3.0])] * 3)
     outs[-1].value()
     assert not any(cg.op[b[0]].name.startswith("block:") for b in executed_batches(cg))
+
+
+# ------------------------------------------------ calls of index-only blocks run once per distinct index
+def _leaf_cells(blocked: bool, words: list, labels: list, two_outputs: bool):
+    """Leaf cells of word ids (repeats: the plan runs once per distinct (word, label) pair) feeding
+    a chain of node cells; a second index (the label) that differs must keep two calls apart."""
+    def build(pc):
+        E = pc.add_lookup_parameters((7, H))
+        W, b = pc.add_parameters((2 * H, H)), pc.add_parameters(2 * H)
+        U = pc.add_parameters((H, 2 * H))
+
+        def leaf(w, y):
+            g = dy.affine_transform([b, W, E[w]])
+            c = dy.tanh(g[0:H]) + dy.pick(E[y], 0)
+            h = dy.cmult(dy.logistic(g[H:2 * H]), dy.tanh(c))
+            return (h, c) if two_outputs else h
+
+        def node(a, z):
+            return dy.tanh(U * dy.concatenate([a, z]))
+
+        leaf_f, node_f = (dy.block(leaf), dy.block(node)) if blocked else (leaf, node)
+        outs, h = [], None
+        for w, y in zip(words, labels):
+            cell = leaf_f(w, y)
+            x = cell[0] if two_outputs else cell
+            h = x if h is None else node_f(h, x)
+            outs.append(cell[1] if two_outputs else x)
+        return outs + [h]
+    return build
+
+
+@pytest.mark.parametrize("two_outputs", [True, False])
+@pytest.mark.parametrize("scheduler", ["agenda", "depth"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 2)), min_size=2, max_size=14))
+def test_repeated_index_calls_equal_op_level(scheduler, two_outputs, pairs):
+    words, labels = [w for w, _ in pairs], [y for _, y in pairs]
+    ref = run_graph("none", _leaf_cells(False, words, labels, two_outputs))
+    got = run_graph(scheduler, _leaf_cells(True, words, labels, two_outputs))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+
+
+def test_index_only_block_runs_once_per_distinct_call(monkeypatch):
+    """Twelve leaf calls over three distinct (word, label) pairs: the plan runs on three rows,
+    every call still gets its own value, and calls differing in the second index stay apart."""
+    from dynagraph import subgraph
+    seen = []
+    real = subgraph.Plan._forward_calls
+
+    def spy(self, xp, data, xs):
+        seen.append((self.name, len(data)))
+        return real(self, xp, data, xs)
+    monkeypatch.setattr(subgraph.Plan, "_forward_calls", spy)
+    words, labels = [1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1], [0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1]
+    ref = run_graph("none", _leaf_cells(False, words, labels, True))
+    got = run_graph("agenda", _leaf_cells(True, words, labels, True))
+    assert_same_run(ref, got, rtol=1e-10, atol=1e-12)
+    assert ("leaf", 3) in seen
+    vals = got.values[:len(words)]
+    assert np.array_equal(vals[0], vals[3]) and not np.array_equal(vals[0], vals[2])
+
+
+def test_repeated_index_call_shares_the_first_calls_nodes():
+    """A leaf cell called twice with the same word in one graph records one coarse node; a new
+    graph, a cg_revert() and share=False record again, and calls with other indices never share."""
+    pc = dy.ParameterCollection()
+    E = pc.add_lookup_parameters((5, H))
+    leaf = dy.block(lambda w: (dy.tanh(E[w]), dy.logistic(E[w])), name="leaf2")
+    cg = dy.renew_cg()
+    a, b, c = leaf(1), leaf(1), leaf(2)
+    assert [x.i for x in a] == [x.i for x in b] and a[0].i != c[0].i
+    assert sum(cg.op[i].name == "block:leaf2" for i in range(len(cg))) == 2
+    dy.cg_checkpoint()
+    d = leaf(3)
+    dy.cg_revert()                      # d's nodes are gone: a new call must record again
+    e = leaf(3)
+    assert np.allclose(e[0].npvalue(), np.tanh(E.row_as_array(3)))
+    assert d[0].i == e[0].i and sum(cg.op[i].name == "block:leaf2" for i in range(len(cg))) == 3
+    cg2 = dy.renew_cg()
+    f = leaf(1)
+    assert f[0].cg is cg2 and np.allclose(f[0].npvalue(), np.tanh(E.row_as_array(1)))
+    own = dy.block(lambda w: dy.tanh(E[w]), name="own", share=False)
+    assert own(4).i != own(4).i

@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..ops.base import Sliced, SparseRows, reduce_to
 from .grads import UnitGrads
-from .products import linear_backward
+from .products import linear_backward, pieces_backward
 from .steps import step_backward
 from .units import FUSED, GROUP, STEP, Counts
 
@@ -91,8 +91,7 @@ class Backward:
                 acc.add(j, gx, x.shape)
 
     def _grad_pieces(self, u, k, be, acc, saved, needs) -> None:
-        """The piece-major product's gradients straight from the (P, B, h) gradient:
-        batched GEMMs per slice, so no transposing copy back to (B, n)."""
+        """The piece-major product's gradients from the (P, B, h) gradient (products.pieces_backward)."""
         i, op, args, a, spec, shape = self.plan.steps[u.steps[0]]
         g3 = acc.take(k)
         whole = acc.pop(i)  # a reader of the whole product (a coarsened group's outside user)
@@ -105,14 +104,7 @@ class Backward:
             w3 = xp.broadcast_to(whole, (B, P * h)).reshape(B, P, h).transpose(1, 0, 2)
             g3 = xp.ascontiguousarray(w3) if g3 is None else g3.reshape(P, B, h) + w3
         g3 = g3.reshape(P, B, h)
-        if op.name == "affine" and needs.get(args[0], False):
-            acc.add(args[0], g3.sum(axis=1).reshape(1, P * h), ins[0].shape)
-        first = 1 if op.name == "affine" else 0
-        for p in range(first, len(args) - 1, 2):
-            w, x = ins[p], ins[p + 1]
-            if needs.get(args[p], False):
-                gw = xp.matmul(g3.transpose(0, 2, 1), x[None])          # (P, h, X)
-                acc.add(args[p], gw.reshape((1,) + w.shape[1:]), w.shape)
-            if needs.get(args[p + 1], False):
-                gx = xp.matmul(g3, w[0].reshape(P, h, -1)).sum(axis=0)  # (B, X)
-                acc.add(args[p + 1], gx, x.shape)
+        grads = pieces_backward(xp, op.name, ins, y3, g3, lambda p: needs.get(args[p], False))
+        for p, g in enumerate(grads):
+            if g is not None:
+                acc.add(args[p], g, ins[p].shape)

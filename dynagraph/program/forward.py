@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .grouping import consecutive_views
-from .products import linear_forward, products
+from .products import linear_forward, pieces_forward
 from .steps import step_forward
 from .units import FUSED, GROUP, STEP, Counts, Unit
 
@@ -93,16 +93,8 @@ class Forward:
     def _run_pieces(self, u: Unit, xp, vals: dict, outs: dict, k: int, B: int):
         i, op, args, a, spec, shape = self.plan.steps[u.steps[0]]
         ins = [vals[j] for j in args]
-        P = u.pieces
-        h = shape[0] // P
-        y3 = None
-        for w, x in products(op.name, ins):
-            p = xp.matmul(x[None], w[0].reshape(P, h, -1).transpose(0, 2, 1))  # (P, B, h)
-            y3 = p if y3 is None else y3 + p
-        if op.name == "affine":
-            y3 = y3 + ins[0].reshape(ins[0].shape[0], P, h).transpose(1, 0, 2)
-        y3 = xp.ascontiguousarray(xp.broadcast_to(y3, (P, B, h)))
-        outs[k] = y3.reshape(P * B, h)
+        y3 = pieces_forward(xp, op.name, ins, u.pieces, shape[0] // u.pieces, B)
+        outs[k] = y3.reshape(-1, y3.shape[2])
         for n, piece in u.piece_of.items():
             vals[self.plan.steps[n][0]] = y3[piece]
         return ins, y3, None

@@ -368,10 +368,13 @@ static PyMethodDef methods[] = {
     {"plan", dgc_plan, METH_VARARGS,
      "plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls, defer_height)"
      " -> (patterns, batches)"},
+    {"block_configure", dgc_block_configure, METH_VARARGS, "block_configure(Expression, current, BLOCK_OUTPUT)"},
+    {"block_call", (PyCFunction)(void (*)(void))dgc_block_call, METH_FASTCALL,
+     "block_call(plans, args, share) -> a dy.block call's outputs, or None (take the Python path)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_coarsen", "automatic coarsening's per-node pass",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_coarsen", "automatic coarsening's per-node pass; dy.block's call path",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__coarsen(void) { return PyModule_Create(&module); }

@@ -1,0 +1,261 @@
+/* kernels/cpython/block_call.c: the hot path of a dy.block call (dynagraph/subgraph.py,
+ * Block.__call__), compiled. Per-sample code calls a block thousands of times per graph;
+ * the Python body (one pass over the arguments, the plan lookup, the parameter ids, the
+ * coarse node and its output views) was ~1.6 us a call, most of a blocked TreeLSTM's
+ * recording. This does the common case and returns None for anything else (a new argument
+ * signature to trace, numpy integers, expressions of several graphs, a retired graph,
+ * random steps), which Block._call_py then handles, so both paths end in the same graph.
+ *
+ * block_configure(Expression, current, BLOCK_OUTPUT) once; then
+ * block_call(plans, args, share) -> the call's outputs, or None.
+ * A plan carries `_fast` = (op, has_checks, checked, by_index, direct, single, out_attrs,
+ * random) (subgraph.Plan.set_mode), `_calls` = [version, reverts, {indices: node ids}] and
+ * `_leaf_cache` = (version, reverts, parameter node ids) or None (refreshed by leaf_ids). */
+#include "coarsen.h"
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cg, *i;
+} BlockExprObject; /* the layout of recorder.h's ExprObject (checked against the configured type) */
+
+enum { MAX_CALL_ARGS = 16 };
+
+static PyObject *expr_type, *current_fn, *block_output_op;
+static PyObject *s_fast, *s_calls, *s_leaf_cache, *s_leaf_ids, *s_check, *s_add, *s_retired, *s_version,
+    *s_reverts, *s_shape, *s_index, *empty_tuple;
+
+PyObject *dgc_block_configure(PyObject *self, PyObject *a) {
+    (void)self;
+    PyObject *et, *cur, *bo;
+    if (!PyArg_ParseTuple(a, "OOO", &et, &cur, &bo)) return NULL;
+    if (!PyType_Check(et) || ((PyTypeObject *)et)->tp_basicsize != (Py_ssize_t)sizeof(BlockExprObject)) {
+        PyErr_SetString(PyExc_TypeError, "block_configure: Expression must be a type laid out as (cg, i)");
+        return NULL;
+    }
+    Py_XSETREF(expr_type, Py_NewRef(et));
+    Py_XSETREF(current_fn, Py_NewRef(cur));
+    Py_XSETREF(block_output_op, Py_NewRef(bo));
+#define INTERN(v, s) if (!v && !(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(s_fast, "_fast"); INTERN(s_calls, "_calls"); INTERN(s_leaf_cache, "_leaf_cache");
+    INTERN(s_leaf_ids, "leaf_ids"); INTERN(s_check, "check"); INTERN(s_add, "add");
+    INTERN(s_retired, "retired"); INTERN(s_version, "version"); INTERN(s_reverts, "reverts");
+    INTERN(s_shape, "shape"); INTERN(s_index, "index");
+#undef INTERN
+    if (!empty_tuple && !(empty_tuple = PyTuple_New(0))) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *new_expr(PyObject *cg, PyObject *nid) {
+    PyObject *a[2] = {cg, nid};
+    return PyObject_Vectorcall(expr_type, a, 2, NULL);
+}
+
+/* The outputs of node ids `nids` (an int, or a tuple of them) as the call returns them. */
+static PyObject *outputs_of(PyObject *cg, PyObject *nids, int single) {
+    if (PyLong_Check(nids)) {
+        PyObject *e = new_expr(cg, nids);
+        if (!e || single) return e;
+        PyObject *t = PyTuple_Pack(1, e);
+        Py_DECREF(e);
+        return t;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(nids);
+    if (single && n == 1) return new_expr(cg, PyTuple_GET_ITEM(nids, 0));
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t k = 0; t && k < n; k++) {
+        PyObject *e = new_expr(cg, PyTuple_GET_ITEM(nids, k));
+        if (!e) { Py_CLEAR(t); break; }
+        PyTuple_SET_ITEM(t, k, e);
+    }
+    if (t && single) {  /* one output reached through a view: the call returns it alone */
+        PyObject *e = Py_NewRef(PyTuple_GET_ITEM(t, 0));
+        Py_DECREF(t);
+        return e;
+    }
+    return t;
+}
+
+static PyObject *graph_add(PyObject *cg, PyObject *op, PyObject *args, PyObject *attrs, PyObject *data) {
+    PyObject *a[5] = {cg, op, args, attrs, data};
+    return PyObject_VectorcallMethod(s_add, a, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* 1 if the memo list [version, reverts, dict] is this graph's, 0 if not, -1 on error. */
+static int memo_current(PyObject *calls, PyObject *version, PyObject *reverts) {
+    if (!PyList_Check(calls) || PyList_GET_SIZE(calls) != 3) return 0;
+    int v = PyObject_RichCompareBool(PyList_GET_ITEM(calls, 0), version, Py_EQ);
+    if (v <= 0) return v;
+    return PyObject_RichCompareBool(PyList_GET_ITEM(calls, 1), reverts, Py_EQ);
+}
+
+/* Record the coarse node (and its output views); the node ids as memo stores them in *nids. */
+static PyObject *record_call(PyObject *plan, PyObject *fast, PyObject *cg, PyObject *const *ids, Py_ssize_t nids_in,
+                             PyObject *values, PyObject *version, PyObject *reverts, PyObject **nids) {
+    PyObject *result = NULL, *leaf_ids = NULL, *argids = NULL, *nid = NULL, *views = NULL;
+    PyObject *lc = PyObject_GetAttr(plan, s_leaf_cache);
+    if (!lc) return NULL;
+    int fresh = 0;
+    if (PyTuple_Check(lc) && PyTuple_GET_SIZE(lc) == 3) {
+        fresh = PyObject_RichCompareBool(PyTuple_GET_ITEM(lc, 0), version, Py_EQ);
+        if (fresh > 0) fresh = PyObject_RichCompareBool(PyTuple_GET_ITEM(lc, 1), reverts, Py_EQ);
+        if (fresh < 0) goto done;
+    }
+    if (fresh) {
+        leaf_ids = Py_NewRef(PyTuple_GET_ITEM(lc, 2));
+    } else {
+        PyObject *a[2] = {plan, cg};
+        leaf_ids = PyObject_VectorcallMethod(s_leaf_ids, a, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (!leaf_ids) goto done;
+    }
+    if (!PyTuple_Check(leaf_ids)) { PyErr_SetString(PyExc_TypeError, "block_call: leaf ids must be a tuple"); goto done; }
+    Py_ssize_t nl = PyTuple_GET_SIZE(leaf_ids);
+    if (!(argids = PyTuple_New(nids_in + nl))) goto done;
+    for (Py_ssize_t k = 0; k < nids_in; k++) PyTuple_SET_ITEM(argids, k, Py_NewRef(ids[k]));
+    for (Py_ssize_t k = 0; k < nl; k++) PyTuple_SET_ITEM(argids, nids_in + k, Py_NewRef(PyTuple_GET_ITEM(leaf_ids, k)));
+    if (!(nid = graph_add(cg, PyTuple_GET_ITEM(fast, 0), argids, empty_tuple, values))) goto done;
+    int direct = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 4)), single = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 5));
+    if (direct < 0 || single < 0) goto done;
+    if (direct) {
+        *nids = Py_NewRef(nid);
+    } else {
+        PyObject *attrs = PyTuple_GET_ITEM(fast, 6);
+        Py_ssize_t m = PyTuple_GET_SIZE(attrs);
+        PyObject *src = PyTuple_Pack(1, nid);
+        if (!src || !(views = PyTuple_New(m))) { Py_XDECREF(src); goto done; }
+        for (Py_ssize_t k = 0; k < m; k++) {
+            PyObject *v = graph_add(cg, block_output_op, src, PyTuple_GET_ITEM(attrs, k), Py_None);
+            if (!v) { Py_DECREF(src); goto done; }
+            PyTuple_SET_ITEM(views, k, v);
+        }
+        Py_DECREF(src);
+        *nids = Py_NewRef(views);
+    }
+    result = outputs_of(cg, *nids, single);
+    if (!result) Py_CLEAR(*nids);
+done:
+    Py_XDECREF(lc); Py_XDECREF(leaf_ids); Py_XDECREF(argids); Py_XDECREF(nid); Py_XDECREF(views);
+    return result;
+}
+
+PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    if (na != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_call(plans, args, share)");
+        return NULL;
+    }
+    if (!expr_type) Py_RETURN_NONE;  /* not configured: the Python path */
+    PyObject *plans = a[0], *args = a[1];
+    int share = PyObject_IsTrue(a[2]);
+    if (share < 0) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n > MAX_CALL_ARGS) Py_RETURN_NONE;
+    PyObject *ids[MAX_CALL_ARGS];
+    Py_ssize_t nids = 0, nvals = 0;
+    PyObject *cg = NULL, *result = NULL, *key = NULL, *values = NULL, *fast = NULL, *cgref = NULL, *shapes = NULL;
+    PyObject *version = NULL, *reverts = NULL, *calls = NULL, *stored = NULL;
+    if (!(key = PyTuple_New(n))) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *x = PyTuple_GET_ITEM(args, k);
+        if (Py_TYPE(x) == (PyTypeObject *)expr_type) {
+            BlockExprObject *e = (BlockExprObject *)x;
+            if (cg == NULL) {
+                cg = e->cg;
+                if (!(shapes = PyObject_GetAttr(cg, s_shape))) goto done;  /* the graph's per-node shapes */
+                if (!PyList_Check(shapes)) goto fallback;
+            } else if (e->cg != cg) {
+                goto fallback;
+            }
+            Py_ssize_t i = PyLong_AsSsize_t(e->i);
+            if (i == -1 && PyErr_Occurred()) goto done;
+            if (i < 0 || i >= PyList_GET_SIZE(shapes)) goto fallback;
+            PyTuple_SET_ITEM(key, k, Py_NewRef(PyList_GET_ITEM(shapes, i)));
+            ids[nids++] = e->i;
+        } else if (PyLong_CheckExact(x)) {
+            PyTuple_SET_ITEM(key, k, Py_NewRef(s_index));
+            nvals++;
+        } else {
+            goto fallback;
+        }
+    }
+    PyObject *plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
+    if (!plan) { if (PyErr_Occurred()) goto done; goto fallback; }
+    Py_INCREF(plan);
+    if (!(values = PyTuple_New(nvals))) { Py_DECREF(plan); goto done; }
+    for (Py_ssize_t k = 0, v = 0; k < n; k++) {
+        PyObject *x = PyTuple_GET_ITEM(args, k);
+        if (PyLong_CheckExact(x)) PyTuple_SET_ITEM(values, v++, Py_NewRef(x));
+    }
+    fast = PyObject_GetAttr(plan, s_fast);
+    if (!fast) { Py_DECREF(plan); goto done; }
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 8) { Py_DECREF(plan); goto fallback; }
+    int random = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 7)), by_index = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 3));
+    int checks = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 1));
+    if (random < 0 || by_index < 0 || checks < 0) { Py_DECREF(plan); goto done; }
+    if (random) { Py_DECREF(plan); goto fallback; }
+    if (cg == NULL) {
+        cgref = PyObject_CallNoArgs(current_fn);
+        if (!cgref) { Py_DECREF(plan); goto done; }
+        cg = cgref;
+    }
+    PyObject *ret = PyObject_GetAttr(cg, s_retired);
+    if (!ret) { Py_DECREF(plan); goto done; }
+    int retired = PyObject_IsTrue(ret);
+    Py_DECREF(ret);
+    if (retired) { Py_DECREF(plan); if (retired < 0) goto done; goto fallback; }
+    if (!(version = PyObject_GetAttr(cg, s_version)) || !(reverts = PyObject_GetAttr(cg, s_reverts))) {
+        Py_DECREF(plan); goto done;
+    }
+    int memo = by_index && share;
+    if (memo) {
+        if (!(calls = PyObject_GetAttr(plan, s_calls))) { Py_DECREF(plan); goto done; }
+        int cur = memo_current(calls, version, reverts);
+        if (cur < 0) { Py_DECREF(plan); goto done; }
+        if (cur) {
+            PyObject *hit = PyDict_GetItemWithError(PyList_GET_ITEM(calls, 2), values);
+            if (hit) {
+                int single = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 5));
+                Py_DECREF(plan);
+                if (single < 0) goto done;
+                result = outputs_of(cg, hit, single);
+                goto done;
+            }
+            if (PyErr_Occurred()) { Py_DECREF(plan); goto done; }
+        }
+    }
+    if (checks) {
+        int ok = PySet_Contains(PyTuple_GET_ITEM(fast, 2), values);
+        if (ok < 0) { Py_DECREF(plan); goto done; }
+        if (!ok) {  /* Plan.check raises the user-facing error, or remembers the values */
+            PyObject *ca[2] = {plan, values};
+            PyObject *r = PyObject_VectorcallMethod(s_check, ca, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (!r) { Py_DECREF(plan); goto done; }
+            Py_DECREF(r);
+        }
+    }
+    result = record_call(plan, fast, cg, ids, nids, values, version, reverts, &stored);
+    if (result && memo) {
+        int cur = memo_current(calls, version, reverts);
+        if (cur < 0) { Py_CLEAR(result); Py_DECREF(plan); goto done; }
+        if (!cur) {  /* this graph's first call of the plan: a fresh memo */
+            PyObject *d = PyDict_New();
+            PyObject *fresh = d ? PyList_New(3) : NULL;
+            if (!fresh) { Py_XDECREF(d); Py_CLEAR(result); Py_DECREF(plan); goto done; }
+            PyList_SET_ITEM(fresh, 0, Py_NewRef(version));
+            PyList_SET_ITEM(fresh, 1, Py_NewRef(reverts));
+            PyList_SET_ITEM(fresh, 2, d);
+            int bad = PyObject_SetAttr(plan, s_calls, fresh);
+            Py_SETREF(calls, fresh);
+            if (bad) { Py_CLEAR(result); Py_DECREF(plan); goto done; }
+        }
+        if (PyDict_SetItem(PyList_GET_ITEM(calls, 2), values, stored) < 0) Py_CLEAR(result);
+    }
+    Py_DECREF(plan);
+    goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(key); Py_XDECREF(values); Py_XDECREF(fast); Py_XDECREF(cgref); Py_XDECREF(shapes);
+    Py_XDECREF(version); Py_XDECREF(reverts); Py_XDECREF(calls); Py_XDECREF(stored);
+    return result;
+}
+
