@@ -529,3 +529,39 @@ def test_incremental_phase_split_keeps_the_chunk_contract(rounds, poke):
         if poke and left:  # e.g. a nested map's own evaluation
             done.add(left[0])
             left = left[1:]
+
+
+def test_maps_raise_the_collection_threshold_and_restore_it():
+    """While any map runs the cyclic collector runs less often (its young threshold raised); the
+    caller's thresholds come back after the map, after a nested map, after an error, and a
+    caller that turned collection off (threshold 0) keeps it off."""
+    import gc
+
+    from dynagraph import concurrent
+
+    seen = []
+
+    def f(x):
+        seen.append(gc.get_threshold()[0])
+        if x == 2:
+            dy.autobatch_map(lambda y: seen.append(gc.get_threshold()[0]), [0, 1])
+        v = dy.scalarInput(float(x)).value()
+        if x == 3:
+            raise ValueError("three")
+        return v
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert dy.autobatch_map(f, [0, 1, 2]) == [0.0, 1.0, 2.0]
+        assert dy.autobatch_map(f, [1, 2], concurrent=False) == [1.0, 2.0]
+        assert set(seen) == {concurrent.GC_THRESHOLD} and gc.get_threshold() == (700, 10, 10)
+        with pytest.raises(ValueError):
+            dy.autobatch_map(f, [1, 3])
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0)
+        seen.clear()
+        dy.autobatch_map(f, [0, 1])
+        assert seen == [0, 0] and gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*saved)
