@@ -24,14 +24,14 @@ import gc
 import threading
 from bisect import bisect_left
 from contextvars import copy_context
-from itertools import chain, compress, filterfalse
-from operator import not_
+from itertools import filterfalse
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
 from .ghosts import align_depths, groups_by_depth
 from .graph import SAMPLE, current, needed_within
+from .recording import NATIVE
 
 try:
     from greenlet import getcurrent, greenlet
@@ -115,24 +115,6 @@ class _Deferred:
         """Every deferred node id (the stateless reference and the bench's bound use it)."""
         return set(self.nodes)
 
-    def _users(self, cand: list, args) -> None:
-        """Taint the nodes of `cand` (ascending) that read a tainted node: one pass in C per link
-        of a chain of such users, then one node at a time for a long chain."""
-        tainted = self.tainted
-        for _ in range(4):
-            free = list(map(tainted.isdisjoint, map(args.__getitem__, cand)))
-            try:
-                j = free.index(False)
-            except ValueError:
-                return
-            tainted.update(compress(cand[j:], map(not_, free[j:])))
-            cand = list(filterfalse(tainted.__contains__, cand[j + 1:]))  # only later nodes can read a hit
-            if not cand:
-                return
-        for n in cand:
-            if not tainted.isdisjoint(args[n]):
-                tainted.add(n)
-
     def split(self, cg, pending: list, targets) -> tuple[list, list]:
         """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending)."""
         k = bisect_left(pending, self.seen)
@@ -145,27 +127,37 @@ class _Deferred:
         fresh, self.cut = nodes[self.cut:], len(nodes)
         run, new_left = new, []
         if new:
-            deferred = set(fresh).intersection(new) if fresh else ()
-            if deferred:
-                tainted.update(deferred)
+            if fresh:
+                tainted.update(set(fresh).intersection(new))
             if tainted:
-                run = list(filterfalse(tainted.__contains__, new))  # in C, as every pass below
-                if run and not tainted.isdisjoint(chain.from_iterable(map(args.__getitem__, run))):
-                    self._users(run, args)  # some new node reads a tainted one: which, one by one
-                    run = list(filterfalse(tainted.__contains__, new))
-                    new_left = list(filter(tainted.__contains__, new))
-                elif deferred:  # the common round: only this round's deferred nodes are left
-                    new_left = sorted(deferred)
+                run, new_left = _users_split(args, tainted, new)
         if pending:
             self.seen = max(self.seen, pending[-1] + 1)
         left = self.left + new_left if new_left else self.left
         if not tainted.isdisjoint(targets):  # the deferred nodes a read needs, walked back
-            needed = needed_within(args, tainted, targets)
+            needed = _needed_within(args, tainted, targets)
             tainted -= needed
             left = list(filterfalse(needed.__contains__, left))
             run = sorted(run + list(needed))
         self.left = left
         return run, left
+
+
+def _users_split_py(args: list, tainted: set, nodes: list) -> tuple[list, list]:
+    """(run, left) of `nodes` (ascending): a node in `tainted` or reading one of it is left, and
+    joins `tainted` (so its later readers are left too); kernels/cpython/phase_split.c's twin."""
+    run, left = [], []
+    for n in nodes:
+        if n in tainted or not tainted.isdisjoint(args[n]):
+            tainted.add(n)
+            left.append(n)
+        else:
+            run.append(n)
+    return run, left
+
+
+_users_split = getattr(NATIVE, "users_split", None) or _users_split_py
+_needed_within = getattr(NATIVE, "needed_within", None) or needed_within
 
 
 class phase:

@@ -565,3 +565,28 @@ def test_maps_raise_the_collection_threshold_and_restore_it():
         assert seen == [0, 0] and gc.get_threshold()[0] == 0
     finally:
         gc.set_threshold(*saved)
+
+
+@settings(max_examples=80, deadline=None)
+@given(backs=st.lists(st.lists(st.integers(1, 12), max_size=3), min_size=1, max_size=40),
+       tainted=st.sets(st.integers(0, 39), max_size=8), lo=st.integers(0, 39), targets=st.lists(st.integers(0, 39)))
+def test_phase_split_twins_agree(backs, tainted, lo, targets):
+    """kernels/cpython/phase_split.c against its Python twins (concurrent._users_split_py,
+    graph.needed_within): the same (run, left), the same tainted set after, the same needed nodes."""
+    from dynagraph import concurrent
+    from dynagraph.graph import needed_within
+    from dynagraph.recording import NATIVE
+    if getattr(NATIVE, "users_split", None) is None:
+        pytest.skip("the compiled _bookkeeping module is not built")
+    args = [tuple(sorted({n - b for b in back if n - b >= 0})) for n, back in enumerate(backs)]
+    tainted = {t for t in tainted if t < len(args)}
+    nodes = list(range(min(lo, len(args) - 1), len(args)))
+    t_py, t_c = set(tainted), set(tainted)
+    assert NATIVE.users_split(args, t_c, nodes) == tuple(concurrent._users_split_py(args, t_py, nodes))
+    assert t_c == t_py
+    targets = [t for t in targets if t < len(args)]
+    assert NATIVE.needed_within(args, t_c, targets) == needed_within(args, t_c, targets)
+    with pytest.raises(IndexError):
+        NATIVE.users_split(args, set(), [len(args)])
+    with pytest.raises(TypeError):
+        NATIVE.users_split(args, frozenset(), nodes)
