@@ -590,3 +590,27 @@ def test_phase_split_twins_agree(backs, tainted, lo, targets):
         NATIVE.users_split(args, set(), [len(args)])
     with pytest.raises(TypeError):
         NATIVE.users_split(args, frozenset(), nodes)
+
+
+def test_map_chunks_skip_the_schedule_cache_and_plain_evaluations_keep_it(monkeypatch):
+    """A concurrent map's chunks are cut where the samples' reads fell and hardly ever repeat:
+    they are neither looked up nor stored; a plain evaluation of the same graph still is."""
+    from dynagraph.config import config
+    from dynagraph.schedule_cache import SCHEDULES
+    monkeypatch.setattr(config, "schedule_cache", True)
+    pc, p = _model()
+
+    def f(k):
+        h = dy.tanh(p["W"] * p["E"][k % V])
+        for _ in range(3):
+            if h.value()[0] > 0:
+                h = dy.tanh(p["U"] * h + p["b"])
+        return dy.sum_elems(h)
+
+    SCHEDULES.clear()
+    dy.renew_cg(scheduler="agenda")
+    out = dy.autobatch_map(f, range(6))
+    assert SCHEDULES.hits == SCHEDULES.misses == 0 and not SCHEDULES.entries
+    dy.esum(out).value()  # after the map: a plain evaluation, cached as before
+    assert SCHEDULES.misses == 1 and len(SCHEDULES.entries) == 1
+    SCHEDULES.clear()
