@@ -96,7 +96,7 @@ class _Deferred:
     Left pending: the deferred nodes and every pending node that reads one, unless a node being
     waited for needs it. A node stays left pending once left (a user of a deferred node that a
     later read needed is not pulled into that read's chunk); the values are the same either way."""
-    __slots__ = ("nodes", "cut", "left", "tainted", "seen")
+    __slots__ = ("nodes", "cut", "left", "tainted", "seen", "executed", "count", "reverts")
 
     def __init__(self):
         self.nodes: list = []   # deferred node ids, ascending (dy.phase adds each block's range)
@@ -104,6 +104,24 @@ class _Deferred:
         self.left: list = []    # nodes left pending by the last split, ascending
         self.tainted: set = set()  # the same, as a set
         self.seen = 0           # nodes below were classified by an earlier split
+        self.executed, self.count, self.reverts = None, 0, -1  # the graph after this map's last chunk
+
+    def evaluated(self, cg) -> None:
+        """This map's chunk of `cg` ran: remember the graph's evaluation record, so that chunk()
+        can tell whether anything else evaluated, invalidated or reverted nodes since."""
+        self.executed, self.count, self.reverts = cg.executed, len(cg.executed), cg.reverts
+
+    def chunk(self, cg, upto: int) -> list:
+        """The pending nodes up to `upto` (engine's scan from cg.done): the nodes the last split
+        left and the pending nodes recorded since, without walking again every node between them
+        (cg.done stays at the first node left, so the scan covered the whole step each round).
+        Any evaluation appends to cg.executed; set() and invalidate() replace it; cg_revert()
+        counts in cg.reverts: if any happened since this map's last chunk, the full scan."""
+        left = self.left
+        if left and cg.executed is self.executed and len(cg.executed) == self.count \
+                and cg.reverts == self.reverts and cg.done == left[0]:
+            return left + _pending(cg.blk, self.seen, upto + 1)
+        return _pending(cg.blk, cg.done, upto + 1)
 
     def __bool__(self) -> bool:
         return bool(self.nodes)
@@ -157,6 +175,7 @@ def _users_split_py(args: list, tainted: set, nodes: list) -> tuple[list, list]:
 
 
 _users_split = getattr(NATIVE, "users_split", None) or _users_split_py
+_pending = getattr(NATIVE, "pending", None) or (lambda blk, lo, hi: [i for i in range(lo, hi) if blk[i] < 0])
 _needed_within = getattr(NATIVE, "needed_within", None) or needed_within
 
 
@@ -440,8 +459,11 @@ class _Map:
             by_depth = groups_by_depth(g.scheduler)
             if arms or by_depth:  # a depth-grouping scheduler sees depths inline in the round
                 align_depths(g, arms or (), by_depth)
+            deferred = self.deferred.get(g)
             try:  # always through the `defer` path, even with nothing deferred: it skips the schedule cache
-                g.evaluate_pending_except(self.deferred.get(g) or _NOTHING_DEFERRED, self.targets[g])
+                g.evaluate_pending_except(deferred or _NOTHING_DEFERRED, self.targets[g])
+                if deferred:
+                    deferred.evaluated(g)
             except BaseException as e:
                 parked = self.parked
                 e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"

@@ -51,7 +51,8 @@ class Engine:
         overlap.before_execution()  # a deferred backward()/update() may still be writing parameters
         t0 = time.perf_counter()
         stats.t_record += t0 - cg._t_last
-        pending = _pending(cg.blk, cg.done, upto + 1)
+        chunk = getattr(defer, "chunk", None)  # dy.autobatch_map's splitter knows the nodes it left pending
+        pending = chunk(cg, upto) if chunk is not None else _pending(cg.blk, cg.done, upto + 1)
         left = []
         if defer:  # a splitter that keeps its state across chunks (dy.autobatch_map's) splits itself
             split = getattr(defer, "split", None)

@@ -614,3 +614,67 @@ def test_map_chunks_skip_the_schedule_cache_and_plain_evaluations_keep_it(monkey
     dy.esum(out).value()  # after the map: a plain evaluation, cached as before
     assert SCHEDULES.misses == 1 and len(SCHEDULES.entries) == 1
     SCHEDULES.clear()
+
+
+@pytest.mark.parametrize("disturb", ["recalculate", "set", "revert", "plain"])
+def test_phase_chunks_survive_invalidate_set_and_revert_between_reads(float64, disturb):
+    """The map's chunks take the nodes its split left pending from the split itself instead of
+    scanning the graph; a sample that re-evaluates everything (value(recalculate=True)), changes
+    an input (set()) or reverts to a checkpoint between reads makes the next chunk scan again:
+    values and gradients stay those of the samples run one by one."""
+    pc, p = _model()
+
+    def f(k):
+        h = dy.tanh(p["W"] * p["E"][k % V])
+        x = dy.inputVector([0.1 * k] * H)
+        losses = []
+        for t in range(4):
+            with dy.phase(1):
+                losses.append(dy.pickneglogsoftmax(p["O"] * h, (k + t) % V))
+            if k == 1 and t == 1:
+                if disturb == "recalculate":
+                    h.value(recalculate=True)
+                elif disturb == "set":
+                    x.set([0.2 * k] * H)
+                elif disturb == "revert":  # no read in between: other samples' nodes would go too
+                    dy.cg_checkpoint()
+                    dy.tanh(p["U"] * h)
+                    dy.cg_revert()
+            if h.value()[0] > -0.5:
+                h = dy.tanh(p["U"] * h + dy.cmult(x, p["v"]) + p["b"])
+        return dy.esum(losses)
+
+    out = []
+    for concurrent in (False, True):
+        dy.renew_cg(scheduler="agenda")
+        pc.reset_gradient()
+        losses = dy.autobatch_map(f, range(5), concurrent=concurrent)
+        dy.esum(losses).backward()
+        out.append(([l.value() for l in losses], {n: q.grad_as_array() for n, q in p.items()}))
+    np.testing.assert_allclose(out[1][0], out[0][0], rtol=0, atol=1e-10)
+    for n in out[0][1]:
+        np.testing.assert_allclose(out[1][1][n], out[0][1][n], rtol=0, atol=1e-10, err_msg=n)
+
+
+def test_phase_chunk_equals_a_full_scan_for_pending_nodes(monkeypatch):
+    """_Deferred.chunk (the nodes the last split left, then those recorded since) is the engine's
+    scan of every pending node from cg.done, round after round, on the bench's phased models."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.acrobat_models import Model
+    from dynagraph import concurrent
+    chunk, used = concurrent._Deferred.chunk, []
+
+    def checked(self, cg, upto):
+        got = chunk(self, cg, upto)
+        assert got == concurrent._pending(cg.blk, cg.done, upto + 1)
+        used.append(bool(self.left))
+        return got
+
+    monkeypatch.setattr(concurrent._Deferred, "chunk", checked)
+    for kind in ("stackrnn", "drnn"):
+        m = Model(dy, kind, 8)
+        for train in (True, False):
+            m.step(list(range(12)), train, True)
+    assert any(used)
