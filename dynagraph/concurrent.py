@@ -24,7 +24,7 @@ import gc
 import threading
 from bisect import bisect_left
 from contextvars import copy_context
-from itertools import filterfalse
+from itertools import compress, filterfalse
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
@@ -96,7 +96,7 @@ class _Deferred:
     Left pending: the deferred nodes and every pending node that reads one, unless a node being
     waited for needs it. A node stays left pending once left (a user of a deferred node that a
     later read needed is not pulled into that read's chunk); the values are the same either way."""
-    __slots__ = ("nodes", "cut", "left", "tainted", "seen", "executed", "count", "reverts")
+    __slots__ = ("nodes", "cut", "left", "tainted", "seen", "executed", "count", "reverts", "new")
 
     def __init__(self):
         self.nodes: list = []   # deferred node ids, ascending (dy.phase adds each block's range)
@@ -105,6 +105,7 @@ class _Deferred:
         self.tainted: set = set()  # the same, as a set
         self.seen = 0           # nodes below were classified by an earlier split
         self.executed, self.count, self.reverts = None, 0, -1  # the graph after this map's last chunk
+        self.new = None         # chunk()'s nodes recorded since the last split, for split()
 
     def evaluated(self, cg) -> None:
         """This map's chunk of `cg` ran: remember the graph's evaluation record, so that chunk()
@@ -120,7 +121,9 @@ class _Deferred:
         left = self.left
         if left and cg.executed is self.executed and len(cg.executed) == self.count \
                 and cg.reverts == self.reverts and cg.done == left[0]:
-            return left + _pending(cg.blk, self.seen, upto + 1)
+            self.new = _pending(cg.blk, self.seen, upto + 1)
+            return left + self.new
+        self.new = None
         return _pending(cg.blk, cg.done, upto + 1)
 
     def __bool__(self) -> bool:
@@ -134,29 +137,45 @@ class _Deferred:
         return set(self.nodes)
 
     def split(self, cg, pending: list, targets) -> tuple[list, list]:
-        """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending)."""
-        k = bisect_left(pending, self.seen)
-        nodes = self.nodes
-        if pending[:k] != self.left:  # something else evaluated nodes left pending: start over
-            k, self.left, self.tainted = 0, [], set()
-            self.cut = bisect_left(nodes, pending[0]) if pending else len(nodes)
+        """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending). Work in
+        proportion to the nodes recorded since the last split (and the few nodes a read needs),
+        not to every node left pending so far."""
+        nodes, new, self.new = self.nodes, self.new, None
+        fresh, cut = nodes[self.cut:], self.cut
+        self.cut = len(nodes)
+        if new is not None and len(pending) == len(self.left) + len(new):
+            left = self.left  # chunk()'s list: every node left is still pending, the rest is new
+            if fresh:  # deferred since the last split, so recorded since: in `new` unless leaves
+                self.tainted.update(compress(fresh, map(_ZERO.__gt__, map(cg.blk.__getitem__, fresh))))
+        else:
+            k = bisect_left(pending, self.seen)
+            left = self.left
+            if pending[:k] != left:  # something else evaluated nodes left pending: start over
+                k, left, self.tainted = 0, [], set()
+                fresh = nodes[bisect_left(nodes, pending[0]):] if pending else []
+            new = pending[k:]
+            if fresh and new:
+                self.tainted.update(set(fresh).intersection(new))
         tainted, args = self.tainted, cg.args
-        new = pending[k:]
-        fresh, self.cut = nodes[self.cut:], len(nodes)
-        run, new_left = new, []
+        run = new
         if new:
-            if fresh:
-                tainted.update(set(fresh).intersection(new))
             if tainted:
                 run, new_left = _users_split(args, tainted, new)
-        if pending:
-            self.seen = max(self.seen, pending[-1] + 1)
-        left = self.left + new_left if new_left else self.left
+                left.extend(new_left)  # in place: the list is this splitter's own
+            self.seen = max(self.seen, new[-1] + 1)
         if not tainted.isdisjoint(targets):  # the deferred nodes a read needs, walked back
             needed = _needed_within(args, tainted, targets)
             tainted -= needed
-            left = list(filterfalse(needed.__contains__, left))
-            run = sorted(run + list(needed))
+            if len(needed) * 16 < len(left):  # a few: take them out where they are
+                for n in needed:
+                    i = bisect_left(left, n)
+                    if i < len(left) and left[i] == n:
+                        del left[i]
+            else:
+                left = list(filterfalse(needed.__contains__, left))
+            run = list(run)
+            run.extend(needed)
+            run.sort()
         self.left = left
         return run, left
 
@@ -174,6 +193,7 @@ def _users_split_py(args: list, tainted: set, nodes: list) -> tuple[list, list]:
     return run, left
 
 
+_ZERO = 0  # _ZERO.__gt__(b): `0 > b`, the node has no value block yet
 _users_split = getattr(NATIVE, "users_split", None) or _users_split_py
 _pending = getattr(NATIVE, "pending", None) or (lambda blk, lo, hi: [i for i in range(lo, hi) if blk[i] < 0])
 _needed_within = getattr(NATIVE, "needed_within", None) or needed_within
@@ -202,24 +222,27 @@ class phase:
             sample.close_phase()
         graph = current()
         self.outer = sample.phase, sample.graph
-        sample.phase, sample.graph, sample.since = self.k, graph, len(graph.op)  # op: a list, len in C
+        sample.phase = self.k
+        sample.graph = graph
+        sample.since = len(graph.op)  # op: a list, len in C
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, et, ev, tb) -> None:  # no *exc: one tuple less per step
         sample = self.sample
         if sample is None:
             return
         self.sample = None
-        graph = sample.graph
+        graph, since = sample.graph, sample.since
         n = len(graph.op)
-        if sample.phase > 0 and n > sample.since and sample.deferred is not None:  # close_phase, inline
+        if n > since and sample.phase > 0 and sample.deferred is not None:  # close_phase, inline
             d = sample.deferred.get(graph)
             if d is None:
                 d = sample.deferred[graph] = _Deferred()
-            d.nodes.extend(range(sample.since, n))
-        sample.phase, sample.graph = self.outer
-        if sample.graph is not None:
-            sample.since = len(sample.graph.op) if sample.graph is not graph else n
+            d.nodes.extend(range(since, n))
+        sample.phase, outer = self.outer
+        sample.graph = outer
+        if outer is not None:
+            sample.since = n if outer is graph else len(outer.op)
 
 
 def _seed() -> int:
