@@ -141,8 +141,7 @@ class _Deferred:
         proportion to the nodes recorded since the last split (and the few nodes a read needs),
         not to every node left pending so far."""
         nodes, new, self.new = self.nodes, self.new, None
-        fresh, cut = nodes[self.cut:], self.cut
-        self.cut = len(nodes)
+        fresh, self.cut = nodes[self.cut:], len(nodes)
         if new is not None and len(pending) == len(self.left) + len(new):
             left = self.left  # chunk()'s list: every node left is still pending, the rest is new
             if fresh:  # deferred since the last split, so recorded since: in `new` unless leaves

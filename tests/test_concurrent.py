@@ -598,7 +598,7 @@ def test_map_chunks_skip_the_schedule_cache_and_plain_evaluations_keep_it(monkey
     from dynagraph.config import config
     from dynagraph.schedule_cache import SCHEDULES
     monkeypatch.setattr(config, "schedule_cache", True)
-    pc, p = _model()
+    _, p = _model()
 
     def f(k):
         h = dy.tanh(p["W"] * p["E"][k % V])
