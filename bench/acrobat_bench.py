@@ -88,7 +88,9 @@ def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
     total = [0]
     forward = engine.Engine.forward
 
-    def counting(self, cg, upto, defer=frozenset(), targets=()):
+    plain = getattr(engine, "_NO_DEFER", frozenset())  # forward()'s default (a baseline checkout may lack it)
+
+    def counting(self, cg, upto, defer=plain, targets=()):
         pending = engine._pending(cg.blk, cg.done, upto + 1)
         if defer:  # dy.phase: the nodes this chunk leaves pending are counted where they run
             ids = defer.ids() if hasattr(defer, "ids") else defer

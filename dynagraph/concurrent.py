@@ -20,17 +20,18 @@ and gradients equal running the samples one by one (`concurrent=False`).
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 from bisect import bisect_left
 from contextvars import copy_context
-from itertools import chain, compress, filterfalse
-from operator import not_
+from itertools import compress, filterfalse
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import config
 from .errors import DynagraphError
 from .ghosts import align_depths, groups_by_depth
 from .graph import SAMPLE, current, needed_within
+from .recording import NATIVE
 
 try:
     from greenlet import getcurrent, greenlet
@@ -95,7 +96,7 @@ class _Deferred:
     Left pending: the deferred nodes and every pending node that reads one, unless a node being
     waited for needs it. A node stays left pending once left (a user of a deferred node that a
     later read needed is not pulled into that read's chunk); the values are the same either way."""
-    __slots__ = ("nodes", "cut", "left", "tainted", "seen")
+    __slots__ = ("nodes", "cut", "left", "tainted", "seen", "executed", "count", "reverts", "new")
 
     def __init__(self):
         self.nodes: list = []   # deferred node ids, ascending (dy.phase adds each block's range)
@@ -103,6 +104,27 @@ class _Deferred:
         self.left: list = []    # nodes left pending by the last split, ascending
         self.tainted: set = set()  # the same, as a set
         self.seen = 0           # nodes below were classified by an earlier split
+        self.executed, self.count, self.reverts = None, 0, -1  # the graph after this map's last chunk
+        self.new = None         # chunk()'s nodes recorded since the last split, for split()
+
+    def evaluated(self, cg) -> None:
+        """This map's chunk of `cg` ran: remember the graph's evaluation record, so that chunk()
+        can tell whether anything else evaluated, invalidated or reverted nodes since."""
+        self.executed, self.count, self.reverts = cg.executed, len(cg.executed), cg.reverts
+
+    def chunk(self, cg, upto: int) -> list:
+        """The pending nodes up to `upto` (engine's scan from cg.done): the nodes the last split
+        left and the pending nodes recorded since, without walking again every node between them
+        (cg.done stays at the first node left, so the scan covered the whole step each round).
+        Any evaluation appends to cg.executed; set() and invalidate() replace it; cg_revert()
+        counts in cg.reverts: if any happened since this map's last chunk, the full scan."""
+        left = self.left
+        if left and cg.executed is self.executed and len(cg.executed) == self.count \
+                and cg.reverts == self.reverts and cg.done == left[0]:
+            self.new = _pending(cg.blk, self.seen, upto + 1)
+            return left + self.new
+        self.new = None
+        return _pending(cg.blk, cg.done, upto + 1)
 
     def __bool__(self) -> bool:
         return bool(self.nodes)
@@ -114,57 +136,66 @@ class _Deferred:
         """Every deferred node id (the stateless reference and the bench's bound use it)."""
         return set(self.nodes)
 
-    def _users(self, cand: list, args) -> None:
-        """Taint the nodes of `cand` (ascending) that read a tainted node: one pass in C per link
-        of a chain of such users, then one node at a time for a long chain."""
-        tainted = self.tainted
-        for _ in range(4):
-            free = list(map(tainted.isdisjoint, map(args.__getitem__, cand)))
-            try:
-                j = free.index(False)
-            except ValueError:
-                return
-            tainted.update(compress(cand[j:], map(not_, free[j:])))
-            cand = list(filterfalse(tainted.__contains__, cand[j + 1:]))  # only later nodes can read a hit
-            if not cand:
-                return
-        for n in cand:
-            if not tainted.isdisjoint(args[n]):
-                tainted.add(n)
-
     def split(self, cg, pending: list, targets) -> tuple[list, list]:
-        """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending)."""
-        k = bisect_left(pending, self.seen)
-        nodes = self.nodes
-        if pending[:k] != self.left:  # something else evaluated nodes left pending: start over
-            k, self.left, self.tainted = 0, [], set()
-            self.cut = bisect_left(nodes, pending[0]) if pending else len(nodes)
-        tainted, args = self.tainted, cg.args
-        new = pending[k:]
+        """(nodes to evaluate, nodes left pending) of the chunk `pending` (ascending). Work in
+        proportion to the nodes recorded since the last split (and the few nodes a read needs),
+        not to every node left pending so far."""
+        nodes, new, self.new = self.nodes, self.new, None
         fresh, self.cut = nodes[self.cut:], len(nodes)
-        run, new_left = new, []
+        if new is not None and len(pending) == len(self.left) + len(new):
+            left = self.left  # chunk()'s list: every node left is still pending, the rest is new
+            if fresh:  # deferred since the last split, so recorded since: in `new` unless leaves
+                self.tainted.update(compress(fresh, map(_ZERO.__gt__, map(cg.blk.__getitem__, fresh))))
+        else:
+            k = bisect_left(pending, self.seen)
+            left = self.left
+            if pending[:k] != left:  # something else evaluated nodes left pending: start over
+                k, left, self.tainted = 0, [], set()
+                fresh = nodes[bisect_left(nodes, pending[0]):] if pending else []
+            new = pending[k:]
+            if fresh and new:
+                self.tainted.update(set(fresh).intersection(new))
+        tainted, args = self.tainted, cg.args
+        run = new
         if new:
-            deferred = set(fresh).intersection(new) if fresh else ()
-            if deferred:
-                tainted.update(deferred)
             if tainted:
-                run = list(filterfalse(tainted.__contains__, new))  # in C, as every pass below
-                if run and not tainted.isdisjoint(chain.from_iterable(map(args.__getitem__, run))):
-                    self._users(run, args)  # some new node reads a tainted one: which, one by one
-                    run = list(filterfalse(tainted.__contains__, new))
-                    new_left = list(filter(tainted.__contains__, new))
-                elif deferred:  # the common round: only this round's deferred nodes are left
-                    new_left = sorted(deferred)
-        if pending:
-            self.seen = max(self.seen, pending[-1] + 1)
-        left = self.left + new_left if new_left else self.left
+                run, new_left = _users_split(args, tainted, new)
+                left.extend(new_left)  # in place: the list is this splitter's own
+            self.seen = max(self.seen, new[-1] + 1)
         if not tainted.isdisjoint(targets):  # the deferred nodes a read needs, walked back
-            needed = needed_within(args, tainted, targets)
+            needed = _needed_within(args, tainted, targets)
             tainted -= needed
-            left = list(filterfalse(needed.__contains__, left))
-            run = sorted(run + list(needed))
+            if len(needed) * 16 < len(left):  # a few: take them out where they are
+                for n in needed:
+                    i = bisect_left(left, n)
+                    if i < len(left) and left[i] == n:
+                        del left[i]
+            else:
+                left = list(filterfalse(needed.__contains__, left))
+            run = list(run)
+            run.extend(needed)
+            run.sort()
         self.left = left
         return run, left
+
+
+def _users_split_py(args: list, tainted: set, nodes: list) -> tuple[list, list]:
+    """(run, left) of `nodes` (ascending): a node in `tainted` or reading one of it is left, and
+    joins `tainted` (so its later readers are left too); kernels/cpython/phase_split.c's twin."""
+    run, left = [], []
+    for n in nodes:
+        if n in tainted or not tainted.isdisjoint(args[n]):
+            tainted.add(n)
+            left.append(n)
+        else:
+            run.append(n)
+    return run, left
+
+
+_ZERO = 0  # _ZERO.__gt__(b): `0 > b`, the node has no value block yet
+_users_split = getattr(NATIVE, "users_split", None) or _users_split_py
+_pending = getattr(NATIVE, "pending", None) or (lambda blk, lo, hi: [i for i in range(lo, hi) if blk[i] < 0])
+_needed_within = getattr(NATIVE, "needed_within", None) or needed_within
 
 
 class phase:
@@ -190,24 +221,27 @@ class phase:
             sample.close_phase()
         graph = current()
         self.outer = sample.phase, sample.graph
-        sample.phase, sample.graph, sample.since = self.k, graph, len(graph.op)  # op: a list, len in C
+        sample.phase = self.k
+        sample.graph = graph
+        sample.since = len(graph.op)  # op: a list, len in C
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, et, ev, tb) -> None:  # no *exc: one tuple less per step
         sample = self.sample
         if sample is None:
             return
         self.sample = None
-        graph = sample.graph
+        graph, since = sample.graph, sample.since
         n = len(graph.op)
-        if sample.phase > 0 and n > sample.since and sample.deferred is not None:  # close_phase, inline
+        if n > since and sample.phase > 0 and sample.deferred is not None:  # close_phase, inline
             d = sample.deferred.get(graph)
             if d is None:
                 d = sample.deferred[graph] = _Deferred()
-            d.nodes.extend(range(sample.since, n))
-        sample.phase, sample.graph = self.outer
-        if sample.graph is not None:
-            sample.since = len(sample.graph.op) if sample.graph is not graph else n
+            d.nodes.extend(range(since, n))
+        sample.phase, outer = self.outer
+        sample.graph = outer
+        if outer is not None:
+            sample.since = n if outer is graph else len(outer.op)
 
 
 def _seed() -> int:
@@ -242,9 +276,45 @@ def autobatch_map(fn: Callable[[Any], Any], samples: Iterable | None = None, *, 
     samples = list(samples)
     if seed is None:
         seed = _seed()
-    if not concurrent:
-        return [_one(fn, x, _Sample(i, seed, None)) for i, x in enumerate(samples)]
-    return _Map(fn, samples, seed).run()
+    with _fewer_collections:
+        if not concurrent:
+            return [_one(fn, x, _Sample(i, seed, None)) for i, x in enumerate(samples)]
+        return _Map(fn, samples, seed).run()
+
+
+class _FewerCollections:
+    """While any map runs (in any thread, at any nesting), the cyclic garbage collector's
+    first threshold is raised to GC_THRESHOLD allocations. A map records tens of thousands of
+    graph entries that stay alive until renew_cg(); at the default 700 each one is traversed by
+    a young collection and again by the older ones they trigger (a full one walks every live
+    object, the parked samples' stacks too), which measured 10-20% of a batch-64 ACROBAT step
+    at H=128 (bench/acrobat_bench.py). Reference counting frees as usual; cyclic garbage is
+    collected at the raised threshold and after the map at the caller's own. A counter, not
+    save-and-restore per map: maps in two threads, or nested in samples that interleave,
+    leave in any order, and the last one out restores the caller's threshold."""
+
+    def __init__(self):
+        self.lock, self.depth, self.saved = threading.Lock(), 0, None
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.depth += 1
+            if self.depth == 1:
+                self.saved = gc.get_threshold()
+                if self.saved[0] and self.saved[0] < GC_THRESHOLD:  # 0: collection is off, keep it so
+                    gc.set_threshold(GC_THRESHOLD, *self.saved[1:])
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                if gc.get_threshold()[0] == GC_THRESHOLD:  # unless the caller's code set its own meanwhile
+                    gc.set_threshold(*self.saved)
+                self.saved = None
+
+
+GC_THRESHOLD = 100_000
+_fewer_collections = _FewerCollections()
 
 
 def _one(fn: Callable, x, sample: _Sample):
@@ -257,6 +327,7 @@ def _one(fn: Callable, x, sample: _Sample):
         raise
 
 
+_NOTHING_DEFERRED = _Deferred()  # falsy: evaluate every pending node
 _IDLE, _RAISED = object(), object()  # what a worker greenlet reports: ready for a sample, or it raised
 _POOL_MAX = 4096                     # idle workers kept per thread
 
@@ -410,12 +481,11 @@ class _Map:
             by_depth = groups_by_depth(g.scheduler)
             if arms or by_depth:  # a depth-grouping scheduler sees depths inline in the round
                 align_depths(g, arms or (), by_depth)
-            try:
-                deferred = self.deferred.get(g)
+            deferred = self.deferred.get(g)
+            try:  # always through the `defer` path, even with nothing deferred: it skips the schedule cache
+                g.evaluate_pending_except(deferred or _NOTHING_DEFERRED, self.targets[g])
                 if deferred:
-                    g.evaluate_pending_except(deferred, self.targets[g])
-                else:
-                    g.evaluate_pending()
+                    deferred.evaluated(g)
             except BaseException as e:
                 parked = self.parked
                 e.add_note(f"raised while evaluating samples {parked[:8]}{'...' if len(parked) > 8 else ''}"

@@ -33,8 +33,11 @@ def _pending_py(blk: list, lo: int, hi: int) -> list[int]:
 _pending = NATIVE.pending if NATIVE is not None else _pending_py
 
 
+_NO_DEFER = frozenset()  # forward()'s default: a plain evaluation, not a concurrent map's chunk
+
+
 class Engine:
-    def forward(self, cg, upto: int, defer: frozenset | set = frozenset(), targets=()) -> None:
+    def forward(self, cg, upto: int, defer: frozenset | set = _NO_DEFER, targets=()) -> None:
         stats = cg.stats
         token = ACTIVE.set(stats)  # dy.block plans report their inner copies here
         try:
@@ -48,7 +51,8 @@ class Engine:
         overlap.before_execution()  # a deferred backward()/update() may still be writing parameters
         t0 = time.perf_counter()
         stats.t_record += t0 - cg._t_last
-        pending = _pending(cg.blk, cg.done, upto + 1)
+        chunk = getattr(defer, "chunk", None)  # dy.autobatch_map's splitter knows the nodes it left pending
+        pending = chunk(cg, upto) if chunk is not None else _pending(cg.blk, cg.done, upto + 1)
         left = []
         if defer:  # a splitter that keeps its state across chunks (dy.autobatch_map's) splits itself
             split = getattr(defer, "split", None)
@@ -60,8 +64,9 @@ class Engine:
             coarse.execute(get_backend(), batches)
             self._done(cg, stats, upto, left)
             return
-        # the small-graph path: a graph structured like one scheduled before replays its schedule
-        cache = SCHEDULES if config.schedule_cache and not left and not config.debug else None
+        # the small-graph path: a graph structured like one scheduled before replays its schedule;
+        # not a dy.autobatch_map chunk (`defer` given), cut where reads fell: it hardly ever repeats
+        cache = SCHEDULES if config.schedule_cache and defer is _NO_DEFER and not config.debug else None
         batches = cache.get(cg, pending) if cache is not None else None
         if batches is None:
             sched = schedulers.get(cg.scheduler)

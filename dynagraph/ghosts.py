@@ -68,11 +68,8 @@ class ghost:
     __slots__ = ("site", "graph", "since", "segments", "sample")
 
     def __init__(self, site: Hashable | None = None):
-        if site is None:
-            f = sys._getframe(1)
-            site = (f.f_code.co_filename, f.f_lineno)
-        self.site = site
-        self.graph, self.since, self.segments, self.sample = None, 0, [], None
+        self.site = site  # None: the `with` line, found on entering under a depth scheduler
+        self.graph, self.since, self.segments, self.sample = None, 0, None, None
 
     def __enter__(self) -> "ghost":
         cg = current()
@@ -81,6 +78,9 @@ class ghost:
         if self.graph is not None:  # shared by samples, one arm's nodes would mix with another's
             raise DynagraphError("a dy.ghost() object is entered once at a time: "
                                  "write `with dy.ghost():` around the branch")
+        if self.site is None:  # only here: frame inspection costs ~1 us per branch taken
+            f = sys._getframe(1)  # the frame running the `with` statement
+            self.site = (f.f_code.co_filename, f.f_lineno)
         self.graph = cg
         self.since, self.segments = len(cg), []
         sample = SAMPLE.get()

@@ -529,3 +529,152 @@ def test_incremental_phase_split_keeps_the_chunk_contract(rounds, poke):
         if poke and left:  # e.g. a nested map's own evaluation
             done.add(left[0])
             left = left[1:]
+
+
+def test_maps_raise_the_collection_threshold_and_restore_it():
+    """While any map runs the cyclic collector runs less often (its young threshold raised); the
+    caller's thresholds come back after the map, after a nested map, after an error, and a
+    caller that turned collection off (threshold 0) keeps it off."""
+    import gc
+
+    from dynagraph import concurrent
+
+    seen = []
+
+    def f(x):
+        seen.append(gc.get_threshold()[0])
+        if x == 2:
+            dy.autobatch_map(lambda y: seen.append(gc.get_threshold()[0]), [0, 1])
+        v = dy.scalarInput(float(x)).value()
+        if x == 3:
+            raise ValueError("three")
+        return v
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert dy.autobatch_map(f, [0, 1, 2]) == [0.0, 1.0, 2.0]
+        assert dy.autobatch_map(f, [1, 2], concurrent=False) == [1.0, 2.0]
+        assert set(seen) == {concurrent.GC_THRESHOLD} and gc.get_threshold() == (700, 10, 10)
+        with pytest.raises(ValueError):
+            dy.autobatch_map(f, [1, 3])
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0)
+        seen.clear()
+        dy.autobatch_map(f, [0, 1])
+        assert seen == [0, 0] and gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*saved)
+
+
+@settings(max_examples=80, deadline=None)
+@given(backs=st.lists(st.lists(st.integers(1, 12), max_size=3), min_size=1, max_size=40),
+       tainted=st.sets(st.integers(0, 39), max_size=8), lo=st.integers(0, 39), targets=st.lists(st.integers(0, 39)))
+def test_phase_split_twins_agree(backs, tainted, lo, targets):
+    """kernels/cpython/phase_split.c against its Python twins (concurrent._users_split_py,
+    graph.needed_within): the same (run, left), the same tainted set after, the same needed nodes."""
+    from dynagraph import concurrent
+    from dynagraph.graph import needed_within
+    from dynagraph.recording import NATIVE
+    if getattr(NATIVE, "users_split", None) is None:
+        pytest.skip("the compiled _bookkeeping module is not built")
+    args = [tuple(sorted({n - b for b in back if n - b >= 0})) for n, back in enumerate(backs)]
+    tainted = {t for t in tainted if t < len(args)}
+    nodes = list(range(min(lo, len(args) - 1), len(args)))
+    t_py, t_c = set(tainted), set(tainted)
+    assert NATIVE.users_split(args, t_c, nodes) == tuple(concurrent._users_split_py(args, t_py, nodes))
+    assert t_c == t_py
+    targets = [t for t in targets if t < len(args)]
+    assert NATIVE.needed_within(args, t_c, targets) == needed_within(args, t_c, targets)
+    with pytest.raises(IndexError):
+        NATIVE.users_split(args, set(), [len(args)])
+    with pytest.raises(TypeError):
+        NATIVE.users_split(args, frozenset(), nodes)
+
+
+def test_map_chunks_skip_the_schedule_cache_and_plain_evaluations_keep_it(monkeypatch):
+    """A concurrent map's chunks are cut where the samples' reads fell and hardly ever repeat:
+    they are neither looked up nor stored; a plain evaluation of the same graph still is."""
+    from dynagraph.config import config
+    from dynagraph.schedule_cache import SCHEDULES
+    monkeypatch.setattr(config, "schedule_cache", True)
+    _, p = _model()
+
+    def f(k):
+        h = dy.tanh(p["W"] * p["E"][k % V])
+        for _ in range(3):
+            if h.value()[0] > 0:
+                h = dy.tanh(p["U"] * h + p["b"])
+        return dy.sum_elems(h)
+
+    SCHEDULES.clear()
+    dy.renew_cg(scheduler="agenda")
+    out = dy.autobatch_map(f, range(6))
+    assert SCHEDULES.hits == SCHEDULES.misses == 0 and not SCHEDULES.entries
+    dy.esum(out).value()  # after the map: a plain evaluation, cached as before
+    assert SCHEDULES.misses == 1 and len(SCHEDULES.entries) == 1
+    SCHEDULES.clear()
+
+
+@pytest.mark.parametrize("disturb", ["recalculate", "set", "revert", "plain"])
+def test_phase_chunks_survive_invalidate_set_and_revert_between_reads(float64, disturb):
+    """The map's chunks take the nodes its split left pending from the split itself instead of
+    scanning the graph; a sample that re-evaluates everything (value(recalculate=True)), changes
+    an input (set()) or reverts to a checkpoint between reads makes the next chunk scan again:
+    values and gradients stay those of the samples run one by one."""
+    pc, p = _model()
+
+    def f(k):
+        h = dy.tanh(p["W"] * p["E"][k % V])
+        x = dy.inputVector([0.1 * k] * H)
+        losses = []
+        for t in range(4):
+            with dy.phase(1):
+                losses.append(dy.pickneglogsoftmax(p["O"] * h, (k + t) % V))
+            if k == 1 and t == 1:
+                if disturb == "recalculate":
+                    h.value(recalculate=True)
+                elif disturb == "set":
+                    x.set([0.2 * k] * H)
+                elif disturb == "revert":  # no read in between: other samples' nodes would go too
+                    dy.cg_checkpoint()
+                    dy.tanh(p["U"] * h)
+                    dy.cg_revert()
+            if h.value()[0] > -0.5:
+                h = dy.tanh(p["U"] * h + dy.cmult(x, p["v"]) + p["b"])
+        return dy.esum(losses)
+
+    out = []
+    for concurrent in (False, True):
+        dy.renew_cg(scheduler="agenda")
+        pc.reset_gradient()
+        losses = dy.autobatch_map(f, range(5), concurrent=concurrent)
+        dy.esum(losses).backward()
+        out.append(([l.value() for l in losses], {n: q.grad_as_array() for n, q in p.items()}))
+    np.testing.assert_allclose(out[1][0], out[0][0], rtol=0, atol=1e-10)
+    for n in out[0][1]:
+        np.testing.assert_allclose(out[1][1][n], out[0][1][n], rtol=0, atol=1e-10, err_msg=n)
+
+
+def test_phase_chunk_equals_a_full_scan_for_pending_nodes(monkeypatch):
+    """_Deferred.chunk (the nodes the last split left, then those recorded since) is the engine's
+    scan of every pending node from cg.done, round after round, on the bench's phased models."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.acrobat_models import Model
+    from dynagraph import concurrent
+    chunk, used = concurrent._Deferred.chunk, []
+
+    def checked(self, cg, upto):
+        got = chunk(self, cg, upto)
+        assert got == concurrent._pending(cg.blk, cg.done, upto + 1)
+        used.append(bool(self.left))
+        return got
+
+    monkeypatch.setattr(concurrent._Deferred, "chunk", checked)
+    for kind in ("stackrnn", "drnn"):
+        m = Model(dy, kind, 8)
+        for train in (True, False):
+            m.step(list(range(12)), train, True)
+    assert any(used)

@@ -17,6 +17,7 @@ Each function here has a pure-Python twin that is the reference and the fallback
                row_index_small for backends/cpu/rows.py (its Python paths are the twins)
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
+  phase_split.c concurrent._users_split_py, graph.needed_within (dy.phase in dy.autobatch_map)
 */
 #ifndef DG_BOOKKEEPING_H
 #define DG_BOOKKEEPING_H
@@ -98,5 +99,7 @@ PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nar
 PyObject *dg_node_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_users_split(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_needed_within(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 
 #endif
