@@ -68,7 +68,7 @@ from typing import Callable, Union
 from .expression import Expression
 from .graph import ComputationGraph
 from .schedulers.base import lower_bound
-from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, encode, most_common
+from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, encode, fallback
 from .schedulers.typewise import Simulation, stable_keys
 
 try:
@@ -76,7 +76,9 @@ try:
 except ImportError:  # pragma: no cover - tqdm is a dependency
     tqdm = None
 
-__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
+REWARDS = ("ratio", "bound")
+
+__all__ = ["REWARDS", "train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
            "faster_baseline", "DEFER_MARGIN"]
 
 Scheduler = FSMScheduler
@@ -129,14 +131,20 @@ class Trainer:
     def __init__(self, cg: ComputationGraph, encoding: str = "base", seed: int = 0, step_size: float = 0.4,
                  gamma: float = 0.9, epsilon: float = 0.5, epsilon_decay: float = 0.9,
                  epsilon_min: float = 0.05, n_step: int = 10, bootstrap: str = "max", settle: bool = True,
-                 hold_tail: bool = True):
+                 hold_tail: bool = True, reward: str = "auto"):
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
+        if reward == "auto":
+            reward = "bound" if encoding == "chain" else "ratio"
+        if reward not in REWARDS:
+            raise ValueError(f"unknown FSM reward {reward!r}; use one of {REWARDS} or 'auto'")
         if bootstrap not in ("max", "none"):
             raise ValueError(f"bootstrap must be 'max' or 'none', got {bootstrap!r}")
         cg._sync_values()
         self.nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
-        self.sim = Simulation(cg, self.nodes, typewise=True, hold_tail=hold_tail)
+        self.reward = reward
+        self.sim = Simulation(cg, self.nodes, typewise=True, hold_tail=hold_tail,
+                              heights=encoding == "chain" or reward == "bound")
         self.hold_tail = hold_tail
         keys = stable_keys(cg, self.sim.type_sig)
         self.types = [keys[s] for s in self.sim.type_sig]  # vocabulary id == simulation type
@@ -160,15 +168,23 @@ class Trainer:
         sim, q, enc, vmap, rng = self.sim, self.q, self.encoding, self.vmap, self.rng
         sim.reset(record=False)
         ready = sim.ready
+        chain = sim.chain_ready if sim.heights else None
+        bound = self.reward == "bound"
         S, A, R = [], [], []
         while self._decide():
-            s = encode(enc, ready, vmap, sim.fcount)
+            s = encode(enc, ready, vmap, sim.fcount, chain)
             if eps > 0.0 and rng.random() < eps:
                 a = rng.choice(list(ready))
             else:
                 qs = q.get(s)
-                a = max(qs, key=qs.get) if qs else most_common(ready)
-            R.append(sim.step(a))
+                a = max(qs, key=qs.get) if qs else fallback(enc, sim)
+            if bound:  # minus the rise of batches + remaining bound, settling included
+                before = sim.steps + sim.left
+                sim.step(a)
+                self._decide()
+                R.append(float(before - sim.steps - sim.left))
+            else:
+                R.append(sim.step(a))
             S.append(s)
             A.append(a)
         return S, A, R
@@ -178,9 +194,10 @@ class Trainer:
         sim, enc, vmap = self.sim, self.encoding, self.vmap
         sim.reset(record=False)
         ready = sim.ready
+        chain = sim.chain_ready if sim.heights else None
         while self._decide():
-            a = table.get(encode(enc, ready, vmap, sim.fcount))
-            sim.step(a if a in ready else most_common(ready))
+            a = table.get(encode(enc, ready, vmap, sim.fcount, chain))
+            sim.step(a if a in ready else fallback(enc, sim))
         return sim.n_batches
 
     def update(self, S: list, A: list, R: list) -> None:
@@ -228,7 +245,7 @@ class Trainer:
             bar.close()
         meta = {"episodes": ep, "batches": best, "lower_bound": lb, "nodes": len(self.nodes),
                 "seconds": round(time.perf_counter() - t0, 3), "history": history,
-                "hyper": {"step_size": self.alpha, "gamma": self.gamma, "epsilon": self.epsilon,
+                "hyper": {"reward": self.reward, "step_size": self.alpha, "gamma": self.gamma, "epsilon": self.epsilon,
                           "epsilon_decay": self.epsilon_decay, "epsilon_min": self.epsilon_min,
                           "n_step": self.n, "bootstrap": self.bootstrap}}
         return Policy(self.encoding, self.types, best_table, best_q, meta, settle=self.settle,
@@ -240,7 +257,7 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
           epsilon: float = 0.5, epsilon_decay: float = 0.9, epsilon_min: float = 0.05, n_step: int = 10,
           eval_every: int = 50, tolerance: float = 0.01, patience: int | None = None,
           time_limit: float | None = None, bootstrap: str = "max", settle: bool = True,
-          progress: bool = True, defer: bool = True, hold_tail: bool = True) -> Policy:
+          progress: bool = True, defer: bool = True, hold_tail: bool = True, reward: str = "auto") -> Policy:
     """Learn an FSM batching policy on one recorded graph (see the module docstring).
 
     patience: stop after this many greedy evaluations without improvement (None: never).
@@ -254,11 +271,13 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     each runs once (schedulers/typewise.py); stored in the policy.
     defer: when whole steps were timed and the policy's is slower than the better of agenda and
     depth, set `policy.defer_to` to that scheduler (module docstring, "Deferring").
+    reward: "ratio" (ED-Batch's -1 + |ready_a| / |F_a|), "bound" (minus the rise of batches plus
+    the remaining lower bound; module docstring) or "auto": "bound" for the chain encoding, else "ratio".
     """
     recorder = graph if callable(graph) and not isinstance(graph, ComputationGraph) else None
     cg = _graph_of(graph)
     trainer = Trainer(cg, encoding, seed, step_size, gamma, epsilon, epsilon_decay, epsilon_min, n_step,
-                      bootstrap, settle, hold_tail)
+                      bootstrap, settle, hold_tail, reward)
     policy = trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
     if progress or (defer and recorder is not None):
         est = expected_step(recorder if recorder is not None else cg, policy, rounds=5)  # 3 flipped under load

@@ -14,13 +14,15 @@ FSM). Scheduler.from_file(path) keeps one scheduler per file.
 
 Unseen states. When the state is not in the table (or a frontier type is not in
 the policy's vocabulary) the scheduler falls back to running the *most common
-type on the frontier* (most ready nodes; ties to the first-recorded type). Hits
+type on the frontier* (most ready nodes; ties to the first-recorded type); a
+"chain" policy falls back to `chain_first` instead (a type whose longest chain
+stays on schedule, then the typewise ratio, then most ready nodes). Hits
 and misses are counted on the scheduler (`hits`, `misses`) and added to
 `cg.stats.policy_hits` / `policy_misses` when Stats has those fields.
 
 Policy file (JSON, written by Policy.save):
     {"format": "dynagraph.fsm.policy", "version": 1,
-     "encoding": "base" | "max" | "sort" | "ratio",
+     "encoding": "base" | "max" | "sort" | "ratio" | "chain",
      "settle": true,                               # run ratio-1 types outside the policy
      "hold_tail": true,                            # optional: hold tail types back (typewise.py)
      "types":  [stable type key, ...],             # vocabulary; a type is its index
@@ -47,12 +49,13 @@ from ..recording import NATIVE
 from .base import get, register
 from .typewise import Simulation, base_key, batchable_by_sig, param_names, stable_keys
 
-ENCODINGS = ("base", "max", "sort", "ratio")
+ENCODINGS = ("base", "max", "sort", "ratio", "chain")
 FORMAT = "dynagraph.fsm.policy"
 
 
 # ------------------------------------------------------------------ encodings
-def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int] | None = None) -> tuple | None:
+def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int] | None = None,
+           chain_ready=None) -> tuple | None:
     """The state of a frontier: ready maps a type to its ready nodes, vmap a type to its vocabulary id.
 
     base:  the sorted set of frontier types.
@@ -61,6 +64,10 @@ def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int
     ratio: base with each type v written 2v + h, h = 1 when at least half of its G_a frontier is
            ready (2 |ready| >= |F_a|; fcount[t] = |F_a|, typewise.Simulation.fcount): the typewise
            heuristic's signal, coarse enough that states recur across graphs.
+    chain: base with each type v written 2v + c, c = chain_ready(t) (typewise.Simulation.chain_ready:
+           its ready nodes hold every pending node at the head of its longest remaining chain, so
+           running it now costs no batch over the lower bound). Structural, so it carries over to
+           new graphs; trained with the "bound" reward (dynagraph.fsm).
     None when a frontier type is outside the vocabulary (the state cannot be seen).
     """
     items = []
@@ -76,6 +83,10 @@ def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int
         if fcount is None:
             raise ValueError("the ratio encoding needs the G_a frontier counts (fcount)")
         return tuple(sorted([2 * vmap[t] + (2 * len(b) >= fcount[t]) for t, b in ready.items()]))
+    if encoding == "chain":
+        if chain_ready is None:
+            raise ValueError("the chain encoding needs the chain heights (chain_ready)")
+        return tuple(sorted([2 * vmap[t] + bool(chain_ready(t)) for t in ready]))
     base = tuple(sorted([v for _, v in items]))
     if encoding == "base":
         return base
@@ -91,6 +102,33 @@ def most_common(ready: dict) -> int:
         if len(bucket) > size or (len(bucket) == size and t < best):
             best, size = t, len(bucket)
     return best
+
+
+def chain_first(ready: dict, fcount: Sequence[int], chain_ready) -> int:
+    """The chain encoding's fallback: a type whose longest chain stays on schedule (chain_ready),
+    then the highest |ready| / |F_a|, then the most ready nodes, then the first recorded."""
+    best, key = -1, None
+    for t, bucket in ready.items():
+        m = len(bucket)
+        k = (bool(chain_ready(t)), m / fcount[t], m, -t)
+        if key is None or k > key:
+            best, key = t, k
+    return best
+
+
+def fallback(encoding: str, sim) -> int:
+    """The type to run when the policy has no (ready) action: chain_first for "chain" policies,
+    else most_common; sim is the typewise.Simulation."""
+    if encoding == "chain":
+        return chain_first(sim.ready, sim.fcount, sim.chain_ready)
+    return most_common(sim.ready)
+
+
+def simulation(cg, nodes: Sequence[int], encoding: str, settle: bool, hold_tail: bool) -> Simulation:
+    """The Simulation a policy of this encoding runs on: G_a when settling or the state needs it,
+    chain heights for "chain"."""
+    return Simulation(cg, nodes, typewise=settle or encoding in ("ratio", "chain"), hold_tail=hold_tail,
+                      heights=encoding == "chain")
 
 
 # --------------------------------------------------------------------- policy
@@ -224,7 +262,7 @@ class FSMScheduler:
 
     def schedule_policy(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         """The policy's own schedule, whatever defer_to says."""
-        if NATIVE is not None and nodes:
+        if NATIVE is not None and nodes and self.policy.encoding != "chain":
             vocab = self._vocab_by_sig(cg)
             if vocab is not None:
                 pol = self.policy
@@ -266,7 +304,7 @@ class FSMScheduler:
         if not nodes:
             return []
         pol = self.policy
-        sim = Simulation(cg, nodes, typewise=pol.settle or pol.encoding == "ratio", hold_tail=pol.hold_tail)
+        sim = simulation(cg, nodes, pol.encoding, pol.settle, pol.hold_tail)
         sim.reset()
         keys = stable_keys(cg, sim.type_sig)
         vmap = [pol.index.get(keys[s], -1) for s in sim.type_sig]
@@ -278,13 +316,14 @@ class FSMScheduler:
                 sim.settle()
                 if not ready:
                     break
-            state = encode(enc, ready, vmap, sim.fcount if sim.typewise else None)
+            state = encode(enc, ready, vmap, sim.fcount if sim.typewise else None,
+                           sim.chain_ready if sim.heights else None)
             t = inv.get(table.get(state, -1), -1) if state is not None else -1
             if t in ready:
                 hits += 1
             else:
                 misses += 1
-                t = most_common(ready)
+                t = fallback(enc, sim)
             sim.step(t)
         self._count(cg, hits, misses)
         return sim.batches
