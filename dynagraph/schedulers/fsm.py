@@ -262,7 +262,7 @@ class FSMScheduler:
 
     def schedule_policy(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         """The policy's own schedule, whatever defer_to says."""
-        if NATIVE is not None and nodes and self.policy.encoding != "chain":
+        if NATIVE is not None and nodes:
             vocab = self._vocab_by_sig(cg)
             if vocab is not None:
                 pol = self.policy

@@ -24,6 +24,8 @@ static inline int shown(const TW *s, Py_ssize_t t) {
    (rlist, rpos: an unordered set kept so that the decisions look at the ready types only,
    not all T). */
 static inline void join(TW *s, Py_ssize_t t, Py_ssize_t v) {
+    if (s->height)
+        s->hready[s->hoff[t] + s->height[v]]++;
     if (s->blen[t] == 0) {
         s->rpos[t] = s->rn;
         s->rlist[s->rn++] = t;
@@ -85,6 +87,17 @@ static int tw_step(TW *s, Py_ssize_t t, int typewise) {
     s->rlist[s->rpos[t]] = last;
     s->rpos[last] = s->rpos[t];
     dg_sort_ids(batch, m);
+    if (s->height) {  /* Simulation._lower */
+        Py_ssize_t off = s->hoff[t], h;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            h = s->height[batch[k]];
+            s->hcount[off + h]--;
+            s->hready[off + h]--;
+        }
+        for (h = s->top[t]; h > 0 && s->hcount[off + h] == 0;)
+            h--;
+        s->top[t] = h;
+    }
     if (typewise) {
         s->fcount[t] -= m;
         for (Py_ssize_t k = 0; k < m; k++)
@@ -146,6 +159,33 @@ static Py_ssize_t most_common_c(TW *s) {
     return best;
 }
 
+/* Simulation.chain_ready: t's ready nodes hold every pending type-t node of the greatest height. */
+static inline int chain_ready(const TW *s, Py_ssize_t t) {
+    Py_ssize_t i = s->hoff[t] + s->top[t];
+    return s->hready[i] == s->hcount[i];
+}
+
+/* fsm.chain_first: chain_ready, then highest |ready| / |F_a|, then more ready nodes, then lower type. */
+static Py_ssize_t chain_first_c(TW *s) {
+    Py_ssize_t best = -1;
+    int bc = 0;
+    double br = 0.0;
+    for (Py_ssize_t i = 0; i < s->rn; i++) {
+        Py_ssize_t t = s->rlist[i], m = s->blen[t];
+        if (!shown(s, t))
+            continue;
+        int c = chain_ready(s, t);
+        double r = (double)m / (double)s->fcount[t];
+        if (best < 0 || c > bc ||
+            (c == bc && (r > br || (r == br && (m > s->blen[best] || (m == s->blen[best] && t < best)))))) {
+            best = t;
+            bc = c;
+            br = r;
+        }
+    }
+    return best;
+}
+
 typedef struct {
     Py_ssize_t len, v;
 } Item;
@@ -158,7 +198,8 @@ static int item_cmp(const void *a, const void *b) {  /* (-len, v) ascending */
 }
 
 /* fsm.encode: the frontier's state tuple, Py_None when a ready type is outside the vocabulary.
-   encoding 0 base, 1 max, 2 sort, 3 ratio (base of 2 v + [2 |ready| >= |F_a|]; needs the F_a counts). */
+   encoding 0 base, 1 max, 2 sort, 3 ratio (base of 2 v + [2 |ready| >= |F_a|]; needs the F_a counts),
+   4 chain (base of 2 v + chain_ready; needs the chain heights). */
 static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item *items) {
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < s->rn; i++) {  /* any order: the items are sorted below */
@@ -168,7 +209,9 @@ static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item 
         if (vmap[t] < 0)
             Py_RETURN_NONE;
         items[k].len = s->blen[t];
-        items[k++].v = encoding == 3 ? 2 * vmap[t] + (2 * s->blen[t] >= s->fcount[t]) : vmap[t];
+        items[k++].v = encoding == 3   ? 2 * vmap[t] + (2 * s->blen[t] >= s->fcount[t])
+                       : encoding == 4 ? 2 * vmap[t] + chain_ready(s, t)
+                                       : vmap[t];
     }
     Py_ssize_t extra = -1;
     if (encoding == 2) {
@@ -251,8 +294,8 @@ static int parse_policy(PyObject *policy, Fsm *f) {
     if (!PyArg_ParseTuple(policy, "O!O!nlp|p", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
                           &f->settle, &f->hold_tail))
         return -1;
-    if (e < 0 || e > 3 || f->V < 0) {
-        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1, 2 or 3");
+    if (e < 0 || e > 4 || f->V < 0) {
+        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1, 2, 3 or 4");
         return -1;
     }
     f->encoding = (int)e;
@@ -329,6 +372,45 @@ static int tail_types(TW *s) {
     return 0;
 }
 
+/* typewise.chain_heights: each typed node's height over its G_a children (later nodes), then per
+   type the pending count per height and the greatest height. */
+static int chain_heights(TW *s) {
+    Py_ssize_t n = s->n, T = s->T;
+    s->height = tw_alloc(s, n);
+    s->top = tw_zalloc(s, ((size_t)T + 1) * sizeof(Py_ssize_t));
+    s->hoff = tw_alloc(s, T + 1);
+    if (!s->height || !s->top || !s->hoff) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = n - 1; v >= 0; v--) {
+        Py_ssize_t t = s->typ[v], h = 1;
+        if (t < 0) {
+            s->height[v] = 0;
+            continue;
+        }
+        for (Py_ssize_t e = s->gstart[v]; e < s->gstart[v + 1]; e++)
+            if (s->height[s->gch[e]] >= h)
+                h = s->height[s->gch[e]] + 1;
+        s->height[v] = h;
+        if (h > s->top[t])
+            s->top[t] = h;
+    }
+    s->hoff[0] = 0;
+    for (Py_ssize_t t = 0; t < T; t++)
+        s->hoff[t + 1] = s->hoff[t] + s->top[t] + 1;
+    s->hcount = tw_zalloc(s, ((size_t)s->hoff[T] + 1) * sizeof(Py_ssize_t));
+    s->hready = tw_zalloc(s, ((size_t)s->hoff[T] + 1) * sizeof(Py_ssize_t));
+    if (!s->hcount || !s->hready) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < n; v++)
+        if (s->typ[v] >= 0)
+            s->hcount[s->hoff[s->typ[v]] + s->height[v]]++;
+    return 0;
+}
+
 /* Per-type arrays: bucket ranges, F_a counts, the FSM's vocabulary maps; G_a when needed. */
 static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     Py_ssize_t n = s->n, T = s->T;
@@ -385,7 +467,10 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
         PyErr_NoMemory();
         return -1;
     }
-    return tw_type_graph(s);
+    int rc = tw_type_graph(s);
+    if (rc)
+        return rc;  /* -1: error; 1: Python decides */
+    return f->on && f->encoding == 4 ? chain_heights(s) : 0;
 }
 
 /* Simulation.reset and the decision loop (TypewiseBatching / FSMScheduler.schedule_py). */
@@ -421,6 +506,8 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
                 t = a;
             } else {
                 (*misses)++;
+                if (f->encoding == 4)
+                    t = chain_first_c(s);
             }
         }
         rc = tw_step(s, t, typewise);
@@ -429,7 +516,7 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
 }
 
 /* typewise_batches(args, sig, batchable, nodes, policy): the typewise heuristic (policy None) or
-   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2/3, settle)). Returns
+   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0..4, settle)). Returns
    (batches, hits, misses), or None when Python must decide (a signature outside the tables,
    a chain of unbatchable nodes too deep). Twins: TypewiseBatching / FSMScheduler.schedule_py. */
 PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -465,7 +552,7 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     Py_ssize_t hits = 0, misses = 0;
     Py_ssize_t *sig_type = PyMem_Malloc(((size_t)s.S + 1) * sizeof(Py_ssize_t));
     PyObject *out = NULL;
-    int typewise = !f.on || f.settle || f.encoding == 3, rc = -1;
+    int typewise = !f.on || f.settle || f.encoding >= 3, rc = -1;
     if (!sig_type)
         PyErr_NoMemory();
     else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&

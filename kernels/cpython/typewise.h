@@ -26,6 +26,9 @@ typedef struct {
     /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */
     char *tail;
     Py_ssize_t nontail;
+    /* chain heights (typewise.Simulation's heights, the FSM's chain encoding): height per node; per
+       type t, pending and ready counts per height at hoff[t] + h, and its greatest pending height */
+    Py_ssize_t *height, *hoff, *hcount, *hready, *top;
     PyObject *result;
     /* memory: the shared arena (arena = 1, bytes used) and heap blocks owned by this call */
     int arena;
