@@ -96,7 +96,7 @@ def test_frontier_counts_stay_consistent_under_any_order(name, n):
         assert sim.fcount == _recount(cg, sim, nodes, {n for b in sim.batches for n in b})
 
 
-@pytest.mark.parametrize("name,n", [("treelstm2type", 4), ("latticelstm", 2), ("nerlattice", 2)])
+@pytest.mark.parametrize("name,n", [("treelstm2type", 3), ("nerlattice", 1)])
 def test_chain_heights_stay_consistent_under_any_order(name, n):
     """Chain heights equal a from-scratch count; after every step top[t] is the remaining graph's
     longest type-t chain (lower_bound's share of t), left their sum, and chain_ready(t) says
