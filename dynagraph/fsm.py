@@ -82,7 +82,7 @@ from typing import Callable, Union
 from .expression import Expression
 from .graph import ComputationGraph
 from .schedulers.base import lower_bound
-from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, encode, fallback
+from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, allowed, encode, fallback
 from .schedulers.typewise import Simulation, stable_keys
 
 try:
@@ -188,10 +188,12 @@ class Trainer:
         while self._decide():
             s = encode(enc, ready, vmap, sim.fcount, chain)
             if eps > 0.0 and rng.random() < eps:
-                a = rng.choice(list(ready))
+                a = rng.choice([t for t in ready if allowed(enc, sim, t)])
             else:
                 qs = q.get(s)
-                a = max(qs, key=qs.get) if qs else fallback(enc, sim)
+                a = max(qs, key=qs.get) if qs else -1
+                if a not in ready or not allowed(enc, sim, a):
+                    a = fallback(enc, sim)
             if bound:  # minus the rise of batches + remaining bound, settling included
                 before = sim.steps + sim.left
                 sim.step(a)
@@ -211,7 +213,7 @@ class Trainer:
         chain = sim.chain_ready if sim.heights else None
         while self._decide():
             a = table.get(encode(enc, ready, vmap, sim.fcount, chain))
-            sim.step(a if a in ready else fallback(enc, sim))
+            sim.step(a if a in ready and allowed(enc, sim, a) else fallback(enc, sim))
         return sim.n_batches
 
     def update(self, S: list, A: list, R: list) -> None:

@@ -16,7 +16,10 @@ Unseen states. When the state is not in the table (or a frontier type is not in
 the policy's vocabulary) the scheduler falls back to running the *most common
 type on the frontier* (most ready nodes; ties to the first-recorded type); a
 "chain" policy falls back to `chain_first` instead (a type whose longest chain
-stays on schedule, then the typewise ratio, then most ready nodes). Hits
+stays on schedule, then the typewise ratio, then most ready nodes; when no type
+keeps its chain, the one holding the node farthest from a sink), and also uses it
+when the table's type would leave its chain behind while another keeps its own
+(`allowed`; counted as a miss). Hits
 and misses are counted on the scheduler (`hits`, `misses`) and added to
 `cg.stats.policy_hits` / `policy_misses` when Stats has those fields.
 
@@ -104,10 +107,21 @@ def most_common(ready: dict) -> int:
     return best
 
 
-def chain_first(ready: dict, fcount: Sequence[int], chain_ready) -> int:
-    """The chain encoding's fallback: a type whose longest chain stays on schedule (chain_ready),
-    then the highest |ready| / |F_a|, then the most ready nodes, then the first recorded."""
+def chain_first(ready: dict, fcount: Sequence[int], chain_ready, crit: Sequence[int] | None = None) -> int:
+    """The chain encoding's fallback. Among types whose longest chain stays on schedule
+    (chain_ready): the highest |ready| / |F_a|, then the most ready nodes, then the first recorded.
+    When no type is chain_ready, every choice costs a batch over the bound: then the type holding
+    the ready node with the longest path to a sink (crit, typewise.path_lengths; ties: first
+    recorded), which unblocks a sample left behind (without it, a rare type the table never
+    picks stalled one lattice, and with it the head of every type's chain: 1.5x the bound);
+    without crit, the ratio rule over all types."""
     best, key = -1, None
+    if crit is not None and not any(chain_ready(t) for t in ready):
+        for t, bucket in ready.items():
+            k = (max([crit[n] for n in bucket]), -t)
+            if key is None or k > key:
+                best, key = t, k
+        return best
     for t, bucket in ready.items():
         m = len(bucket)
         k = (bool(chain_ready(t)), m / fcount[t], m, -t)
@@ -116,11 +130,21 @@ def chain_first(ready: dict, fcount: Sequence[int], chain_ready) -> int:
     return best
 
 
+def allowed(encoding: str, sim, t: int) -> bool:
+    """Whether a chain policy may run type t: a type that is chain_ready, or any type when none is.
+    A batch that leaves its longest chain behind while another type keeps its own costs a batch
+    over the bound now; on held-out graphs the table's such choices lost more than they won
+    (LatticeGRU 1.14-1.18x the bound -> 1.12-1.13x), so the scheduler and training mask them."""
+    if encoding != "chain" or sim.chain_ready(t):
+        return True
+    return not any(sim.chain_ready(u) for u in sim.ready)
+
+
 def fallback(encoding: str, sim) -> int:
     """The type to run when the policy has no (ready) action: chain_first for "chain" policies,
     else most_common; sim is the typewise.Simulation."""
     if encoding == "chain":
-        return chain_first(sim.ready, sim.fcount, sim.chain_ready)
+        return chain_first(sim.ready, sim.fcount, sim.chain_ready, sim.crit)
     return most_common(sim.ready)
 
 
@@ -319,7 +343,7 @@ class FSMScheduler:
             state = encode(enc, ready, vmap, sim.fcount if sim.typewise else None,
                            sim.chain_ready if sim.heights else None)
             t = inv.get(table.get(state, -1), -1) if state is not None else -1
-            if t in ready:
+            if t in ready and allowed(enc, sim, t):
                 hits += 1
             else:
                 misses += 1

@@ -133,6 +133,7 @@ class Simulation:
         self.heights = heights and typewise
         if self.heights:
             self.height, self.hcount0 = chain_heights(typ, self.gch, len(dense))
+            self.crit = path_lengths(self.users)
 
     @property
     def n_types(self) -> int:
@@ -340,6 +341,17 @@ def chain_heights(typ: list, gch: list, n_types: int) -> tuple[list, list]:
         if t >= 0:
             counts[t][height[i]] += 1
     return height, counts
+
+
+def path_lengths(users: list) -> list:
+    """Per local node, the most nodes on a path from it to a sink (itself included): how far
+    behind its sample is, the critical-path priority of list scheduling."""
+    crit = [1] * len(users)
+    for i in range(len(users) - 1, -1, -1):
+        us = users[i]
+        if us:
+            crit[i] = 1 + max([crit[u] for u in us])
+    return crit
 
 
 def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:

@@ -165,25 +165,46 @@ static inline int chain_ready(const TW *s, Py_ssize_t t) {
     return s->hready[i] == s->hcount[i];
 }
 
-/* fsm.chain_first: chain_ready, then highest |ready| / |F_a|, then more ready nodes, then lower type. */
+/* fsm.chain_first: among chain_ready types the highest |ready| / |F_a|, then more ready nodes, then
+   lower type; when none is chain_ready, the type holding the ready node of the longest path to a
+   sink (crit), then lower type. */
 static Py_ssize_t chain_first_c(TW *s) {
-    Py_ssize_t best = -1;
-    int bc = 0;
+    Py_ssize_t best = -1, bc = -1;
     double br = 0.0;
     for (Py_ssize_t i = 0; i < s->rn; i++) {
         Py_ssize_t t = s->rlist[i], m = s->blen[t];
-        if (!shown(s, t))
+        if (!shown(s, t) || !chain_ready(s, t))
             continue;
-        int c = chain_ready(s, t);
         double r = (double)m / (double)s->fcount[t];
-        if (best < 0 || c > bc ||
-            (c == bc && (r > br || (r == br && (m > s->blen[best] || (m == s->blen[best] && t < best)))))) {
+        if (best < 0 || r > br || (r == br && (m > s->blen[best] || (m == s->blen[best] && t < best)))) {
             best = t;
-            bc = c;
             br = r;
         }
     }
+    if (best >= 0)
+        return best;
+    for (Py_ssize_t i = 0; i < s->rn; i++) {
+        Py_ssize_t t = s->rlist[i], c = 0;
+        if (!shown(s, t))
+            continue;
+        const Py_ssize_t *b = s->bucket + s->bstart[t];
+        for (Py_ssize_t k = 0; k < s->blen[t]; k++)
+            if (s->crit[b[k]] > c)
+                c = s->crit[b[k]];
+        if (best < 0 || c > bc || (c == bc && t < best)) {
+            best = t;
+            bc = c;
+        }
+    }
     return best;
+}
+
+/* Whether some shown type is chain_ready (fsm.allowed). */
+static int any_chain_ready(const TW *s) {
+    for (Py_ssize_t i = 0; i < s->rn; i++)
+        if (shown(s, s->rlist[i]) && chain_ready(s, s->rlist[i]))
+            return 1;
+    return 0;
 }
 
 typedef struct {
@@ -379,12 +400,17 @@ static int chain_heights(TW *s) {
     s->height = tw_alloc(s, n);
     s->top = tw_zalloc(s, ((size_t)T + 1) * sizeof(Py_ssize_t));
     s->hoff = tw_alloc(s, T + 1);
-    if (!s->height || !s->top || !s->hoff) {
+    s->crit = tw_alloc(s, n);
+    if (!s->height || !s->top || !s->hoff || !s->crit) {
         PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t v = n - 1; v >= 0; v--) {
-        Py_ssize_t t = s->typ[v], h = 1;
+        Py_ssize_t t = s->typ[v], h = 1, c = 1;
+        for (Py_ssize_t e = s->ustart[v]; e < s->ustart[v + 1]; e++)
+            if (s->crit[s->users[e]] >= c)
+                c = s->crit[s->users[e]] + 1;
+        s->crit[v] = c;
         if (t < 0) {
             s->height[v] = 0;
             continue;
@@ -501,6 +527,8 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
             Py_ssize_t a = fsm_lookup(s, f->table, f->vmap, f->inv, f->V, f->encoding, f->items, &err);
             if (err)
                 return -1;
+            if (a >= 0 && f->encoding == 4 && !chain_ready(s, a) && any_chain_ready(s))
+                a = -1;  /* fsm.allowed: the table's type would leave its chain behind */
             if (a >= 0) {
                 (*hits)++;
                 t = a;

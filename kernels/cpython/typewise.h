@@ -28,7 +28,7 @@ typedef struct {
     Py_ssize_t nontail;
     /* chain heights (typewise.Simulation's heights, the FSM's chain encoding): height per node; per
        type t, pending and ready counts per height at hoff[t] + h, and its greatest pending height */
-    Py_ssize_t *height, *hoff, *hcount, *hready, *top;
+    Py_ssize_t *height, *hoff, *hcount, *hready, *top, *crit;  /* crit: typewise.path_lengths */
     PyObject *result;
     /* memory: the shared arena (arena = 1, bytes used) and heap blocks owned by this call */
     int arena;

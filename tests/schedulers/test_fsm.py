@@ -69,6 +69,12 @@ def test_chain_encoding_and_fallback():
     assert chain_first(READY, [3, 3, 5], chain) == 1
     assert chain_first(READY, [4, 3, 2], lambda t: False) == 2
     assert chain_first(READY, [6, 2, 4], lambda t: False) == 0
+    # none chain_ready, path lengths known: the type holding the ready node farthest from a sink
+    crit = {n: 1 for n in range(10, 16)} | {13: 9, 15: 9}
+    assert chain_first(READY, [3, 3, 5], lambda t: False, crit) == 1      # ties: first recorded
+    assert chain_first(READY, [3, 3, 5], chain, crit) == 1                 # a chain_ready type first
+    crit[14] = 12
+    assert chain_first(READY, [3, 3, 5], lambda t: False, crit) == 2
 
 
 def test_bound_rewards_sum_to_the_gap_to_the_lower_bound():

@@ -125,6 +125,14 @@ def test_chain_heights_stay_consistent_under_any_order(name, n):
         sim.step(t)
         done = {x for b in sim.batches for x in b}
     assert sim.left == 0 and sim.top == [0] * sim.n_types
+    users: dict = {}
+    for x in nodes:
+        for a in cg.args[x]:
+            users.setdefault(a, []).append(x)
+    longest: dict = {}
+    for x in reversed(nodes):  # the most nodes on a path down to a sink
+        longest[x] = 1 + max([longest[u] for u in users.get(x, ())], default=0)
+        assert sim.crit[x - sim.base] == longest[x]
 
 
 def _heights(cg, sim, nodes, done) -> dict:
