@@ -68,8 +68,8 @@ bound - batches (potential-based shaping of -1 per batch, so the best policy is 
 Q then estimates the excess still to come, which a state can see, rather than all batches
 left. Unseen states fall back to chain_first (schedulers/fsm.py). Trained on one graph of 32
 samples and run on another (bench/compare_schedulers.py, README "Schedulers"), it cut batches
-from 1.23-1.39x the lower bound (base) to 1.09-1.15x on the NER lattices, LatticeLSTM and
-LatticeGRU. A beam search over types with the same bound as its guide (a perfect-information
+from 1.28/1.23/1.39x the lower bound (base) to 1.07/1.08/1.13x on the NER lattices,
+LatticeLSTM and LatticeGRU. A beam search over types with the same bound as its guide (a perfect-information
 teacher, not shipped) reached 1.05-1.10x on those graphs. "base" remains for comparison;
 it carried over better than "sort" (a sort state also depends on counts).
 """
