@@ -393,50 +393,6 @@ static int tail_types(TW *s) {
     return 0;
 }
 
-/* typewise.chain_heights: each typed node's height over its G_a children (later nodes), then per
-   type the pending count per height and the greatest height. */
-static int chain_heights(TW *s) {
-    Py_ssize_t n = s->n, T = s->T;
-    s->height = tw_alloc(s, n);
-    s->top = tw_zalloc(s, ((size_t)T + 1) * sizeof(Py_ssize_t));
-    s->hoff = tw_alloc(s, T + 1);
-    s->crit = tw_alloc(s, n);
-    if (!s->height || !s->top || !s->hoff || !s->crit) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t v = n - 1; v >= 0; v--) {
-        Py_ssize_t t = s->typ[v], h = 1, c = 1;
-        for (Py_ssize_t e = s->ustart[v]; e < s->ustart[v + 1]; e++)
-            if (s->crit[s->users[e]] >= c)
-                c = s->crit[s->users[e]] + 1;
-        s->crit[v] = c;
-        if (t < 0) {
-            s->height[v] = 0;
-            continue;
-        }
-        for (Py_ssize_t e = s->gstart[v]; e < s->gstart[v + 1]; e++)
-            if (s->height[s->gch[e]] >= h)
-                h = s->height[s->gch[e]] + 1;
-        s->height[v] = h;
-        if (h > s->top[t])
-            s->top[t] = h;
-    }
-    s->hoff[0] = 0;
-    for (Py_ssize_t t = 0; t < T; t++)
-        s->hoff[t + 1] = s->hoff[t] + s->top[t] + 1;
-    s->hcount = tw_zalloc(s, ((size_t)s->hoff[T] + 1) * sizeof(Py_ssize_t));
-    s->hready = tw_zalloc(s, ((size_t)s->hoff[T] + 1) * sizeof(Py_ssize_t));
-    if (!s->hcount || !s->hready) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t v = 0; v < n; v++)
-        if (s->typ[v] >= 0)
-            s->hcount[s->hoff[s->typ[v]] + s->height[v]]++;
-    return 0;
-}
-
 /* Per-type arrays: bucket ranges, F_a counts, the FSM's vocabulary maps; G_a when needed. */
 static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     Py_ssize_t n = s->n, T = s->T;
@@ -496,7 +452,7 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
     int rc = tw_type_graph(s);
     if (rc)
         return rc;  /* -1: error; 1: Python decides */
-    return f->on && f->encoding == 4 ? chain_heights(s) : 0;
+    return f->on && f->encoding == 4 ? tw_chain_heights(s) : 0;
 }
 
 /* Simulation.reset and the decision loop (TypewiseBatching / FSMScheduler.schedule_py). */
