@@ -1,6 +1,6 @@
 """Learned batching policies (ED-Batch's FSM scheduler): `dy.fsm`.
 
-    policy = dy.fsm.train(record_graph, encoding="sort", seed=0)   # or a recorded cg
+    policy = dy.fsm.train(record_graph, seed=0)   # encoding="chain"; or a recorded cg
     policy.save("tree.fsm.json");  policy = dy.fsm.load("tree.fsm.json")
     dy.renew_cg(scheduler=dy.fsm.Scheduler(policy))
     dy.renew_cg(scheduler=dy.fsm.Scheduler.from_file("tree.fsm.json"))
@@ -13,9 +13,10 @@ The policy names types by model-level keys, so it applies to any graph of the
 same model (schedulers/fsm.py: file format, fallback rule, hit/miss counts).
 
 Training is tabular Q-learning on the scheduling MDP of that graph (ED-Batch,
-Chen et al. 2023). A state encodes the frontier's types (base, max or sort); an
-action runs every ready node of one type as a batch; the reward is
--1 + |ready_a| / |F_a| (schedulers/typewise.py). ED-Batch's settings: step size
+Chen et al. 2023). A state encodes the frontier's types (base, max, sort, ratio or
+chain); an action runs every ready node of one type as a batch; the reward is
+-1 + |ready_a| / |F_a| (schedulers/typewise.py), or for the chain encoding the "bound"
+reward below. ED-Batch's settings: step size
 0.4, epsilon 0.5 decaying x0.9 per episode to 0.05, n-step returns with n = 10,
 at most 1000 episodes; every 50 episodes a greedy episode is scored and the best
 table kept; training stops once a greedy episode is within 1% of the lower bound
@@ -56,8 +57,21 @@ the other two is faster by more than DEFER_MARGIN (5%) of the policy's step, the
 stores that one's name in `defer_to` and the FSM scheduler runs it instead, and train
 says so. The rule is the measurement on this machine and model, not a fixed choice.
 
-Encoding default: "base", which carried over to held-out graphs best in those
-measurements (a "sort" state also depends on counts, so new graphs miss more).
+The chain encoding and the bound reward (the default). A type-set state cannot tell
+which types are *late*: the bound (schedulers.lower_bound) charges each type its longest
+remaining chain, and a batch that leaves the head of that chain behind costs one batch over
+it. The chain state writes, per frontier type, whether its ready nodes hold every pending
+node at the head of its longest remaining chain (typewise.Simulation.chain_ready), and the
+reward is minus the rise of (batches so far + remaining bound) over the decision and the
+settling after it: 0 for a batch that keeps the bound, an episode's rewards summing to
+bound - batches (potential-based shaping of -1 per batch, so the best policy is unchanged).
+Q then estimates the excess still to come, which a state can see, rather than all batches
+left. Unseen states fall back to chain_first (schedulers/fsm.py). Trained on one graph of 32
+samples and run on another (bench/compare_schedulers.py, README "Schedulers"), it cut batches
+from 1.28/1.23/1.39x the lower bound (base) to 1.07/1.08/1.13x on the NER lattices,
+LatticeLSTM and LatticeGRU. A beam search over types with the same bound as its guide (a perfect-information
+teacher, not shipped) reached 1.05-1.10x on those graphs. "base" remains for comparison;
+it carried over better than "sort" (a sort state also depends on counts).
 """
 from __future__ import annotations
 
@@ -68,7 +82,7 @@ from typing import Callable, Union
 from .expression import Expression
 from .graph import ComputationGraph
 from .schedulers.base import lower_bound
-from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, encode, most_common
+from .schedulers.fsm import ENCODINGS, FSMScheduler, Policy, allowed, encode, fallback
 from .schedulers.typewise import Simulation, stable_keys
 
 try:
@@ -76,7 +90,9 @@ try:
 except ImportError:  # pragma: no cover - tqdm is a dependency
     tqdm = None
 
-__all__ = ["train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
+REWARDS = ("ratio", "bound")
+
+__all__ = ["REWARDS", "train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
            "faster_baseline", "DEFER_MARGIN"]
 
 Scheduler = FSMScheduler
@@ -126,17 +142,23 @@ def n_step_update(q: dict, S: list, A: list, R: list, n: int, gamma: float, alph
 class Trainer:
     """Q-learning on one graph's scheduling MDP. `run()` returns the best greedy Policy."""
 
-    def __init__(self, cg: ComputationGraph, encoding: str = "base", seed: int = 0, step_size: float = 0.4,
+    def __init__(self, cg: ComputationGraph, encoding: str = "chain", seed: int = 0, step_size: float = 0.4,
                  gamma: float = 0.9, epsilon: float = 0.5, epsilon_decay: float = 0.9,
                  epsilon_min: float = 0.05, n_step: int = 10, bootstrap: str = "max", settle: bool = True,
-                 hold_tail: bool = True):
+                 hold_tail: bool = True, reward: str = "auto"):
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown FSM encoding {encoding!r}; use one of {ENCODINGS}")
+        if reward == "auto":
+            reward = "bound" if encoding == "chain" else "ratio"
+        if reward not in REWARDS:
+            raise ValueError(f"unknown FSM reward {reward!r}; use one of {REWARDS} or 'auto'")
         if bootstrap not in ("max", "none"):
             raise ValueError(f"bootstrap must be 'max' or 'none', got {bootstrap!r}")
         cg._sync_values()
         self.nodes = [i for i in range(cg.done, len(cg.op)) if not cg.op[i].leaf and cg.blk[i] < 0]
-        self.sim = Simulation(cg, self.nodes, typewise=True, hold_tail=hold_tail)
+        self.reward = reward
+        self.sim = Simulation(cg, self.nodes, typewise=True, hold_tail=hold_tail,
+                              heights=encoding == "chain" or reward == "bound")
         self.hold_tail = hold_tail
         keys = stable_keys(cg, self.sim.type_sig)
         self.types = [keys[s] for s in self.sim.type_sig]  # vocabulary id == simulation type
@@ -160,15 +182,25 @@ class Trainer:
         sim, q, enc, vmap, rng = self.sim, self.q, self.encoding, self.vmap, self.rng
         sim.reset(record=False)
         ready = sim.ready
+        chain = sim.chain_ready if sim.heights else None
+        bound = self.reward == "bound"
         S, A, R = [], [], []
         while self._decide():
-            s = encode(enc, ready, vmap, sim.fcount)
+            s = encode(enc, ready, vmap, sim.fcount, chain)
             if eps > 0.0 and rng.random() < eps:
-                a = rng.choice(list(ready))
+                a = rng.choice([t for t in ready if allowed(enc, sim, t)])
             else:
                 qs = q.get(s)
-                a = max(qs, key=qs.get) if qs else most_common(ready)
-            R.append(sim.step(a))
+                a = max(qs, key=qs.get) if qs else -1
+                if a not in ready or not allowed(enc, sim, a):
+                    a = fallback(enc, sim)
+            if bound:  # minus the rise of batches + remaining bound, settling included
+                before = sim.steps + sim.left
+                sim.step(a)
+                self._decide()
+                R.append(float(before - sim.steps - sim.left))
+            else:
+                R.append(sim.step(a))
             S.append(s)
             A.append(a)
         return S, A, R
@@ -178,9 +210,10 @@ class Trainer:
         sim, enc, vmap = self.sim, self.encoding, self.vmap
         sim.reset(record=False)
         ready = sim.ready
+        chain = sim.chain_ready if sim.heights else None
         while self._decide():
-            a = table.get(encode(enc, ready, vmap, sim.fcount))
-            sim.step(a if a in ready else most_common(ready))
+            a = table.get(encode(enc, ready, vmap, sim.fcount, chain))
+            sim.step(a if a in ready and allowed(enc, sim, a) else fallback(enc, sim))
         return sim.n_batches
 
     def update(self, S: list, A: list, R: list) -> None:
@@ -192,7 +225,7 @@ class Trainer:
     # ------------------------------------------------------------------- loop
     def run(self, episodes: int = 1000, eval_every: int = 50, tolerance: float = 0.01,
             patience: int | None = None, time_limit: float | None = None, progress: bool = True) -> Policy:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()  # the limit is CPU time: load-independent
         lb = self.lower_bound
         best_table: dict = {}
         best_q: dict = {}
@@ -222,29 +255,31 @@ class Trainer:
                 if bar:
                     bar.set_postfix(greedy=b, best=best, lower_bound=lb, ratio=f"{best / max(lb, 1):.3f}")
                 if (patience is not None and stale >= patience) or \
-                        (time_limit is not None and time.perf_counter() - t0 > time_limit):
+                        (time_limit is not None and time.process_time() - c0 > time_limit):
                     break
         if bar:
             bar.close()
         meta = {"episodes": ep, "batches": best, "lower_bound": lb, "nodes": len(self.nodes),
-                "seconds": round(time.perf_counter() - t0, 3), "history": history,
-                "hyper": {"step_size": self.alpha, "gamma": self.gamma, "epsilon": self.epsilon,
+                "seconds": round(time.perf_counter() - t0, 3),
+                "cpu_seconds": round(time.process_time() - c0, 3), "history": history,
+                "hyper": {"reward": self.reward, "step_size": self.alpha, "gamma": self.gamma, "epsilon": self.epsilon,
                           "epsilon_decay": self.epsilon_decay, "epsilon_min": self.epsilon_min,
                           "n_step": self.n, "bootstrap": self.bootstrap}}
         return Policy(self.encoding, self.types, best_table, best_q, meta, settle=self.settle,
                       hold_tail=self.hold_tail)
 
 
-def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encoding: str = "base",
+def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encoding: str = "chain",
           episodes: int = 1000, seed: int = 0, *, step_size: float = 0.4, gamma: float = 0.9,
           epsilon: float = 0.5, epsilon_decay: float = 0.9, epsilon_min: float = 0.05, n_step: int = 10,
           eval_every: int = 50, tolerance: float = 0.01, patience: int | None = None,
           time_limit: float | None = None, bootstrap: str = "max", settle: bool = True,
-          progress: bool = True, defer: bool = True, hold_tail: bool = True) -> Policy:
+          progress: bool = True, defer: bool = True, hold_tail: bool = True, reward: str = "auto") -> Policy:
     """Learn an FSM batching policy on one recorded graph (see the module docstring).
 
     patience: stop after this many greedy evaluations without improvement (None: never).
-    time_limit: stop at the first greedy evaluation after this many seconds (None: never).
+    time_limit: stop at the first greedy evaluation after this many CPU seconds of this process
+    (None: never); CPU time, so that neighbours on a loaded machine do not cut training short.
     The returned policy's `meta` holds the episodes run, the best greedy batch count,
     the lower bound, the seconds taken and the (episode, greedy batches) history.
     With progress on, it ends by printing the step it expects under the policy against
@@ -254,11 +289,13 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     each runs once (schedulers/typewise.py); stored in the policy.
     defer: when whole steps were timed and the policy's is slower than the better of agenda and
     depth, set `policy.defer_to` to that scheduler (module docstring, "Deferring").
+    reward: "ratio" (ED-Batch's -1 + |ready_a| / |F_a|), "bound" (minus the rise of batches plus
+    the remaining lower bound; module docstring) or "auto": "bound" for the chain encoding, else "ratio".
     """
     recorder = graph if callable(graph) and not isinstance(graph, ComputationGraph) else None
     cg = _graph_of(graph)
     trainer = Trainer(cg, encoding, seed, step_size, gamma, epsilon, epsilon_decay, epsilon_min, n_step,
-                      bootstrap, settle, hold_tail)
+                      bootstrap, settle, hold_tail, reward)
     policy = trainer.run(episodes, eval_every, tolerance, patience, time_limit, progress)
     if progress or (defer and recorder is not None):
         est = expected_step(recorder if recorder is not None else cg, policy, rounds=5)  # 3 flipped under load

@@ -14,13 +14,18 @@ FSM). Scheduler.from_file(path) keeps one scheduler per file.
 
 Unseen states. When the state is not in the table (or a frontier type is not in
 the policy's vocabulary) the scheduler falls back to running the *most common
-type on the frontier* (most ready nodes; ties to the first-recorded type). Hits
+type on the frontier* (most ready nodes; ties to the first-recorded type); a
+"chain" policy falls back to `chain_first` instead (a type whose longest chain
+stays on schedule, then the typewise ratio, then most ready nodes; when no type
+keeps its chain, the one holding the node farthest from a sink), and also uses it
+when the table's type would leave its chain behind while another keeps its own
+(`allowed`; counted as a miss). Hits
 and misses are counted on the scheduler (`hits`, `misses`) and added to
 `cg.stats.policy_hits` / `policy_misses` when Stats has those fields.
 
 Policy file (JSON, written by Policy.save):
     {"format": "dynagraph.fsm.policy", "version": 1,
-     "encoding": "base" | "max" | "sort" | "ratio",
+     "encoding": "base" | "max" | "sort" | "ratio" | "chain",
      "settle": true,                               # run ratio-1 types outside the policy
      "hold_tail": true,                            # optional: hold tail types back (typewise.py)
      "types":  [stable type key, ...],             # vocabulary; a type is its index
@@ -47,12 +52,13 @@ from ..recording import NATIVE
 from .base import get, register
 from .typewise import Simulation, base_key, batchable_by_sig, param_names, stable_keys
 
-ENCODINGS = ("base", "max", "sort", "ratio")
+ENCODINGS = ("base", "max", "sort", "ratio", "chain")
 FORMAT = "dynagraph.fsm.policy"
 
 
 # ------------------------------------------------------------------ encodings
-def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int] | None = None) -> tuple | None:
+def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int] | None = None,
+           chain_ready=None) -> tuple | None:
     """The state of a frontier: ready maps a type to its ready nodes, vmap a type to its vocabulary id.
 
     base:  the sorted set of frontier types.
@@ -61,6 +67,10 @@ def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int
     ratio: base with each type v written 2v + h, h = 1 when at least half of its G_a frontier is
            ready (2 |ready| >= |F_a|; fcount[t] = |F_a|, typewise.Simulation.fcount): the typewise
            heuristic's signal, coarse enough that states recur across graphs.
+    chain: base with each type v written 2v + c, c = chain_ready(t) (typewise.Simulation.chain_ready:
+           its ready nodes hold every pending node at the head of its longest remaining chain, so
+           running it now costs no batch over the lower bound). Structural, so it carries over to
+           new graphs; trained with the "bound" reward (dynagraph.fsm).
     None when a frontier type is outside the vocabulary (the state cannot be seen).
     """
     items = []
@@ -76,6 +86,10 @@ def encode(encoding: str, ready: dict, vmap: Sequence[int], fcount: Sequence[int
         if fcount is None:
             raise ValueError("the ratio encoding needs the G_a frontier counts (fcount)")
         return tuple(sorted([2 * vmap[t] + (2 * len(b) >= fcount[t]) for t, b in ready.items()]))
+    if encoding == "chain":
+        if chain_ready is None:
+            raise ValueError("the chain encoding needs the chain heights (chain_ready)")
+        return tuple(sorted([2 * vmap[t] + bool(chain_ready(t)) for t in ready]))
     base = tuple(sorted([v for _, v in items]))
     if encoding == "base":
         return base
@@ -91,6 +105,54 @@ def most_common(ready: dict) -> int:
         if len(bucket) > size or (len(bucket) == size and t < best):
             best, size = t, len(bucket)
     return best
+
+
+def chain_first(ready: dict, fcount: Sequence[int], chain_ready, crit: Sequence[int] | None = None) -> int:
+    """The chain encoding's fallback. Among types whose longest chain stays on schedule
+    (chain_ready): the highest |ready| / |F_a|, then the most ready nodes, then the first recorded.
+    When no type is chain_ready, every choice costs a batch over the bound: then the type holding
+    the ready node with the longest path to a sink (crit, typewise.path_lengths; ties: first
+    recorded), which unblocks a sample left behind (without it, a rare type the table never
+    picks stalled one lattice, and with it the head of every type's chain: 1.5x the bound);
+    without crit, the ratio rule over all types."""
+    best, key = -1, None
+    if crit is not None and not any(chain_ready(t) for t in ready):
+        for t, bucket in ready.items():
+            k = (max([crit[n] for n in bucket]), -t)
+            if key is None or k > key:
+                best, key = t, k
+        return best
+    for t, bucket in ready.items():
+        m = len(bucket)
+        k = (bool(chain_ready(t)), m / fcount[t], m, -t)
+        if key is None or k > key:
+            best, key = t, k
+    return best
+
+
+def allowed(encoding: str, sim, t: int) -> bool:
+    """Whether a chain policy may run type t: a type that is chain_ready, or any type when none is.
+    A batch that leaves its longest chain behind while another type keeps its own costs a batch
+    over the bound now; on held-out graphs the table's such choices lost more than they won
+    (LatticeGRU 1.14-1.18x the bound -> 1.12-1.13x), so the scheduler and training mask them."""
+    if encoding != "chain" or sim.chain_ready(t):
+        return True
+    return not any(sim.chain_ready(u) for u in sim.ready)
+
+
+def fallback(encoding: str, sim) -> int:
+    """The type to run when the policy has no (ready) action: chain_first for "chain" policies,
+    else most_common; sim is the typewise.Simulation."""
+    if encoding == "chain":
+        return chain_first(sim.ready, sim.fcount, sim.chain_ready, sim.crit)
+    return most_common(sim.ready)
+
+
+def simulation(cg, nodes: Sequence[int], encoding: str, settle: bool, hold_tail: bool) -> Simulation:
+    """The Simulation a policy of this encoding runs on: G_a when settling or the state needs it,
+    chain heights for "chain"."""
+    return Simulation(cg, nodes, typewise=settle or encoding in ("ratio", "chain"), hold_tail=hold_tail,
+                      heights=encoding == "chain")
 
 
 # --------------------------------------------------------------------- policy
@@ -266,7 +328,7 @@ class FSMScheduler:
         if not nodes:
             return []
         pol = self.policy
-        sim = Simulation(cg, nodes, typewise=pol.settle or pol.encoding == "ratio", hold_tail=pol.hold_tail)
+        sim = simulation(cg, nodes, pol.encoding, pol.settle, pol.hold_tail)
         sim.reset()
         keys = stable_keys(cg, sim.type_sig)
         vmap = [pol.index.get(keys[s], -1) for s in sim.type_sig]
@@ -278,13 +340,14 @@ class FSMScheduler:
                 sim.settle()
                 if not ready:
                     break
-            state = encode(enc, ready, vmap, sim.fcount if sim.typewise else None)
+            state = encode(enc, ready, vmap, sim.fcount if sim.typewise else None,
+                           sim.chain_ready if sim.heights else None)
             t = inv.get(table.get(state, -1), -1) if state is not None else -1
-            if t in ready:
+            if t in ready and allowed(enc, sim, t):
                 hits += 1
             else:
                 misses += 1
-                t = most_common(ready)
+                t = fallback(enc, sim)
             sim.step(t)
         self._count(cg, hits, misses)
         return sim.batches

@@ -26,6 +26,16 @@ first tail type in type-graph order always has its whole F_a ready, so settle ru
 tail type by type, each in as many batches as its longest chain, which no schedule beats.
 Run as soon as ready instead, they cost a batch each time a sample finishes.
 
+Chain heights (`heights`, the FSM's "chain" encoding). height[n] of a type-a node is the number of
+type-a nodes on the longest G_a path from n down (n included): the batches of type a that must
+still follow once n runs. top[a], the largest height among pending type-a nodes, is what
+lower_bound (schedulers/base.py) charges type a for the rest of the graph, and `left` sums it
+over the types. Running type a now keeps top[a] on schedule exactly when its ready nodes hold
+every pending type-a node of height top[a] (`chain_ready(a)`); otherwise that batch is one more
+than the bound. `steps + left` starts at lower_bound's count of batchable batches and ends at the
+schedule's: the FSM's "bound" reward is minus its change per decision (dynagraph.fsm), so the
+rewards of an episode sum to lower bound minus batches.
+
 `Simulation.settle` runs every type with ratio 1 at once. That is always safe:
 any schedule's next batch of such a type can only hold nodes of F_a, all ready
 now, so running them now never adds a batch. The typewise heuristic does it
@@ -96,7 +106,8 @@ class Simulation:
     holds local indices and `batches` (the schedule) node ids.
     """
 
-    def __init__(self, cg, nodes: Sequence[int], typewise: bool = True, hold_tail: bool = False):
+    def __init__(self, cg, nodes: Sequence[int], typewise: bool = True, hold_tail: bool = False,
+                 heights: bool = False):
         self.nodes = list(nodes)
         indeg, users, base = users_of(cg, self.nodes)
         self.indeg0, self.base = indeg, base
@@ -119,6 +130,10 @@ class Simulation:
                 t = typ[n - base]
                 if t >= 0 and self.gpar0[n - base] == 0:
                     self.fcount0[t] += 1
+        self.heights = heights and typewise
+        if self.heights:
+            self.height, self.hcount0 = chain_heights(typ, self.gch, len(dense))
+            self.crit = path_lengths(self.users)
 
     @property
     def n_types(self) -> int:
@@ -136,6 +151,11 @@ class Simulation:
         if self.typewise:
             self.gpar = list(self.gpar0)
             self.fcount = list(self.fcount0)
+        if self.heights:
+            self.hcount = [list(c) for c in self.hcount0]   # pending type-t nodes per height
+            self.hready = [[0] * len(c) for c in self.hcount0]  # of which ready (or held)
+            self.top = [len(c) - 1 for c in self.hcount0]
+            self.left = sum(self.top)
         base, indeg0 = self.base, self.indeg0
         self._add([n - base for n in self.nodes if indeg0[n - base] == 0])
 
@@ -151,9 +171,17 @@ class Simulation:
         """|ready of type t| / |frontier of G_t|: 1 when running t now loses nothing."""
         return len(self.ready[t]) / self.fcount[t]
 
+    def chain_ready(self, t: int) -> bool:
+        """Whether t's ready nodes hold every pending type-t node of the greatest height (module
+        docstring): running t now keeps its longest remaining chain on the lower bound's schedule."""
+        h = self.top[t]
+        return self.hready[t][h] == self.hcount[t][h]
+
     def step(self, t: int) -> float:
         """Run all ready nodes of type t as one batch; returns the reward -1 + ratio."""
         batch = self.ready.pop(t)
+        if self.heights:
+            self._lower(t, batch)
         reward = -1.0
         if self.typewise:
             fc = self.fcount
@@ -198,6 +226,19 @@ class Simulation:
                 self.step(t)
                 k += 1
 
+    def _lower(self, t: int, batch: list) -> None:
+        """The batch leaves the pending counts per height; top[t] drops past emptied heights."""
+        height, hc, hr = self.height, self.hcount[t], self.hready[t]
+        for n in batch:
+            h = height[n]
+            hc[h] -= 1
+            hr[h] -= 1
+        h = self.top[t]
+        while h > 0 and hc[h] == 0:
+            h -= 1
+        self.left -= self.top[t] - h
+        self.top[t] = h
+
     def _bucket(self, t: int) -> dict:
         """Where a ready node of type t goes: `held` while it is a tail type and others are pending."""
         return self.held if self.nontail > 0 and self.tail[t] else self.ready
@@ -225,6 +266,8 @@ class Simulation:
                             ready[t] = [u]
                         else:
                             b.append(u)
+                        if self.heights:
+                            self.hready[t][self.height[u]] += 1
         if lone:
             self._add(lone)
 
@@ -240,6 +283,8 @@ class Simulation:
                     ready[t] = [n]
                 else:
                     b.append(n)
+                if self.heights:
+                    self.hready[t][self.height[n]] += 1
                 continue
             self.unbatchable += 1
             if self.batches is not None:
@@ -270,6 +315,43 @@ def tail_types(typ: list, users: list, n_types: int) -> list:
             if not tail[t] and not blocked[t] and succ[t] & ~(mask | 1 << t) == 0:
                 tail[t], mask, changed = True, mask | (1 << t), True
     return tail
+
+
+def chain_heights(typ: list, gch: list, n_types: int) -> tuple[list, list]:
+    """Per local node its chain height (module docstring; 0 for unbatchable nodes), and per type
+    the count of its nodes at each height (index 0 unused). G_a children come later in recording
+    order, so one backward pass sees them first."""
+    height = [0] * len(typ)
+    top = [0] * n_types
+    for i in range(len(typ) - 1, -1, -1):
+        t = typ[i]
+        if t < 0:
+            continue
+        h = 1
+        ch = gch[i]
+        if ch:
+            for c in ch:
+                if height[c] >= h:
+                    h = height[c] + 1
+        height[i] = h
+        if h > top[t]:
+            top[t] = h
+    counts = [[0] * (top[t] + 1) for t in range(n_types)]
+    for i, t in enumerate(typ):
+        if t >= 0:
+            counts[t][height[i]] += 1
+    return height, counts
+
+
+def path_lengths(users: list) -> list:
+    """Per local node, the most nodes on a path from it to a sink (itself included): how far
+    behind its sample is, the critical-path priority of list scheduling."""
+    crit = [1] * len(users)
+    for i in range(len(users) - 1, -1, -1):
+        us = users[i]
+        if us:
+            crit[i] = 1 + max([crit[u] for u in us])
+    return crit
 
 
 def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:

@@ -24,6 +24,8 @@ static inline int shown(const TW *s, Py_ssize_t t) {
    (rlist, rpos: an unordered set kept so that the decisions look at the ready types only,
    not all T). */
 static inline void join(TW *s, Py_ssize_t t, Py_ssize_t v) {
+    if (s->height)
+        s->hready[s->hoff[t] + s->height[v]]++;
     if (s->blen[t] == 0) {
         s->rpos[t] = s->rn;
         s->rlist[s->rn++] = t;
@@ -85,6 +87,17 @@ static int tw_step(TW *s, Py_ssize_t t, int typewise) {
     s->rlist[s->rpos[t]] = last;
     s->rpos[last] = s->rpos[t];
     dg_sort_ids(batch, m);
+    if (s->height) {  /* Simulation._lower */
+        Py_ssize_t off = s->hoff[t], h;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            h = s->height[batch[k]];
+            s->hcount[off + h]--;
+            s->hready[off + h]--;
+        }
+        for (h = s->top[t]; h > 0 && s->hcount[off + h] == 0;)
+            h--;
+        s->top[t] = h;
+    }
     if (typewise) {
         s->fcount[t] -= m;
         for (Py_ssize_t k = 0; k < m; k++)
@@ -146,6 +159,54 @@ static Py_ssize_t most_common_c(TW *s) {
     return best;
 }
 
+/* Simulation.chain_ready: t's ready nodes hold every pending type-t node of the greatest height. */
+static inline int chain_ready(const TW *s, Py_ssize_t t) {
+    Py_ssize_t i = s->hoff[t] + s->top[t];
+    return s->hready[i] == s->hcount[i];
+}
+
+/* fsm.chain_first: among chain_ready types the highest |ready| / |F_a|, then more ready nodes, then
+   lower type; when none is chain_ready, the type holding the ready node of the longest path to a
+   sink (crit), then lower type. */
+static Py_ssize_t chain_first_c(TW *s) {
+    Py_ssize_t best = -1, bc = -1;
+    double br = 0.0;
+    for (Py_ssize_t i = 0; i < s->rn; i++) {
+        Py_ssize_t t = s->rlist[i], m = s->blen[t];
+        if (!shown(s, t) || !chain_ready(s, t))
+            continue;
+        double r = (double)m / (double)s->fcount[t];
+        if (best < 0 || r > br || (r == br && (m > s->blen[best] || (m == s->blen[best] && t < best)))) {
+            best = t;
+            br = r;
+        }
+    }
+    if (best >= 0)
+        return best;
+    for (Py_ssize_t i = 0; i < s->rn; i++) {
+        Py_ssize_t t = s->rlist[i], c = 0;
+        if (!shown(s, t))
+            continue;
+        const Py_ssize_t *b = s->bucket + s->bstart[t];
+        for (Py_ssize_t k = 0; k < s->blen[t]; k++)
+            if (s->crit[b[k]] > c)
+                c = s->crit[b[k]];
+        if (best < 0 || c > bc || (c == bc && t < best)) {
+            best = t;
+            bc = c;
+        }
+    }
+    return best;
+}
+
+/* Whether some shown type is chain_ready (fsm.allowed). */
+static int any_chain_ready(const TW *s) {
+    for (Py_ssize_t i = 0; i < s->rn; i++)
+        if (shown(s, s->rlist[i]) && chain_ready(s, s->rlist[i]))
+            return 1;
+    return 0;
+}
+
 typedef struct {
     Py_ssize_t len, v;
 } Item;
@@ -158,7 +219,8 @@ static int item_cmp(const void *a, const void *b) {  /* (-len, v) ascending */
 }
 
 /* fsm.encode: the frontier's state tuple, Py_None when a ready type is outside the vocabulary.
-   encoding 0 base, 1 max, 2 sort, 3 ratio (base of 2 v + [2 |ready| >= |F_a|]; needs the F_a counts). */
+   encoding 0 base, 1 max, 2 sort, 3 ratio (base of 2 v + [2 |ready| >= |F_a|]; needs the F_a counts),
+   4 chain (base of 2 v + chain_ready; needs the chain heights). */
 static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item *items) {
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < s->rn; i++) {  /* any order: the items are sorted below */
@@ -168,7 +230,9 @@ static PyObject *encode_state(TW *s, const Py_ssize_t *vmap, int encoding, Item 
         if (vmap[t] < 0)
             Py_RETURN_NONE;
         items[k].len = s->blen[t];
-        items[k++].v = encoding == 3 ? 2 * vmap[t] + (2 * s->blen[t] >= s->fcount[t]) : vmap[t];
+        items[k++].v = encoding == 3   ? 2 * vmap[t] + (2 * s->blen[t] >= s->fcount[t])
+                       : encoding == 4 ? 2 * vmap[t] + chain_ready(s, t)
+                                       : vmap[t];
     }
     Py_ssize_t extra = -1;
     if (encoding == 2) {
@@ -251,8 +315,8 @@ static int parse_policy(PyObject *policy, Fsm *f) {
     if (!PyArg_ParseTuple(policy, "O!O!nlp|p", &PyDict_Type, &f->table, &PyList_Type, &f->vocab, &f->V, &e,
                           &f->settle, &f->hold_tail))
         return -1;
-    if (e < 0 || e > 3 || f->V < 0) {
-        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1, 2 or 3");
+    if (e < 0 || e > 4 || f->V < 0) {
+        PyErr_SetString(PyExc_ValueError, "typewise_batches: encoding must be 0, 1, 2, 3 or 4");
         return -1;
     }
     f->encoding = (int)e;
@@ -385,7 +449,10 @@ static int tw_types(TW *s, Fsm *f, const Py_ssize_t *sig_type, int typewise) {
         PyErr_NoMemory();
         return -1;
     }
-    return tw_type_graph(s);
+    int rc = tw_type_graph(s);
+    if (rc)
+        return rc;  /* -1: error; 1: Python decides */
+    return f->on && f->encoding == 4 ? tw_chain_heights(s) : 0;
 }
 
 /* Simulation.reset and the decision loop (TypewiseBatching / FSMScheduler.schedule_py). */
@@ -416,11 +483,15 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
             Py_ssize_t a = fsm_lookup(s, f->table, f->vmap, f->inv, f->V, f->encoding, f->items, &err);
             if (err)
                 return -1;
+            if (a >= 0 && f->encoding == 4 && !chain_ready(s, a) && any_chain_ready(s))
+                a = -1;  /* fsm.allowed: the table's type would leave its chain behind */
             if (a >= 0) {
                 (*hits)++;
                 t = a;
             } else {
                 (*misses)++;
+                if (f->encoding == 4)
+                    t = chain_first_c(s);
             }
         }
         rc = tw_step(s, t, typewise);
@@ -429,7 +500,7 @@ static int tw_run(TW *s, Fsm *f, int typewise, Py_ssize_t *hits, Py_ssize_t *mis
 }
 
 /* typewise_batches(args, sig, batchable, nodes, policy): the typewise heuristic (policy None) or
-   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0/1/2/3, settle)). Returns
+   the FSM (policy = (table, vocab_by_sig, n_vocab, encoding 0..4, settle)). Returns
    (batches, hits, misses), or None when Python must decide (a signature outside the tables,
    a chain of unbatchable nodes too deep). Twins: TypewiseBatching / FSMScheduler.schedule_py. */
 PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -465,7 +536,7 @@ PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t 
     Py_ssize_t hits = 0, misses = 0;
     Py_ssize_t *sig_type = PyMem_Malloc(((size_t)s.S + 1) * sizeof(Py_ssize_t));
     PyObject *out = NULL;
-    int typewise = !f.on || f.settle || f.encoding == 3, rc = -1;
+    int typewise = !f.on || f.settle || f.encoding >= 3, rc = -1;
     if (!sig_type)
         PyErr_NoMemory();
     else if ((rc = tw_setup(&s, args, sig, batchable, ids, B, lo, sig_type)) == 0 &&

@@ -26,6 +26,9 @@ typedef struct {
     /* holding the tail (typewise.Simulation's hold_tail): tail[t], pending non-tail batchable nodes */
     char *tail;
     Py_ssize_t nontail;
+    /* chain heights (typewise.Simulation's heights, the FSM's chain encoding): height per node; per
+       type t, pending and ready counts per height at hoff[t] + h, and its greatest pending height */
+    Py_ssize_t *height, *hoff, *hcount, *hready, *top, *crit;  /* crit: typewise.path_lengths */
     PyObject *result;
     /* memory: the shared arena (arena = 1, bytes used) and heap blocks owned by this call */
     int arena;
@@ -42,6 +45,7 @@ void tw_free_all(TW *s);
 int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B,
                Py_ssize_t lo, Py_ssize_t *sig_type);
 int tw_type_graph(TW *s);
+int tw_chain_heights(TW *s); /* typewise_chain.c: after tw_type_graph */
 void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m); /* schedule.c: ascending, fast when nearly sorted */
 
 #endif

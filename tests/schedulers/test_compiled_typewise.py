@@ -53,12 +53,15 @@ def policies(cg, seed: int) -> list:
     """Policies with decisions to make: trained per encoding (holding the tail), unsettled and not
     holding it, and one missing a type."""
     out = [FSMScheduler(Policy("base", [], {})), FSMScheduler(Policy("base", [], {}, hold_tail=True))]
-    for enc in ("base", "max", "sort", "ratio"):
+    for enc in ("base", "max", "sort", "ratio", "chain"):
         out.append(FSMScheduler(fsm.train(cg, encoding=enc, episodes=8, eval_every=4, seed=seed,
                                           progress=False)))
     # ratio without settling: the compiled path still computes G_a for the encoding
     out.append(FSMScheduler(fsm.train(cg, encoding="ratio", episodes=8, eval_every=4, seed=seed, settle=False,
                                       progress=False)))
+    # chain without settling or holding the tail: heights still counted, the fallback is chain_first
+    out.append(FSMScheduler(fsm.train(cg, encoding="chain", episodes=8, eval_every=4, seed=seed, settle=False,
+                                      progress=False, hold_tail=False)))
     unsettled = fsm.train(cg, encoding="sort", episodes=8, eval_every=4, seed=seed, settle=False, progress=False,
                           hold_tail=False)
     out.append(FSMScheduler(unsettled))
@@ -87,7 +90,7 @@ def test_workloads_compiled_equals_python(name):
     w = WORKLOADS[name](hidden=2, seed=0)
     train_cg = w.graph(w.instances(4, seed=1))
     pols = [fsm.train(train_cg, encoding=enc, episodes=20, eval_every=10, seed=0, progress=False,
-                      hold_tail=enc != "max") for enc in ("base", "max", "sort", "ratio")]
+                      hold_tail=enc != "max") for enc in ("base", "max", "sort", "ratio", "chain")]
     cg = w.graph(w.instances(6, seed=2))  # another graph of the model: unseen states use the fallback
     same_decisions(cg, TypewiseBatching())
     for pol in pols:

@@ -11,7 +11,7 @@ import pytest
 import dynagraph as dy
 import dynagraph.fsm as fsm
 from dynagraph.schedulers import base as sbase
-from dynagraph.schedulers.fsm import FSMScheduler, Policy, encode, most_common
+from dynagraph.schedulers.fsm import FSMScheduler, Policy, chain_first, encode, most_common
 from dynagraph.schedulers.typewise import Simulation
 
 from ._util import check_schedule, compare_with_none
@@ -57,6 +57,57 @@ def test_encodings():
     assert encode("ratio", READY, [5, -1, 7], [3, 3, 5]) is None
     with pytest.raises(ValueError, match="fcount"):
         encode("ratio", READY, vmap)
+
+
+def test_chain_encoding_and_fallback():
+    chain = {0: False, 1: True, 2: False}.get
+    assert encode("chain", READY, [5, 3, 7], chain_ready=chain) == (7, 10, 14)  # 2 id + chain_ready
+    assert encode("chain", READY, [5, -1, 7], chain_ready=chain) is None
+    with pytest.raises(ValueError, match="chain_ready"):
+        encode("chain", READY, [5, 3, 7])
+    # chain_ready first; then |ready| / |F_a|, then ready count, then the first recorded type
+    assert chain_first(READY, [3, 3, 5], chain) == 1
+    assert chain_first(READY, [4, 3, 2], lambda t: False) == 2
+    assert chain_first(READY, [6, 2, 4], lambda t: False) == 0
+    # none chain_ready, path lengths known: the type holding the ready node farthest from a sink
+    crit = {n: 1 for n in range(10, 16)} | {13: 9, 15: 9}
+    assert chain_first(READY, [3, 3, 5], lambda t: False, crit) == 1      # ties: first recorded
+    assert chain_first(READY, [3, 3, 5], chain, crit) == 1                 # a chain_ready type first
+    crit[14] = 12
+    assert chain_first(READY, [3, 3, 5], lambda t: False, crit) == 2
+
+
+def test_bound_rewards_sum_to_the_gap_to_the_lower_bound():
+    """The bound reward is minus the rise of batches + remaining bound: an episode's rewards sum to
+    (bound after the first settling) - batches, and a greedy episode ends on the schedule's count."""
+    _, cg = two_type_graph()
+    tr = fsm.Trainer(cg, encoding="chain", seed=3)
+    assert tr.reward == "bound" and fsm.Trainer(cg, encoding="base").reward == "ratio"
+    S, A, R = tr.episode(0.5)
+    sim = tr.sim
+    assert sim.left == 0 and not sim.ready and len(R) == len(A) > 0
+    sim.reset(record=False)
+    sim.settle()
+    start = sim.steps + sim.left
+    assert start <= tr.lower_bound
+    tr.sim.reset(record=False)
+    S2, A2, R2 = tr.episode(0.5)
+    assert sum(R2) == start - tr.sim.steps
+    with pytest.raises(ValueError, match="reward"):
+        fsm.Trainer(cg, encoding="base", reward="bogus")
+
+
+def test_chain_policy_trains_and_schedules():
+    _, cg = two_type_graph()
+    nodes = pending(cg)
+    pol = fsm.train(cg, encoding="chain", episodes=40, eval_every=20, seed=0, progress=False)
+    assert pol.meta["hyper"]["reward"] == "bound"
+    sched = fsm.Scheduler(pol)
+    batches = sched.schedule(cg, nodes)
+    check_schedule(cg, nodes, batches)
+    assert len(batches) == pol.meta["batches"]
+    back = Policy.from_json(json.loads(json.dumps(pol.to_json())))
+    assert back.encoding == "chain" and fsm.Scheduler(back).schedule(cg, nodes) == batches
 
 
 def test_fallback_is_the_most_common_type():

@@ -96,6 +96,66 @@ def test_frontier_counts_stay_consistent_under_any_order(name, n):
         assert sim.fcount == _recount(cg, sim, nodes, {n for b in sim.batches for n in b})
 
 
+@pytest.mark.parametrize("name,n", [("treelstm2type", 3), ("nerlattice", 1)])
+def test_chain_heights_stay_consistent_under_any_order(name, n):
+    """Chain heights equal a from-scratch count; after every step top[t] is the remaining graph's
+    longest type-t chain (lower_bound's share of t), left their sum, and chain_ready(t) says
+    whether t's ready nodes hold every pending type-t node of that height."""
+    w = WORKLOADS[name](hidden=2, seed=0)
+    cg = w.graph(w.instances(n, seed=3))
+    nodes = pending(cg)
+    sim = Simulation(cg, nodes, heights=True)
+    sim.reset()
+    unbatchable = sum(1 for x in nodes if type_of(sim, x) < 0)
+    assert sim.left == sbase.lower_bound(cg, nodes) - unbatchable
+    done: set = set()
+    k = 0
+    while sim.ready:
+        heights = _heights(cg, sim, nodes, done)
+        assert all(sim.height[x - sim.base] == h for x, h in heights.items())
+        top = [0] * sim.n_types
+        for x, h in heights.items():
+            top[type_of(sim, x)] = max(top[type_of(sim, x)], h)
+        assert sim.top == top and sim.left == sum(top)
+        for t, bucket in sim.ready.items():
+            heads = {x for x, h in heights.items() if type_of(sim, x) == t and h == top[t]}
+            assert sim.chain_ready(t) == (heads <= {x + sim.base for x in bucket})
+        t = sorted(sim.ready)[k % len(sim.ready)]
+        k += 1
+        sim.step(t)
+        done = {x for b in sim.batches for x in b}
+    assert sim.left == 0 and sim.top == [0] * sim.n_types
+    users: dict = {}
+    for x in nodes:
+        for a in cg.args[x]:
+            users.setdefault(a, []).append(x)
+    longest: dict = {}
+    for x in reversed(nodes):  # the most nodes on a path down to a sink
+        longest[x] = 1 + max([longest[u] for u in users.get(x, ())], default=0)
+        assert sim.crit[x - sim.base] == longest[x]
+
+
+def _heights(cg, sim, nodes, done) -> dict:
+    """Per pending typed node, the most nodes of its type on a pending path down from it."""
+    users: dict = {}
+    for x in nodes:
+        for a in cg.args[x]:
+            users.setdefault(a, []).append(x)
+    down: dict = {}
+    for x in reversed(nodes):
+        if x in done:
+            continue
+        d: dict = {}
+        for u in users.get(x, ()):
+            for t, c in down[u].items():
+                d[t] = max(d.get(t, 0), c)
+        t = type_of(sim, x)
+        if t >= 0:
+            d[t] = d.get(t, 0) + 1
+        down[x] = d
+    return {x: d[type_of(sim, x)] for x, d in down.items() if type_of(sim, x) >= 0}
+
+
 def _recount(cg, sim, nodes, done) -> list[int]:
     """F_a sizes by definition: pending type-a nodes with no pending type-a ancestor."""
     anc: dict = {}  # node -> bit mask of the types of its pending ancestors
