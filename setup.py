@@ -35,7 +35,7 @@ def bookkeeping_extension() -> Extension:
     work runs in its pure-Python twins."""
     strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
-    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/expr_recorder.c",
+    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/columns.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c", "kernels/cpython/graph_leaves.c", "kernels/cpython/sig_cache.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
            "kernels/cpython/batch_run.c", "kernels/cpython/direct_batch.c",
@@ -45,7 +45,7 @@ def bookkeeping_extension() -> Extension:
            "kernels/cpython/typewise_graph.c", "kernels/cpython/typewise_chain.c",
            "kernels/cpython/phase_split.c"]
     return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",
-                                                                 "kernels/cpython/backward_batch.h",
+                                                                 "kernels/cpython/backward_batch.h", "kernels/cpython/row_layout.h",
                                                                  "kernels/cpython/typewise.h"],
                      include_dirs=["kernels/cpython"], extra_compile_args=flags)
 

@@ -398,11 +398,21 @@ class Block:
             memo[2][values] = out.i if type(out) is Expression else tuple(o.i for o in out)
             return out
         else:
-            cached = plan._leaf_cache  # plan.leaf_ids(cg), inline: it is asked once per call
-            if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
-                plan.leaf_ids(cg)
-                cached = plan._leaf_cache
-            nid = cg.add(plan.op, tuple(ids) + cached[2], (), values)
+            return self._record(plan, cg, ids, values)
+        return self._outputs(plan, cg, nid)
+
+    @classmethod
+    def _record(cls, plan, cg, ids: list, values: tuple):
+        """Block.__call__'s recording of one call into cg (not mixed, not retired)."""
+        cached = plan._leaf_cache  # plan.leaf_ids(cg), inline: it is asked once per call
+        if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
+            plan.leaf_ids(cg)
+            cached = plan._leaf_cache
+        return cls._outputs(plan, cg, cg.add(plan.op, tuple(ids) + cached[2], (), values))
+
+    @staticmethod
+    def _outputs(plan, cg, nid: int):
+        """The call's outputs: the block node itself, or one BLOCK_OUTPUT view per output."""
         if plan.direct:
             out = Expression(cg, nid)
             return out if plan.single else (out,)
@@ -412,20 +422,6 @@ class Block:
                     Expression(cg, add(BLOCK_OUTPUT, src, attrs[1])))
         outs = [Expression(cg, add(BLOCK_OUTPUT, src, a)) for a in attrs]
         return outs[0] if plan.single else tuple(outs)
-
-    @staticmethod
-    def _record(plan, cg, ids: list, values: tuple):
-        """Block.__call__'s recording of one call into cg (not mixed, not retired)."""
-        cached = plan._leaf_cache
-        if cached is None or cached[0] != cg.version or cached[1] != cg.reverts:
-            plan.leaf_ids(cg)
-            cached = plan._leaf_cache
-        nid = cg.add(plan.op, tuple(ids) + cached[2], (), values)
-        if plan.direct:
-            out = Expression(cg, nid)
-            return out if plan.single else (out,)
-        outs = tuple(Expression(cg, cg.add(BLOCK_OUTPUT, (nid,), a)) for a in plan.out_attrs)
-        return outs[0] if plan.single else outs
 
     @staticmethod
     def _leaves(plan, cg) -> list:

@@ -222,23 +222,6 @@ static PyObject *lstm_h(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
     return out;
 }
 
-/* The shape of an exact ndarray (ndim into *nd, at most 8 dims), else 0. */
-static int any_shape(PyObject *ctx, PyObject *a, int *nd, Py_ssize_t *shape) {
-    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
-        return 0;
-    Py_buffer v;
-    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    int ok = v.ndim <= 8;
-    *nd = v.ndim;
-    for (int i = 0; ok && i < v.ndim; i++)
-        shape[i] = v.shape[i];
-    PyBuffer_Release(&v);
-    return ok;
-}
-
 /* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. */
 static PyObject *reduced(PyObject *ctx, PyObject *g, PyObject *x) {
     PyObject *shape = PyObject_GetAttrString(x, "shape");
@@ -255,10 +238,10 @@ static PyObject *reduced(PyObject *ctx, PyObject *g, PyObject *x) {
 static PyObject *pass_through(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need) {
     Py_ssize_t k = PyList_GET_SIZE(xs), gs[8], s[8];
     int gnd, nd;
-    if (PyTuple_GET_SIZE(need) != k || !any_shape(ctx, g, &gnd, gs))
+    if (PyTuple_GET_SIZE(need) != k || (gnd = dg_array_shape(ctx, g, 8, gs)) < 0)
         return NULL;
     for (Py_ssize_t i = 0; i < k; i++)
-        if (!any_shape(ctx, PyList_GET_ITEM(xs, i), &nd, s))
+        if (dg_array_shape(ctx, PyList_GET_ITEM(xs, i), 8, s) < 0)
             return NULL;
     PyObject *out = PyTuple_New(k);
     if (!out)
@@ -268,7 +251,7 @@ static PyObject *pass_through(PyObject *ctx, PyObject *xs, PyObject *g, PyObject
         if (PyTuple_GET_ITEM(need, i) != Py_True) {
             gi = Py_NewRef(Py_None);
         } else {
-            any_shape(ctx, x, &nd, s);
+            nd = dg_array_shape(ctx, x, 8, s);
             int same = nd == gnd;
             for (int d = 0; same && d < nd; d++)
                 same = s[d] == gs[d];

@@ -217,16 +217,16 @@ out:
     return rc;
 }
 
-/* The shape of an exact ndarray (ndim, dims into shape[4]); 0 for anything else or ndim > 4. */
-static int shape_of(PyObject *ctx, PyObject *a, Py_ssize_t *shape) {
+/* The ndim of an exact ndarray with at most max_nd dims (its dims into shape), else -1. */
+int dg_array_shape(PyObject *ctx, PyObject *a, int max_nd, Py_ssize_t *shape) {
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
-        return 0;
+        return -1;
     Py_buffer v;
     if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
-        return 0;
+        return -1;
     }
-    int nd = v.ndim <= 4 ? v.ndim : 0;
+    int nd = v.ndim <= max_nd ? v.ndim : -1;
     for (int i = 0; i < nd; i++)
         shape[i] = v.shape[i];
     PyBuffer_Release(&v);
@@ -270,8 +270,8 @@ static int check_pairs(PyObject *ctx, PyObject *pairs, PyObject *xs, PyObject *p
         }
         if (w < 0 || w >= k || x < 0 || x >= k || PyTuple_GET_SIZE(need) != k)
             return 0;
-        int wnd = shape_of(ctx, PyList_GET_ITEM(xs, w), ws), xnd = shape_of(ctx, PyList_GET_ITEM(xs, x), xsh);
-        if (!wnd || !xnd)
+        int wnd = dg_array_shape(ctx, PyList_GET_ITEM(xs, w), 4, ws), xnd = dg_array_shape(ctx, PyList_GET_ITEM(xs, x), 4, xsh);
+        if (wnd < 1 || xnd < 1)
             return 0;
         PyObject *plan = PyList_GET_ITEM(plans, w), *kind = PyTuple_CheckExact(plan) && PyTuple_GET_SIZE(plan) == 3
                                                              ? PyTuple_GET_ITEM(plan, 0) : NULL;
@@ -331,8 +331,8 @@ static int drop_need(PyObject *need, PyObject **out, Py_ssize_t w) {
 int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g,
                       PyObject **need) {
     Py_ssize_t gs[4], w_of[MAXP], x_of[MAXP];
-    int gnd = shape_of(ctx, g, gs), take[MAXP];
-    if (!gnd)
+    int gnd = dg_array_shape(ctx, g, 4, gs), take[MAXP];
+    if (gnd < 1)
         return 0;
     if (gnd != 2)
         return 1;  /* as the reference: only (B, rows) gradients */

@@ -164,7 +164,7 @@ PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow) {
 }
 
 /* leaf(p, update=True) -> node id (see ComputationGraph._leaf_py) */
-PyObject *dg_graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+static PyObject *graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *update = nargs > 1 ? argv[1] : Py_True;
     if (kwnames && PyTuple_GET_SIZE(kwnames) == 1 && nargs == 1 &&
@@ -187,7 +187,7 @@ PyObject *dg_graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t nar
     return r;
 }
 
-int dg_leaf_names(void) {
+static int leaf_names(void) {
     const char *names[7] = {"_values_storage", "_updated", "_sig_parts", "is_lookup", "shape", "_leaf_py",
                             "_leaf_view"};
     PyObject **slots[7] = {&StorageName, &UpdatedName, &SigPartsName, &IsLookupName, &ShapeName, &LeafPyName,
@@ -202,4 +202,22 @@ int dg_leaf_names(void) {
     if (!NoArgs && !(NoArgs = PyTuple_New(0)))
         return -1;
     return 0;
+}
+
+static PyMethodDef leaf_method = {
+    "leaf", (PyCFunction)(void (*)(void))graph_leaf_method, METH_FASTCALL | METH_KEYWORDS,
+    "leaf(p, update=True) -> node id. The node of parameter p in this graph (see ComputationGraph._leaf_py)."};
+
+/* GraphBase.leaf, added to the type recorder.c made ready (after dg_recorder_add_types): this
+   file builds on the recorder, which does not know it. 0 or -1. */
+int dg_graph_leaves_add(void) {
+    if (leaf_names() < 0)
+        return -1;
+    PyObject *descr = PyDescr_NewMethod(&GraphBaseType, &leaf_method);
+    if (!descr)
+        return -1;
+    int rc = PyDict_SetItemString(GraphBaseType.tp_dict, "leaf", descr);
+    Py_DECREF(descr);
+    PyType_Modified(&GraphBaseType);
+    return rc;
 }

@@ -52,54 +52,20 @@ static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     return 0;
 }
 
-/* Emptied column lists of freed graphs, kept with their storage: a per-sentence program
-   makes a graph of a few dozen nodes per sentence, and growing a dozen fresh lists to that
-   size (a realloc every few appends) cost as much as recording the nodes. One pool per
-   column, so each list keeps serving the column it grew for (the storage kept stays that of
-   the graphs the program makes, it does not creep); a few per column (the next graph is
-   made before the last one is freed), small lists only (a large graph's appends are
-   amortised anyway), and only when the graph held the last reference to the list. */
-enum { LIST_POOL = 2, LIST_POOL_MAX_ITEMS = 4096, N_LIST_COLUMNS = 13 };
-static PyObject *ListPool[N_LIST_COLUMNS][LIST_POOL];
-static int ListPoolSize[N_LIST_COLUMNS];
-
-static void pool_list(int column, PyObject *l) {
-    if (ListPoolSize[column] == LIST_POOL || !PyList_CheckExact(l) || Py_REFCNT(l) != 1 ||
-        ((PyListObject *)l)->allocated > LIST_POOL_MAX_ITEMS) {
-        Py_DECREF(l);
-        return;
-    }
-    /* nothing else can reach l: empty it first, then release the items (which may run code) */
-    PyObject **items = ((PyListObject *)l)->ob_item;
-    Py_ssize_t n = Py_SIZE(l);
-    Py_SET_SIZE(l, 0);
-    for (Py_ssize_t k = 0; k < n; k++)
-        Py_DECREF(items[k]);
-    if (ListPoolSize[column] < LIST_POOL && Py_REFCNT(l) == 1 && Py_SIZE(l) == 0 &&
-        ((PyListObject *)l)->ob_item == items)
-        ListPool[column][ListPoolSize[column]++] = l;
-    else
-        Py_DECREF(l);
-}
-
-static PyObject *pooled_list(int column) {
-    return ListPoolSize[column] ? ListPool[column][--ListPoolSize[column]] : PyList_New(0);
-}
-
-/* The columns that are lists, whose storage pool_list keeps. */
+/* The columns that are lists, whose storage columns.c's pools keep. */
 static PyObject **list_column(GraphObject *g, int k) {
-    PyObject **cols[N_LIST_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth, &g->sig,
+    PyObject **cols[DG_LIST_COLUMNS] = {&g->op, &g->args, &g->attrs, &g->data, &g->shape, &g->depth, &g->sig,
                                        &g->sig_part, &g->needs_grad, &g->blk, &g->row, &g->blocks,
                                        &g->signatures};
     return cols[k];
 }
 
 static int graph_clear(GraphObject *g) {
-    for (int k = 0; k < N_LIST_COLUMNS; k++) {
+    for (int k = 0; k < DG_LIST_COLUMNS; k++) {
         PyObject *l = *list_column(g, k);
         *list_column(g, k) = NULL;
         if (l)
-            pool_list(k, l);
+            dg_pool_list(k, l);
     }
     for (int k = 0; k < N_COLUMNS; k++)
         Py_CLEAR(*graph_column(g, k));
@@ -110,8 +76,8 @@ static int graph_clear(GraphObject *g) {
 /* _start(): a new graph's empty columns (lists kept from freed graphs where there are). */
 static PyObject *graph_start(GraphObject *g, PyObject *unused) {
     (void)unused;
-    for (int k = 0; k < N_LIST_COLUMNS; k++) {
-        PyObject *l = pooled_list(k);
+    for (int k = 0; k < DG_LIST_COLUMNS; k++) {
+        PyObject *l = dg_pooled_list(k);
         if (!l)
             return NULL;
         Py_XSETREF(*list_column(g, k), l);
@@ -217,34 +183,6 @@ static int run_check(GraphObject *g, PyObject *check, PyObject *attrs, PyObject 
         return 0;
     }
     return -1;
-}
-
-/* PyList_Append for the node columns. A column grows by one entry per node to tens of
-   thousands (a mini-batch of trees); CPython grows a list by 1/8 at a time, and each growth
-   of a large list may copy it (realloc), which measured ~9% of recording. Past 4096 entries
-   a column grows by half instead, through the allocator CPython's lists use (PyMem_Realloc,
-   as list_resize does), so the copies amortise to a few per column. */
-int dg_col_append(PyObject *list, PyObject *v) {
-    PyListObject *l = (PyListObject *)list;
-    Py_ssize_t n = Py_SIZE(l);
-    if (n >= l->allocated) {
-        if (n < 4096)
-            return PyList_Append(list, v);
-        Py_ssize_t cap = n + (n >> 1);
-        if ((size_t)cap > PY_SSIZE_T_MAX / sizeof(PyObject *))
-            return PyList_Append(list, v);
-        PyObject **items = PyMem_Realloc(l->ob_item, (size_t)cap * sizeof(PyObject *));
-        if (!items) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        l->ob_item = items;
-        l->allocated = cap;
-    }
-    Py_INCREF(v);
-    PyList_SET_ITEM(list, n, v);
-    Py_SET_SIZE(l, n + 1);
-    return 0;
 }
 
 /* Append one value to a column, stealing the reference. */
@@ -494,8 +432,6 @@ static PyMethodDef graph_methods[] = {
     {"_start", (PyCFunction)graph_start, METH_NOARGS, "_start(): the new graph's empty columns."},
     {"add", (PyCFunction)(void (*)(void))graph_add, METH_FASTCALL,
      "add(op, ids, attrs=(), data=None) -> node id. Record one node (see ComputationGraph._add_py)."},
-    {"leaf", (PyCFunction)(void (*)(void))dg_graph_leaf_method, METH_FASTCALL | METH_KEYWORDS,
-     "leaf(p, update=True) -> node id. The node of parameter p in this graph (see ComputationGraph._leaf_py)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,7 +505,7 @@ void dg_graph_configure(PyObject *slot, PyObject *key, PyObject *shapes, PyObjec
 }
 
 int dg_recorder_add_types(PyObject *m) {
-    if (PyType_Ready(&GraphBaseType) < 0 || dg_leaf_names() < 0)
+    if (PyType_Ready(&GraphBaseType) < 0)
         return -1;
     if (!AddPyName && !(AddPyName = PyUnicode_InternFromString("_add_py")))
         return -1;

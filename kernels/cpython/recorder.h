@@ -48,11 +48,14 @@ PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow);
 PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
                                PyObject *checked);
 int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op);  /* graph_leaves.c */
-PyObject *dg_graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t nargsf, PyObject *kwnames);
-int dg_leaf_names(void);
 
 /* recorder.c, for graph_leaves.c and sig_cache.c */
-int dg_col_append(PyObject *list, PyObject *v);  /* a node column's append (grows large lists by half) */
+/* columns.c: a node column's append (grows large lists by half); the pools of emptied column
+   lists (one per list column of GraphBase, DG_LIST_COLUMNS of them) */
+enum { DG_LIST_COLUMNS = 13 };
+int dg_col_append(PyObject *list, PyObject *v);
+void dg_pool_list(int column, PyObject *l);
+PyObject *dg_pooled_list(int column);
 int dg_columns_ready(GraphObject *g);            /* the node columns are lists of one length */
 
 /* sig_cache.c */
