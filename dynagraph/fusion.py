@@ -345,6 +345,18 @@ def _fresh(xp, y, full: tuple, avoid: list):
 
 
 # ------------------------------------------------------- spelling-independent traces
+def _non_slice_use(T: "ComputationGraph", keep: Sequence[int], pick) -> list:
+    """Per node of T, whether anything but a slice (`pick`) reads it, or it must survive (`keep`)."""
+    non_slice_use = [False] * len(T.op)
+    for i in range(len(T.op)):
+        for a in T.args[i]:
+            if T.op[i] is not pick:
+                non_slice_use[a] = True
+    for i in keep:
+        non_slice_use[i] = True
+    return non_slice_use
+
+
 def slices_first(T: "ComputationGraph", keep: Sequence[int]) -> "tuple[ComputationGraph, dict] | None":
     """Trace T re-recorded with every slice taken before the elementwise ops it follows:
     pick_range(f(x), a, b) -> f(pick_range(x, a, b)) for a unary elementwise f, and
@@ -361,13 +373,7 @@ def slices_first(T: "ComputationGraph", keep: Sequence[int]) -> "tuple[Computati
     from .graph import ComputationGraph
     pick = OPS["pick_range"]
     n = len(T.op)
-    non_slice_use = [False] * n
-    for i in range(n):
-        for a in T.args[i]:
-            if T.op[i] is not pick:
-                non_slice_use[a] = True
-    for i in keep:
-        non_slice_use[i] = True
+    non_slice_use = _non_slice_use(T, keep, pick)
 
     def commutes(i: int) -> bool:
         op = T.op[i]

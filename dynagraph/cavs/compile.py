@@ -99,6 +99,23 @@ class _Part(Plan):
         return len(self.steps) if self.chained is None else len(self.chained.units)
 
 
+def _depends(T, gathered, p: int) -> tuple[list, list]:
+    """Per node of T, whether it depends on a gathered node (one in `gathered`) and whether on
+    the pulled node p (a gathered node counts as the former only)."""
+    n = len(T.op)
+    dep_g, dep_p = [False] * n, [False] * n
+    for i in range(n):
+        if i in gathered:
+            dep_g[i] = True
+        elif i == p:
+            dep_p[i] = True
+        else:
+            for a in T.args[i]:
+                dep_g[i] = dep_g[i] or dep_g[a]
+                dep_p[i] = dep_p[i] or dep_p[a]
+    return dep_g, dep_p
+
+
 def _walk(T: ComputationGraph, roots: Sequence[int], stop: set) -> tuple[set, set]:
     """(nodes reached from roots without passing a stop node, stop nodes reached)."""
     inner, hit = set(), set()
@@ -223,16 +240,7 @@ class _Compiled:
     def _split(self, T, name, p, gathers: dict, sc: list, pu, state) -> None:
         gid = {i: (k, j) for k, ids in gathers.items() for j, i in enumerate(ids)}
         n = len(T.op)
-        dep_g, dep_p = [False] * n, [False] * n
-        for i in range(n):
-            if i in gid:
-                dep_g[i] = True
-            elif i == p:
-                dep_p[i] = True
-            else:
-                for a in T.args[i]:
-                    dep_g[i] = dep_g[i] or dep_g[a]
-                    dep_p[i] = dep_p[i] or dep_p[a]
+        dep_g, dep_p = _depends(T, gid, p)
         hset = {i for i in range(n) if dep_p[i] and not dep_g[i]}
         gset = set(gid)
         rec_inner, rec_hit = _walk(T, sc, hset | gset)

@@ -137,21 +137,22 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     """The pure-Python twin of dynagraph._coarsen.find: (owner, [(root, members, key,
     externals, slots)]) for every instance of two or more nodes."""
     lo = pending[0]
-    span = pending[-1] - lo + 1
-    args, ops, sig = cg.args, cg.op, cg.sig
-    is_pending = [False] * span
+    is_pending = [False] * (pending[-1] - lo + 1)
     for n in pending:
         is_pending[n - lo] = True
-    owner = [-1] * span       # the instance root of each pending node
-    cmin = [-1] * span        # smallest instance root among a node's consumers
-    cmulti = [False] * span   # consumers in more than one instance
-    csig = [-1] * span        # the signature of a node's last-recorded consumer
+    owner, excluded, size = _owners(cg, pending, is_pending)
+    return owner, _instance_list(cg, pending, owner, excluded, size)
+
+
+def _owners(cg, pending: list, is_pending: list) -> tuple[list, set, dict]:
+    """Each pending node's instance root (index n - pending[0]), the excluded roots, instance sizes.
+    Per node: cmin, the smallest instance root among its consumers; cmulti, consumers in more
+    than one instance; csig, the signature of its last-recorded consumer."""
+    lo, span, args, ops, sig = pending[0], len(is_pending), cg.args, cg.op, cg.sig
+    owner, cmin, csig, cmulti = [-1] * span, [-1] * span, [-1] * span, [False] * span
     excluded: set = set()
-    repeated: set = set()     # shapes of the repetition outputs cut so far (see the module doc)
-    size: dict = {}
-    sigs_of: dict = {}
-    shapes_of: dict = {}
-    can: dict = {}
+    repeated: set = set()  # shapes of the repetition outputs cut so far (see the module doc)
+    size, sigs_of, shapes_of, can = {}, {}, {}, {}
     for n in reversed(pending):
         k = n - lo
         a_n = args[n]
@@ -203,6 +204,12 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
                     cmulti[j] = True
                     if r < c:
                         cmin[j] = r
+    return owner, excluded, size
+
+
+def _instance_list(cg, pending: list, owner: list, excluded: set, size: dict) -> list:
+    """[(root, members, key, externals, slots)] for every instance of two or more nodes."""
+    lo, args, sig, ops = pending[0], cg.args, cg.sig, cg.op
     members: dict = {}
     for n in pending:
         r = owner[n - lo]
@@ -217,7 +224,7 @@ def instances_py(cg, pending: list) -> tuple[list, list]:
     for r in sorted(members):
         ms = members[r]
         out.append((r, ms) + _instance_key(ms, args, sig, ops, data))
-    return owner, out
+    return out
 
 
 _MASK = (1 << 62) - 1

@@ -367,6 +367,13 @@ def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:
     reaches zero. Without this an LSTM's cell state, which passes no gate, makes
     every earlier gate a "nearest" ancestor (quadratic edge counts).
     """
+    below = _below_masks(nodes, users, base, typ)
+    pset = _pruned_parents(cg, nodes, base, typ, below)
+    return _children(nodes, base, pset)
+
+
+def _below_masks(nodes, users, base, typ) -> list:
+    """Per node (local index), the bit mask of the types strictly below it."""
     span = len(typ)
     below = [0] * span
     for n in reversed(nodes):  # bit mask of the types strictly below each node
@@ -377,8 +384,11 @@ def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:
                 t = typ[u - base]
                 m |= below[u - base] | ((1 << t) if t >= 0 else 0)
             below[n - base] = m
-    near: list = [None] * span  # None or a map type -> frozenset; may be shared
-    pset: list = [None] * span  # each typed node's (pruned) G_a parents
+    return below
+
+
+def _pruning_union(pset: list, base: int):
+    """The union of two pruned nearest-sets, pruned (see _type_graph), over G_a parents `pset`."""
 
     def union(x: frozenset, y: frozenset) -> frozenset:
         """x | y, pruned; x and y are already pruned within themselves."""
@@ -395,6 +405,15 @@ def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:
         u = x | y
         return u - drop if drop else u
 
+    return union
+
+
+def _pruned_parents(cg, nodes, base, typ, below) -> list:
+    """Each typed node's pruned G_a parents (a frozenset, or None), by local index (see _type_graph)."""
+    span = len(typ)
+    near: list = [None] * span  # None or a map type -> frozenset; may be shared
+    pset: list = [None] * span  # each typed node's (pruned) G_a parents
+    union = _pruning_union(pset, base)
     kmask = [0] * span  # bit mask of the keys of near[i]
     args = cg.args
     for n in nodes:
@@ -441,6 +460,12 @@ def _type_graph(cg, nodes, users, base, typ) -> tuple[list, list]:
             near[i], kmask[i] = d, dm
         if par:
             pset[i] = par
+    return pset
+
+
+def _children(nodes, base, pset) -> tuple[list, list]:
+    """Pending-parent counts and children lists (local indices) from the G_a parents `pset`."""
+    span = len(pset)
     gpar = [0] * span          # by local index, like gch's entries
     gch: list = [None] * span
     for n in nodes:

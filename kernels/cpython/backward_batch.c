@@ -317,19 +317,13 @@ done:
     return rc;
 }
 
-/* backward_batch_native(ctx, record): autodiff.backward's loop body for one ExecutedBatch. */
-PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != B_SIZE
-        || !PyTuple_Check(argv[1]) || PyTuple_GET_SIZE(argv[1]) != 6) {
-        PyErr_SetString(PyExc_TypeError, "backward_batch_native(ctx: tuple, record: ExecutedBatch)");
-        return NULL;
-    }
-    PyObject *ctx = argv[0], *rec = argv[1];
+/* The context's items have the types the loop body reads them as (checked once per call, so
+   the body can use the unchecked macros). 0, or -1 with a TypeError. */
+static int check_backward_context(PyObject *ctx) {
     for (int i = B_OP; i <= B_GB; i++)
         if (!PyList_Check(PyTuple_GET_ITEM(ctx, i))) {
             PyErr_Format(PyExc_TypeError, "backward_batch_native: context item %d must be a list", i);
-            return NULL;
+            return -1;
         }
     PyObject *acc_b = PyTuple_GET_ITEM(ctx, B_ACC);
     if (!PySet_Check(PyTuple_GET_ITEM(ctx, B_BORROWED)) || !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, B_INFOS))
@@ -345,8 +339,23 @@ PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssi
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, B_ZEROS))
         || PyByteArray_GET_SIZE(acc_b) != ACC_SIZE * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: malformed context");
+        return -1;
+    }
+    return 0;
+}
+
+/* backward_batch_native(ctx, record): autodiff.backward's loop body for one ExecutedBatch. */
+PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != B_SIZE
+        || !PyTuple_Check(argv[1]) || PyTuple_GET_SIZE(argv[1]) != 6) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native(ctx: tuple, record: ExecutedBatch)");
         return NULL;
     }
+    PyObject *ctx = argv[0], *rec = argv[1];
+    if (check_backward_context(ctx) < 0)
+        return NULL;
+    PyObject *acc_b = PyTuple_GET_ITEM(ctx, B_ACC);
     PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB), *nodes = PyTuple_GET_ITEM(rec, 0);
     Py_ssize_t bid = dg_index_in(PyTuple_GET_ITEM(rec, 2), PyList_GET_SIZE(gb));
     if (bid < 0)

@@ -421,6 +421,99 @@ static int account(PyObject *ctx, PyObject *info, Py_ssize_t B, double t0, doubl
     return 0;
 }
 
+/* Whether the batch may run in parts (info[7]: 0 never, 1 always, 2 when the op's per-node
+   value is a vector; executor._splittable): 1 or 0, -1 on error. */
+static int batch_splittable(PyObject *ctx, PyObject *info, Py_ssize_t n0) {
+    long splittable = PyTuple_GET_SIZE(info) == 8 ? PyLong_AsLong(PyTuple_GET_ITEM(info, 7)) : 0;
+    if (splittable == 2) {
+        PyObject *shape0 = list_item(ctx, C_SHAPE, n0);
+        if (!shape0)
+            return -1;
+        splittable = PyTuple_Check(shape0) && PyTuple_GET_SIZE(shape0) == 1;
+    }
+    if (PyErr_Occurred())
+        return -1;
+    return splittable == 1;
+}
+
+/* Run the batch node by node (got == 1) or block by block (got == 2, the node groups in
+   `groups`): each part reads its inputs in place (executor.run_batch). 0 or -1. */
+static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *groups) {
+    Py_ssize_t parts = got == 1 ? PyTuple_GET_SIZE(nodes) : PyTuple_GET_SIZE(groups);
+    for (Py_ssize_t j = 0; j < parts; j++) {
+        PyObject *part = got == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j)) : PyTuple_GET_ITEM(groups, j);
+        if (got == 2)
+            Py_INCREF(part);
+        PyObject *oargv[2] = {ctx, part};
+        PyObject *r = part ? dg_run_batch_native(NULL, oargv, 2) : NULL;
+        Py_XDECREF(part);
+        if (!r)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* Read the batch's argument columns into xs and plans: 0, 1 when a column asked for the batch
+   to run in parts (and it ran so), -1 on error. */
+static int read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *xs, PyObject *plans, int may_split,
+                        PyObject *nodes) {
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
+        PyObject *groups = NULL;
+        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split, nodes, &groups);
+        if (got < 0)
+            return -1;
+        if (got > 0) {
+            int bad = run_in_parts(ctx, nodes, got, groups) < 0;
+            Py_XDECREF(groups);
+            return bad ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* The op's direct kernel (info[6]), where it has one, into *y; *t1 the kernel's start.
+   1 when it ran, 0 when the op has none (or declined), -1 on error. */
+static int run_direct(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *data, PyObject *attrs, Py_ssize_t n0,
+                      Py_ssize_t B, PyObject **y, int *is_block, double *t1) {
+    if (PyTuple_GET_SIZE(info) != 8 || PyTuple_GET_ITEM(info, 6) == Py_None)
+        return 0;
+    *t1 = now();
+    PyObject *shape = list_item(ctx, C_SHAPE, n0);
+    PyObject *dts = PyTuple_GET_ITEM(ctx, C_DTYPES);
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, C_FORMAT));
+    if (!shape || !fmt)
+        return -1;
+    dg_direct_ctx dctx = {(PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY),
+                          {PyTuple_GET_ITEM(dts, 0), PyTuple_GET_ITEM(dts, 1)}, PyTuple_GET_ITEM(ctx, C_EMPTY),
+                          shape, B, !strcmp(fmt, "f") ? 0 : !strcmp(fmt, "d") ? 1 : -1, is_block};
+    return dg_direct_batch(&dctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, shape, B, y);
+}
+
+/* The batch's kernel (direct or through the backend), its output checked, placed and recorded,
+   the batch accounted; t0 the batch's start. 0 or -1. */
+static int run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize_t n0, PyObject *cols, PyObject **xs,
+                      PyObject **plans, PyObject **data, PyObject **kctx, PyObject **y, double t0) {
+    Py_ssize_t B = PyTuple_GET_SIZE(nodes);
+    if (batch_data(ctx, info, nodes, data) < 0)
+        return -1;
+    PyObject *attrs = list_item(ctx, C_ATTRS, n0);
+    double t1 = t0;  /* set by run_direct or call_kernel */
+    if (!attrs)
+        return -1;
+    int is_block = 0, direct = run_direct(ctx, info, *xs, *data, attrs, n0, B, y, &is_block, &t1);
+    if (direct < 0)
+        return -1;
+    if (!direct && !(*y = call_kernel(ctx, info, attrs, *data, *xs, kctx, &t1)))
+        return -1;
+    if (!(direct && is_block) && finish_output(ctx, y, nodes, n0) < 0)  /* a direct output checked itself */
+        return -1;
+    double t2 = now();
+    if (place_and_record(ctx, info, nodes, cols, *y, xs, plans, kctx) < 0 || account(ctx, info, B, t0, t1, t2) < 0)
+        return -1;
+    return 0;
+}
+
 /* run_batch_native(ctx, nodes): executor.run_batch for one batch (see the top of this file). */
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
@@ -453,71 +546,13 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
     if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
-    /* info[7]: 0 never, 1 always, 2 when the op's per-node value is a vector (executor._splittable) */
-    long splittable = PyTuple_GET_SIZE(info) == 8 ? PyLong_AsLong(PyTuple_GET_ITEM(info, 7)) : 0;
-    if (splittable == 2) {
-        PyObject *shape0 = list_item(ctx, C_SHAPE, n0);
-        if (!shape0)
-            goto done_info;
-        splittable = PyTuple_Check(shape0) && PyTuple_GET_SIZE(shape0) == 1;
-    }
-    if (PyErr_Occurred())
+    int splittable = batch_splittable(ctx, info, n0);
+    if (splittable < 0)
         goto done_info;
-    int may_split = B > 1 && splittable == 1;
-    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
-        PyObject *groups = NULL;
-        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split, nodes, &groups);
-        if (got < 0)
-            goto done_info;
-        if (got > 0) {  /* node by node, or block by block: each reads in place (executor.run_batch) */
-            Py_ssize_t parts = got == 1 ? B : PyTuple_GET_SIZE(groups);
-            for (Py_ssize_t j = 0; j < parts; j++) {
-                PyObject *part = got == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j)) : PyTuple_GET_ITEM(groups, j);
-                if (got == 2)
-                    Py_INCREF(part);
-                PyObject *oargv[2] = {ctx, part};
-                PyObject *r = part ? dg_run_batch_native(NULL, oargv, 2) : NULL;
-                Py_XDECREF(part);
-                if (!r) {
-                    Py_XDECREF(groups);
-                    goto done_info;
-                }
-                Py_DECREF(r);
-            }
-            Py_XDECREF(groups);
-            res = Py_None;
-            Py_INCREF(res);
-            goto done_info;
-        }
-    }
-    if (batch_data(ctx, info, nodes, &data) < 0)
+    int got = read_columns(ctx, cols, op, xs, plans, B > 1 && splittable, nodes);
+    if (got < 0 || (got == 0 && run_kernel(ctx, info, nodes, n0, cols, &xs, &plans, &data, &kctx, &y, t0) < 0))
         goto done_info;
-    PyObject *attrs = list_item(ctx, C_ATTRS, n0);
-    double t1 = t0;  /* set by call_kernel */
-    if (!attrs)
-        goto done_info;
-    int direct = 0, is_block = 0;
-    if (PyTuple_GET_SIZE(info) == 8 && PyTuple_GET_ITEM(info, 6) != Py_None) {
-        t1 = now();
-        PyObject *shape = list_item(ctx, C_SHAPE, n0);
-        PyObject *dts = PyTuple_GET_ITEM(ctx, C_DTYPES);
-        const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, C_FORMAT));
-        if (!shape || !fmt)
-            goto done_info;
-        dg_direct_ctx dctx = {(PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY),
-                              {PyTuple_GET_ITEM(dts, 0), PyTuple_GET_ITEM(dts, 1)}, PyTuple_GET_ITEM(ctx, C_EMPTY),
-                              shape, B, !strcmp(fmt, "f") ? 0 : !strcmp(fmt, "d") ? 1 : -1, &is_block};
-        if ((direct = dg_direct_batch(&dctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, shape, B, &y)) < 0)
-            goto done_info;
-    }
-    if (!direct && !(y = call_kernel(ctx, info, attrs, data, xs, &kctx, &t1)))
-        goto done_info;
-    if (!(direct && is_block) && finish_output(ctx, &y, nodes, n0) < 0)  /* a direct output checked itself */
-        goto done_info;
-    double t2 = now();
-    if (place_and_record(ctx, info, nodes, cols, y, &xs, &plans, &kctx) < 0 || account(ctx, info, B, t0, t1, t2) < 0)
-        goto done_info;
-    res = Py_None;
+    res = Py_None;  /* run here, or in parts */
     Py_INCREF(res);
 done_info:
     Py_DECREF(info);

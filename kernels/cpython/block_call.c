@@ -137,6 +137,120 @@ done:
     return result;
 }
 
+/* The plan key of `args` (each expression's node shape, `index` for each int) in *key, the
+ * expressions' node ids in ids[*nids], their graph (borrowed) in *cg and its shapes in *shapes.
+ * 1: done, 0: a case for the Python path, -1: error. */
+static int call_key(PyObject *args, PyObject **ids, Py_ssize_t *nids, Py_ssize_t *nvals, PyObject **cg,
+                    PyObject **shapes, PyObject **key) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (!(*key = PyTuple_New(n))) return -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *x = PyTuple_GET_ITEM(args, k);
+        if (Py_TYPE(x) == (PyTypeObject *)expr_type) {
+            BlockExprObject *e = (BlockExprObject *)x;
+            if (*cg == NULL) {
+                *cg = e->cg;
+                if (!(*shapes = PyObject_GetAttr(*cg, s_shape))) return -1;  /* the graph's per-node shapes */
+                if (!PyList_Check(*shapes)) return 0;
+            } else if (e->cg != *cg) {
+                return 0;
+            }
+            Py_ssize_t i = PyLong_AsSsize_t(e->i);
+            if (i == -1 && PyErr_Occurred()) return -1;
+            if (i < 0 || i >= PyList_GET_SIZE(*shapes)) return 0;
+            PyTuple_SET_ITEM(*key, k, Py_NewRef(PyList_GET_ITEM(*shapes, i)));
+            ids[(*nids)++] = e->i;
+        } else if (PyLong_CheckExact(x)) {
+            PyTuple_SET_ITEM(*key, k, Py_NewRef(s_index));
+            (*nvals)++;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The call's int arguments (nvals of them), in order. */
+static PyObject *int_args(PyObject *args, Py_ssize_t nvals) {
+    PyObject *values = PyTuple_New(nvals);
+    if (!values) return NULL;
+    for (Py_ssize_t k = 0, v = 0; k < PyTuple_GET_SIZE(args); k++) {
+        PyObject *x = PyTuple_GET_ITEM(args, k);
+        if (PyLong_CheckExact(x)) PyTuple_SET_ITEM(values, v++, Py_NewRef(x));
+    }
+    return values;
+}
+
+/* The plan's `_fast` tuple in *fast and its flags. 1: usable, 0: the Python path (random steps,
+ * an unexpected mode), -1: error. */
+static int plan_fast(PyObject *plan, PyObject **fast, int *by_index, int *checks) {
+    if (!(*fast = PyObject_GetAttr(plan, s_fast))) return -1;
+    if (!PyTuple_Check(*fast) || PyTuple_GET_SIZE(*fast) != 8) return 0;
+    int random = PyObject_IsTrue(PyTuple_GET_ITEM(*fast, 7));
+    *by_index = PyObject_IsTrue(PyTuple_GET_ITEM(*fast, 3));
+    *checks = PyObject_IsTrue(PyTuple_GET_ITEM(*fast, 1));
+    if (random < 0 || *by_index < 0 || *checks < 0) return -1;
+    return !random;
+}
+
+/* The graph's version and reverts. 1: a live graph, 0: retired (the Python path raises), -1: error. */
+static int graph_state(PyObject *cg, PyObject **version, PyObject **reverts) {
+    PyObject *ret = PyObject_GetAttr(cg, s_retired);
+    if (!ret) return -1;
+    int retired = PyObject_IsTrue(ret);
+    Py_DECREF(ret);
+    if (retired) return retired < 0 ? -1 : 0;
+    if (!(*version = PyObject_GetAttr(cg, s_version)) || !(*reverts = PyObject_GetAttr(cg, s_reverts))) return -1;
+    return 1;
+}
+
+/* The plan's memo list in *calls and, where this graph already made the call with `values`, its
+ * outputs in *result (left NULL otherwise). 0, or -1 on error. */
+static int memo_lookup(PyObject *plan, PyObject *fast, PyObject *cg, PyObject *values, PyObject *version,
+                       PyObject *reverts, PyObject **calls, PyObject **result) {
+    if (!(*calls = PyObject_GetAttr(plan, s_calls))) return -1;
+    int cur = memo_current(*calls, version, reverts);
+    if (cur <= 0) return cur;
+    PyObject *hit = PyDict_GetItemWithError(PyList_GET_ITEM(*calls, 2), values);
+    if (!hit) return PyErr_Occurred() ? -1 : 0;
+    int single = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 5));
+    if (single < 0) return -1;
+    *result = outputs_of(cg, hit, single);
+    return *result ? 0 : -1;
+}
+
+/* Values outside the plan's checked set go through Plan.check, which raises the user-facing error
+ * or remembers them. 0, or -1 on error. */
+static int check_values(PyObject *plan, PyObject *fast, PyObject *values) {
+    int ok = PySet_Contains(PyTuple_GET_ITEM(fast, 2), values);
+    if (ok) return ok < 0 ? -1 : 0;
+    PyObject *ca[2] = {plan, values};
+    PyObject *r = PyObject_VectorcallMethod(s_check, ca, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Remember the call's node ids `stored` under `values` in the plan's memo (*calls, replaced by a
+ * fresh memo on this graph's first call of the plan). 0, or -1 on error. */
+static int memo_store(PyObject *plan, PyObject **calls, PyObject *version, PyObject *reverts, PyObject *values,
+                      PyObject *stored) {
+    int cur = memo_current(*calls, version, reverts);
+    if (cur < 0) return -1;
+    if (!cur) {
+        PyObject *d = PyDict_New();
+        PyObject *fresh = d ? PyList_New(3) : NULL;
+        if (!fresh) { Py_XDECREF(d); return -1; }
+        PyList_SET_ITEM(fresh, 0, Py_NewRef(version));
+        PyList_SET_ITEM(fresh, 1, Py_NewRef(reverts));
+        PyList_SET_ITEM(fresh, 2, d);
+        int bad = PyObject_SetAttr(plan, s_calls, fresh);
+        Py_SETREF(*calls, fresh);
+        if (bad) return -1;
+    }
+    return PyDict_SetItem(PyList_GET_ITEM(*calls, 2), values, stored);
+}
+
 PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     if (na != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1])) {
@@ -147,115 +261,31 @@ PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     PyObject *plans = a[0], *args = a[1];
     int share = PyObject_IsTrue(a[2]);
     if (share < 0) return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    if (n > MAX_CALL_ARGS) Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(args) > MAX_CALL_ARGS) Py_RETURN_NONE;
     PyObject *ids[MAX_CALL_ARGS];
     Py_ssize_t nids = 0, nvals = 0;
     PyObject *cg = NULL, *result = NULL, *key = NULL, *values = NULL, *fast = NULL, *cgref = NULL, *shapes = NULL;
-    PyObject *version = NULL, *reverts = NULL, *calls = NULL, *stored = NULL;
-    if (!(key = PyTuple_New(n))) return NULL;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *x = PyTuple_GET_ITEM(args, k);
-        if (Py_TYPE(x) == (PyTypeObject *)expr_type) {
-            BlockExprObject *e = (BlockExprObject *)x;
-            if (cg == NULL) {
-                cg = e->cg;
-                if (!(shapes = PyObject_GetAttr(cg, s_shape))) goto done;  /* the graph's per-node shapes */
-                if (!PyList_Check(shapes)) goto fallback;
-            } else if (e->cg != cg) {
-                goto fallback;
-            }
-            Py_ssize_t i = PyLong_AsSsize_t(e->i);
-            if (i == -1 && PyErr_Occurred()) goto done;
-            if (i < 0 || i >= PyList_GET_SIZE(shapes)) goto fallback;
-            PyTuple_SET_ITEM(key, k, Py_NewRef(PyList_GET_ITEM(shapes, i)));
-            ids[nids++] = e->i;
-        } else if (PyLong_CheckExact(x)) {
-            PyTuple_SET_ITEM(key, k, Py_NewRef(s_index));
-            nvals++;
-        } else {
-            goto fallback;
-        }
-    }
-    PyObject *plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
-    if (!plan) { if (PyErr_Occurred()) goto done; goto fallback; }
+    PyObject *version = NULL, *reverts = NULL, *calls = NULL, *stored = NULL, *plan = NULL;
+    int by_index = 0, checks = 0, memo = 0;
+    /* st: 1 going on, 0 the Python path's case (returns None), -1 error */
+    int st = call_key(args, ids, &nids, &nvals, &cg, &shapes, &key);
+    if (st <= 0) goto done;
+    plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
+    if (!plan) { st = PyErr_Occurred() ? -1 : 0; goto done; }
     Py_INCREF(plan);
-    if (!(values = PyTuple_New(nvals))) { Py_DECREF(plan); goto done; }
-    for (Py_ssize_t k = 0, v = 0; k < n; k++) {
-        PyObject *x = PyTuple_GET_ITEM(args, k);
-        if (PyLong_CheckExact(x)) PyTuple_SET_ITEM(values, v++, Py_NewRef(x));
-    }
-    fast = PyObject_GetAttr(plan, s_fast);
-    if (!fast) { Py_DECREF(plan); goto done; }
-    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 8) { Py_DECREF(plan); goto fallback; }
-    int random = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 7)), by_index = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 3));
-    int checks = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 1));
-    if (random < 0 || by_index < 0 || checks < 0) { Py_DECREF(plan); goto done; }
-    if (random) { Py_DECREF(plan); goto fallback; }
-    if (cg == NULL) {
-        cgref = PyObject_CallNoArgs(current_fn);
-        if (!cgref) { Py_DECREF(plan); goto done; }
-        cg = cgref;
-    }
-    PyObject *ret = PyObject_GetAttr(cg, s_retired);
-    if (!ret) { Py_DECREF(plan); goto done; }
-    int retired = PyObject_IsTrue(ret);
-    Py_DECREF(ret);
-    if (retired) { Py_DECREF(plan); if (retired < 0) goto done; goto fallback; }
-    if (!(version = PyObject_GetAttr(cg, s_version)) || !(reverts = PyObject_GetAttr(cg, s_reverts))) {
-        Py_DECREF(plan); goto done;
-    }
-    int memo = by_index && share;
-    if (memo) {
-        if (!(calls = PyObject_GetAttr(plan, s_calls))) { Py_DECREF(plan); goto done; }
-        int cur = memo_current(calls, version, reverts);
-        if (cur < 0) { Py_DECREF(plan); goto done; }
-        if (cur) {
-            PyObject *hit = PyDict_GetItemWithError(PyList_GET_ITEM(calls, 2), values);
-            if (hit) {
-                int single = PyObject_IsTrue(PyTuple_GET_ITEM(fast, 5));
-                Py_DECREF(plan);
-                if (single < 0) goto done;
-                result = outputs_of(cg, hit, single);
-                goto done;
-            }
-            if (PyErr_Occurred()) { Py_DECREF(plan); goto done; }
-        }
-    }
-    if (checks) {
-        int ok = PySet_Contains(PyTuple_GET_ITEM(fast, 2), values);
-        if (ok < 0) { Py_DECREF(plan); goto done; }
-        if (!ok) {  /* Plan.check raises the user-facing error, or remembers the values */
-            PyObject *ca[2] = {plan, values};
-            PyObject *r = PyObject_VectorcallMethod(s_check, ca, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            if (!r) { Py_DECREF(plan); goto done; }
-            Py_DECREF(r);
-        }
-    }
+    if (!(values = int_args(args, nvals))) { st = -1; goto done; }
+    if ((st = plan_fast(plan, &fast, &by_index, &checks)) <= 0) goto done;
+    if (cg == NULL && !(cg = cgref = PyObject_CallNoArgs(current_fn))) { st = -1; goto done; }
+    if ((st = graph_state(cg, &version, &reverts)) <= 0) goto done;
+    memo = by_index && share;
+    if (memo && memo_lookup(plan, fast, cg, values, version, reverts, &calls, &result) < 0) { st = -1; goto done; }
+    if (result) goto done;  /* memoised: this graph already made this call */
+    if (checks && check_values(plan, fast, values) < 0) { st = -1; goto done; }
     result = record_call(plan, fast, cg, ids, nids, values, version, reverts, &stored);
-    if (result && memo) {
-        int cur = memo_current(calls, version, reverts);
-        if (cur < 0) { Py_CLEAR(result); Py_DECREF(plan); goto done; }
-        if (!cur) {  /* this graph's first call of the plan: a fresh memo */
-            PyObject *d = PyDict_New();
-            PyObject *fresh = d ? PyList_New(3) : NULL;
-            if (!fresh) { Py_XDECREF(d); Py_CLEAR(result); Py_DECREF(plan); goto done; }
-            PyList_SET_ITEM(fresh, 0, Py_NewRef(version));
-            PyList_SET_ITEM(fresh, 1, Py_NewRef(reverts));
-            PyList_SET_ITEM(fresh, 2, d);
-            int bad = PyObject_SetAttr(plan, s_calls, fresh);
-            Py_SETREF(calls, fresh);
-            if (bad) { Py_CLEAR(result); Py_DECREF(plan); goto done; }
-        }
-        if (PyDict_SetItem(PyList_GET_ITEM(calls, 2), values, stored) < 0) Py_CLEAR(result);
-    }
-    Py_DECREF(plan);
-    goto done;
-fallback:
-    result = Py_NewRef(Py_None);
+    if (result && memo && memo_store(plan, &calls, version, reverts, values, stored) < 0) Py_CLEAR(result);
 done:
+    if (st == 0) result = Py_NewRef(Py_None);
     Py_XDECREF(key); Py_XDECREF(values); Py_XDECREF(fast); Py_XDECREF(cgref); Py_XDECREF(shapes);
-    Py_XDECREF(version); Py_XDECREF(reverts); Py_XDECREF(calls); Py_XDECREF(stored);
+    Py_XDECREF(version); Py_XDECREF(reverts); Py_XDECREF(calls); Py_XDECREF(stored); Py_XDECREF(plan);
     return result;
 }
-

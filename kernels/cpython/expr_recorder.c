@@ -269,6 +269,49 @@ static PyObject *record_index(RecorderObject *r, PyObject *op, PyObject *x, PyOb
     return make_expr((PyObject *)g, nid);
 }
 
+/* f(x, i, j, ...): the ints fill attrs' prefix, the rest keep their defaults (None: required);
+   anything but exact ints goes to the fallback (*slow stays 1). */
+static PyObject *record_ints(RecorderObject *r, PyObject *op, PyObject *const *a, Py_ssize_t na, int *slow) {
+    Py_ssize_t K = PyTuple_GET_SIZE(r->attrs);
+    PyObject *at = PyTuple_New(K);
+    if (!at) {
+        *slow = 0;
+        return NULL;
+    }
+    int ok = 1;
+    for (Py_ssize_t k = 0; k < K && ok; k++) {
+        PyObject *v = k < na - 1 ? a[1 + k] : PyTuple_GET_ITEM(r->attrs, k);
+        ok = PyLong_CheckExact(v);
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(at, k, v);
+    }
+    PyObject *res = ok ? record_exprs(op, a, 1, at, Py_None, slow) : NULL;
+    Py_DECREF(at);
+    return res;
+}
+
+/* f([x, ...], d): attrs (d,), d an exact int (the default attrs when d is omitted or equal);
+   anything else goes to the fallback (*slow stays 1). */
+static PyObject *record_list_int(RecorderObject *r, PyObject *op, PyObject *const *a, Py_ssize_t na, int *slow) {
+    PyObject *at = r->attrs;
+    if (na == 2 && a[1] != PyTuple_GET_ITEM(at, 0)) {
+        if (!PyLong_CheckExact(a[1]))
+            return NULL;
+        if (!(at = PyTuple_Pack(1, a[1]))) {
+            *slow = 0;
+            return NULL;
+        }
+    } else {
+        Py_INCREF(at);
+    }
+    PyObject *xs = a[0];  /* the list may change under a call into Python: hold it */
+    Py_INCREF(xs);
+    PyObject *res = record_exprs(op, &PyList_GET_ITEM(xs, 0), PyList_GET_SIZE(xs), at, Py_None, slow);
+    Py_DECREF(xs);
+    Py_DECREF(at);
+    return res;
+}
+
 static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames && PyTuple_GET_SIZE(kwnames))
@@ -290,42 +333,10 @@ static PyObject *recorder_call(RecorderObject *r, PyObject *const *argv, size_t 
     } else if (r->form == TWO && (na == 2 || na == 3)) {
         res = record_exprs(op, a, 2, na > 2 ? a[2] : r->attrs, Py_None, &slow);
     } else if (r->form == INTS && na >= 1 && na - 1 <= PyTuple_GET_SIZE(r->attrs)) {
-        /* f(x, i, j, ...): the ints fill attrs' prefix, the rest keep their defaults
-           (None: required); anything but exact ints goes to the fallback */
-        Py_ssize_t K = PyTuple_GET_SIZE(r->attrs);
-        PyObject *at = PyTuple_New(K);
-        if (!at)
-            return NULL;
-        int ok = 1;
-        for (Py_ssize_t k = 0; k < K && ok; k++) {
-            PyObject *v = k < na - 1 ? a[1 + k] : PyTuple_GET_ITEM(r->attrs, k);
-            ok = PyLong_CheckExact(v);
-            Py_INCREF(v);
-            PyTuple_SET_ITEM(at, k, v);
-        }
-        if (ok)
-            res = record_exprs(op, a, 1, at, Py_None, &slow);
-        Py_DECREF(at);
+        res = record_ints(r, op, a, na, &slow);
     } else if (r->form == LIST_INT && (na == 1 || na == 2) && PyList_CheckExact(a[0]) &&
                PyTuple_GET_SIZE(r->attrs) == 1) {
-        /* f([x, ...], d): attrs (d,), d an exact int (the default attrs when d is omitted or equal) */
-        PyObject *at = r->attrs;
-        int ok = 1;
-        if (na == 2 && a[1] != PyTuple_GET_ITEM(at, 0)) {
-            ok = PyLong_CheckExact(a[1]);
-            at = ok ? PyTuple_Pack(1, a[1]) : NULL;
-            if (ok && !at)
-                return NULL;
-        } else {
-            Py_INCREF(at);
-        }
-        if (ok) {
-            PyObject *xs = a[0];
-            Py_INCREF(xs);
-            res = record_exprs(op, &PyList_GET_ITEM(xs, 0), PyList_GET_SIZE(xs), at, Py_None, &slow);
-            Py_DECREF(xs);
-            Py_DECREF(at);
-        }
+        res = record_list_int(r, op, a, na, &slow);
     } else if (r->form == BARE && na == 1) {  /* f(x): the default attrs; any other call: the fallback */
         res = record_exprs(op, a, 1, r->attrs, Py_None, &slow);
     } else if (r->form == INDEX && na == 2 && PyLong_CheckExact(a[1])) {

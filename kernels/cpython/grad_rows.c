@@ -206,13 +206,10 @@ out:
     return rc;
 }
 
-/* dy.esum(losses) (autodiff._one_row_run and _one_row_add): one node whose k arguments are
-   consecutive rows r0.. of one block, each needing the same (1, ...) gradient g0: g0 added into
-   each of those rows. 1 done, 0 not this case (the caller asks one_row_fn), -1 error. */
-int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t B) {
-    Py_ssize_t k = PyList_GET_SIZE(plans);
-    if (B != 1 || !PyTuple_CheckExact(gxs) || PyTuple_GET_SIZE(gxs) < k || PyTuple_GET_SIZE(need) < k || k < 1)
-        return 0;
+/* Whether the k plans are slices of consecutive rows r0.. of one block b, each needing the same
+   gradient g0 (gxs[0]): 1 (b, r0 set) or 0. Never an error: a failed lookup is "not this case". */
+static int consecutive_rows(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t k,
+                            Py_ssize_t *b_out, Py_ssize_t *r0_out) {
     PyObject *g0 = PyTuple_GET_ITEM(gxs, 0), *p0 = PyList_GET_ITEM(plans, 0);
     if (!PyTuple_CheckExact(p0) || PyTuple_GET_SIZE(p0) != 3)
         return 0;
@@ -232,6 +229,21 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
             return 0;
         }
     }
+    *b_out = b;
+    *r0_out = r0;
+    return 1;
+}
+
+/* dy.esum(losses) (autodiff._one_row_run and _one_row_add): one node whose k arguments are
+   consecutive rows r0.. of one block, each needing the same (1, ...) gradient g0: g0 added into
+   each of those rows. 1 done, 0 not this case (the caller asks one_row_fn), -1 error. */
+int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t B) {
+    Py_ssize_t k = PyList_GET_SIZE(plans), b, r0;
+    if (B != 1 || !PyTuple_CheckExact(gxs) || PyTuple_GET_SIZE(gxs) < k || PyTuple_GET_SIZE(need) < k || k < 1)
+        return 0;
+    if (!consecutive_rows(ctx, plans, gxs, need, k, &b, &r0))
+        return 0;
+    PyObject *g0 = PyTuple_GET_ITEM(gxs, 0);
     Py_buffer x;
     const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     if (!fmt || Py_TYPE(g0) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY)) {
