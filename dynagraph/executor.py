@@ -324,44 +324,13 @@ class _Stretch(NamedTuple):
 
 
 def _make_plan(cg, batches, fuse: bool) -> list:
-    if not fuse:
-        return [tuple(nodes) for nodes in batches]
-    plan: list = []
-    stretch: list = []
-    specs: list = []
-
-    def end_stretch() -> None:
-        if len(stretch) >= RUN_MIN_STEPS:
-            plan.append(_Stretch(list(stretch), list(specs)))
-        else:
-            plan.extend(tuple(nodes) for nodes in stretch)
-        stretch.clear()
-        specs.clear()
-    for nodes in batches:
-        s = runs.step_spec(cg, nodes[0])
-        if s is not None:
-            stretch.append(nodes)
-            specs.append(s)
-            continue
-        end_stretch()
-        plan.append(tuple(nodes))
-    end_stretch()
-    return plan
+    return list(_plan_items(cg, batches)) if fuse else [tuple(nodes) for nodes in batches]
 
 
-def _replay(cg, be, plan: list, run_one) -> None:
-    for item in plan:
-        if type(item) is tuple:
-            run_one(item)
-        else:
-            _flush(cg, be, item.steps, item.specs, run_one)
-
-
-def _execute(cg, be, batches: Sequence[Sequence[int]], run_one) -> None:
-    if not (config.fuse and runs.enabled(cg, be)):
-        for nodes in batches:
-            run_one(nodes)
-        return
+def _plan_items(cg, batches: Sequence[Sequence[int]]):
+    """The plan's items in order (a generator: _execute runs each as it comes): consecutive
+    batches whose ops are run steps become one _Stretch when there are RUN_MIN_STEPS of them,
+    every other batch is its nodes as a tuple."""
     stretch: list = []  # consecutive batches that can be steps of one run
     specs: list = []    # their step specs, handed to the run (asked once per batch)
     cache, sig, missing = runs.spec_cache(cg), cg.sig, _MISSING
@@ -374,11 +343,34 @@ def _execute(cg, be, batches: Sequence[Sequence[int]], run_one) -> None:
             specs.append(s)
             continue
         if stretch:
-            _flush(cg, be, stretch, specs, run_one)
+            yield from _stretch_items(stretch, specs)
             stretch, specs = [], []
-        run_one(nodes)
+        yield tuple(nodes)
     if stretch:
-        _flush(cg, be, stretch, specs, run_one)
+        yield from _stretch_items(stretch, specs)
+
+
+def _stretch_items(stretch: list, specs: list):
+    if len(stretch) >= RUN_MIN_STEPS:
+        yield _Stretch(stretch, specs)
+    else:  # a run's fixed cost exceeds what it saves on one or two batches
+        yield from (tuple(nodes) for nodes in stretch)
+
+
+def _replay(cg, be, plan, run_one) -> None:
+    for item in plan:
+        if type(item) is tuple:
+            run_one(item)
+        else:
+            _flush(cg, be, item.steps, item.specs, run_one)
+
+
+def _execute(cg, be, batches: Sequence[Sequence[int]], run_one) -> None:
+    if not (config.fuse and runs.enabled(cg, be)):
+        for nodes in batches:
+            run_one(nodes)
+        return
+    _replay(cg, be, _plan_items(cg, batches), run_one)
 
 
 _MISSING = object()

@@ -3,7 +3,6 @@
 errors, and the cases it leaves to the twin (numpy integers, several graphs, a retired
 graph, random steps, a new argument signature)."""
 import gc
-import inspect
 import sys
 
 import numpy as np
@@ -86,18 +85,6 @@ def test_compiled_path_is_taken(monkeypatch):
     node(*c, *a)
     assert len(calls) == 2          # leaf's and node's first calls only
     assert leaf(1, 0)[0].i == a[0].i
-
-
-def test_index_errors_name_the_user_line_on_the_compiled_path():
-    pc = dy.ParameterCollection()
-    E = pc.add_lookup_parameters((5, H))
-    leaf = dy.block(lambda w: dy.tanh(E[w]))
-    dy.renew_cg()
-    leaf(4)
-    line = inspect.currentframe().f_lineno + 2
-    with pytest.raises(dy.DynagraphIndexError) as err:
-        leaf(5)
-    assert "block <lambda>" in str(err.value) and f"test_block_call.py:{line}" in str(err.value)
 
 
 def test_cases_left_to_the_twin(monkeypatch):

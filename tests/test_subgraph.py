@@ -164,6 +164,7 @@ def test_single_output_blocks_equal_op_level(scheduler):
 
 
 def test_index_argument_is_checked_at_record_time():
+    # dy.block's compiled call (block_call.c) hands a bad index to the Python twin, which words it
     pc = dy.ParameterCollection()
     E = pc.add_lookup_parameters((5, H))
     leaf = dy.block(lambda w: dy.tanh(E[w]))
