@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .config import config
 from .errors import DynagraphError
 from .ghosts import align_depths, groups_by_depth
-from .graph import SAMPLE, current, needed_within
+from .graph import SAMPLE, current, needed_within, user_line
 from .recording import NATIVE
 
 try:
@@ -57,7 +57,7 @@ class _Sample:
     """What graph.py sees of a running sample: park(cg, nid) and next_key(); plus its dy.phase
     (phase > 0: nodes recorded since `since` in graph `graph` are deferred)."""
     __slots__ = ("index", "park", "seed", "key_base", "count", "phase", "since", "graph", "deferred",
-                 "ghosts", "arms")
+                 "ghosts", "arms", "parks", "checkpoints")
 
     def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None,
                  arms: dict | None = None):
@@ -65,6 +65,8 @@ class _Sample:
         self.phase, self.since, self.graph, self.deferred = 0, 0, None, deferred
         self.ghosts: list = []  # open dy.ghost blocks: their arms pause at every park
         self.arms = arms        # graph -> the map's dy.ghost arms not evaluated yet
+        self.parks = 0          # reads that parked this sample so far
+        self.checkpoints: list = []  # this sample's cg_checkpoint()s: (graph, its size, parks then)
 
     def next_key(self) -> int:
         if self.key_base < 0:  # on first use: most samples draw no random numbers
@@ -72,6 +74,32 @@ class _Sample:
         self.count += 1
         return self.key_base + (self.count & ((1 << _STREAM_BITS) - 1))
 
+    def checkpoint(self, cg) -> None:
+        """cg_checkpoint() inside the sample: the graph's stack is shared by every sample."""
+        self.checkpoints.append((cg, len(cg.op), self.parks))
+
+    def revert_to(self, cg) -> int | None:
+        """cg_revert() inside the sample: the size to truncate `cg` to, or None to keep its nodes.
+        Without a read since the checkpoint no other sample ran, so every node recorded since is
+        this sample's: truncate (the map's phase and ghost records of them go too). After a read,
+        other samples' nodes interleave with them: this sample's stay in the graph, unused (values
+        and gradients of everything else are unchanged; renew_cg() frees them)."""
+        if not self.checkpoints or self.checkpoints[-1][0] is not cg:
+            raise DynagraphError(f"cg_revert() without a matching cg_checkpoint() in this sample of "
+                                 f"dy.autobatch_map (a checkpoint taken outside the map or by another "
+                                 f"sample is not this sample's to revert)\n  at {user_line()}")
+        _, n, parks = self.checkpoints.pop()
+        if parks != self.parks:
+            return None
+        if self.since > n:
+            self.since = n
+        d = self.deferred.get(cg) if self.deferred is not None else None
+        if d is not None:
+            d.truncate(n)
+        arms = self.arms.get(cg) if self.arms is not None else None
+        if arms:
+            arms[:] = [a for a in arms if not a.nodes or max(a.nodes) < n]
+        return n
 
     def close_phase(self) -> None:
         """The nodes this sample recorded in its current phase (none of another sample's: only a
@@ -128,6 +156,16 @@ class _Deferred:
 
     def __bool__(self) -> bool:
         return bool(self.nodes)
+
+    def truncate(self, n: int) -> None:
+        """cg_revert() to size n: forget the node ids from n on, which later nodes will reuse."""
+        cut = bisect_left(self.nodes, n)
+        self.cut = min(self.cut, cut)
+        del self.nodes[cut:]
+        del self.left[bisect_left(self.left, n):]
+        self.tainted = {t for t in self.tainted if t < n}
+        self.seen = min(self.seen, n)
+        self.executed = None  # the next chunk scans the graph again
 
     def add(self, lo: int, hi: int) -> None:
         self.nodes.extend(range(lo, hi))
@@ -432,6 +470,7 @@ class _Map:
         for g in sample.ghosts:
             g.pause()
         self.parked.append(sample.index)
+        sample.parks += 1
         waiting = self.targets.get(cg)
         if waiting is None:
             self.graphs.append(cg)

@@ -266,16 +266,25 @@ class ComputationGraph(GraphBase):
 
     def checkpoint(self) -> None:
         """DyNet's cg_checkpoint(): remember the graph's size for a later revert()."""
+        sample = SAMPLE.get()
+        if sample is not None and sample.park is not None:  # a concurrent sample keeps its own (dy.autobatch_map)
+            return sample.checkpoint(self)
         self.__dict__.setdefault("_checkpoints", []).append(len(self.op))
 
     def revert(self) -> None:
         """DyNet's cg_revert(): drop every node recorded since the last checkpoint (a
         beam search scores hypotheses, then forgets them). Their expressions must not be
         used again; values of the kept nodes stay computed."""
-        checkpoints = self.__dict__.get("_checkpoints")
-        if not checkpoints:
-            raise DynagraphError(f"cg_revert() without a matching cg_checkpoint()\n  at {user_line()}")
-        n = checkpoints.pop()
+        sample = SAMPLE.get()
+        if sample is not None and sample.park is not None:
+            n = sample.revert_to(self)  # None: other samples' nodes interleave, this one's stay unused
+            if n is None:
+                return
+        else:
+            checkpoints = self.__dict__.get("_checkpoints")
+            if not checkpoints:
+                raise DynagraphError(f"cg_revert() without a matching cg_checkpoint()\n  at {user_line()}")
+            n = checkpoints.pop()
         self._sync_values()
         for column in (self.op, self.args, self.attrs, self.data, self.shape, self.depth, self.sig,
                        self.sig_part, self.needs_grad, self.blk, self.row):

@@ -680,3 +680,67 @@ def test_phase_chunk_equals_a_full_scan_for_pending_nodes(monkeypatch):
         for train in (True, False):
             m.step(list(range(12)), train, True)
     assert any(used)
+
+
+def _beam_scorer(p, read_inside: bool, phased: bool):
+    """A sample that scores throw-away hypotheses between cg_checkpoint() and cg_revert() (as a
+    beam search does), reading their scores inside or only before the checkpoint."""
+    def f(k):
+        h = dy.tanh(p["W"] * p["E"][k % V])
+        losses = []
+        for t in range(3):
+            best = h.value()[0]
+            dy.cg_checkpoint()
+            for w in range(1 + (k + t) % 3):  # a data-dependent number of hypotheses
+                cand = dy.tanh(p["U"] * h + p["E"][w])
+                if phased:
+                    with dy.phase(1):
+                        dy.pickneglogsoftmax(p["O"] * cand, w)
+                if read_inside:
+                    best = max(best, cand.value()[0])
+            dy.cg_revert()
+            with dy.phase(1 if phased else 0):
+                losses.append(dy.pickneglogsoftmax(p["O"] * h, (k + t) % V))
+            h = dy.tanh(p["U"] * h + p["b"] * best)
+        return dy.esum(losses)
+    return f
+
+
+@pytest.mark.parametrize("phased", [False, True])
+@pytest.mark.parametrize("read_inside", [False, True])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_checkpoint_and_revert_inside_samples(float64, scheduler, read_inside, phased):
+    """cg_checkpoint()/cg_revert() inside concurrent samples act per sample: a revert drops only
+    that sample's nodes, never another's (with no read since its checkpoint, only its own were
+    recorded; after a read, others' nodes interleave, so its throw-away nodes stay in the graph,
+    unused). Values and gradients equal the samples run one by one."""
+    pc, p = _model()
+    f = _beam_scorer(p, read_inside, phased)
+    out = []
+    for sched, concurrent in (("none", False), (scheduler, True)):
+        dy.renew_cg(scheduler=sched)
+        pc.reset_gradient()
+        losses = dy.autobatch_map(f, range(7), concurrent=concurrent)
+        dy.esum(losses).backward()
+        out.append(([l.value() for l in losses], {n: q.grad_as_array() for n, q in p.items()}, len(dy.cg())))
+    np.testing.assert_allclose(out[1][0], out[0][0], rtol=0, atol=1e-10)
+    for n in out[0][1]:
+        np.testing.assert_allclose(out[1][1][n], out[0][1][n], rtol=0, atol=1e-10, err_msg=n)
+    if not read_inside:  # every revert truncated: the graph is as small as the one-by-one run's
+        assert out[1][2] == out[0][2]
+
+
+def test_revert_inside_a_sample_needs_its_own_checkpoint():
+    """A checkpoint taken outside the map (or by another sample) is not a sample's to revert."""
+    _, p = _model()
+    dy.renew_cg()
+    dy.cg_checkpoint()
+
+    def f(k):
+        dy.tanh(p["W"] * p["E"][k])
+        dy.cg_revert()
+
+    with pytest.raises(DynagraphError, match="cg_checkpoint.*this sample") as info:
+        dy.autobatch_map(f, range(3))
+    assert info.value.sample_index == 0
+    dy.cg_revert()  # the outer checkpoint is still there
