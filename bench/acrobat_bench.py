@@ -10,8 +10,10 @@ autobatch_map, so its per-sample loop runs sequentially, with its autobatcher on
 autobatch=1, ACROBAT's baseline) and off ("dynet-ab0", faster for these loops at small sizes). Each system runs in its own
 persistent worker process with one BLAS thread; rounds are interleaved across systems so that a
 noisy neighbour affects them alike. Prints samples/s (best round), the ratios, and dynagraph's
-batches against the whole graph's lower bound ("bound", which ignores that a read must be served
-before its sample goes on) and against the sum of each evaluated chunk's bound ("rounds").
+scheduled batches against the whole graph's lower bound ("bound", which ignores that a read must be
+served before its sample goes on) and against the sum of each evaluated chunk's bound ("rounds"),
+and the kernel launches they ran as ("launches", stats.batches: the executor runs a batch of a few
+nodes whose arguments would need a gather node by node, and one per source block).
 A round times `--reps` steps, each on a fresh mini-batch (seeded by round and step, the same
 in every system); the table takes each system's best round.
 """
@@ -68,9 +70,9 @@ def worker(system: str, hidden: int, scheduler: str, clock: str = "wall") -> Non
             m.step(seeds, train, concurrent)
         seconds = (now() - t) / reps  # per step, this round's mini-batches
         if lib == "dynagraph":
-            st = dy.cg().stats
-            extra = {"batches": st.batches, "lower_bound": _evaluated_bound(dy.cg()),
-                     "round_bound": _round_bound(m, seeds, train, concurrent)}
+            launches, bound = dy.cg().stats.batches, _evaluated_bound(dy.cg())
+            round_bound, scheduled = _round_bound(m, seeds, train, concurrent)
+            extra = {"batches": scheduled, "launches": launches, "lower_bound": bound, "round_bound": round_bound}
         print(json.dumps({"seconds": seconds, **extra}), flush=True)
 
 
@@ -81,12 +83,30 @@ def _evaluated_bound(cg) -> int:
     return schedulers.lower_bound(cg, [i for i in range(len(blk)) if blk[i] >= 0 and not op[i].leaf])
 
 
-def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
-    """The lower bound given the evaluation rounds that the reads force: the sum over evaluated
-    chunks of each chunk's bound, from one untimed step with the engine instrumented."""
+class _Counting:
+    """A scheduler that counts the batches it schedules (the executor may run a batch as several
+    kernel launches: stats.batches counts those)."""
+
+    def __init__(self, inner, total: list):
+        self.inner, self.total = inner, total
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def schedule(self, cg, pending):
+        batches = self.inner.schedule(cg, pending)
+        self.total[1] += len(batches)
+        return batches
+
+
+def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> tuple[int, int]:
+    """(the lower bound given the evaluation rounds that the reads force: the sum over evaluated
+    chunks of each chunk's bound, the batches the scheduler made), from one untimed step with the
+    engine instrumented (and the schedule cache off, so that every chunk is scheduled)."""
     from dynagraph import engine, schedulers
-    total = [0]
-    forward = engine.Engine.forward
+    from dynagraph.config import config
+    total = [0, 0]
+    forward, get = engine.Engine.forward, schedulers.get
 
     plain = getattr(engine, "_NO_DEFER", frozenset())  # forward()'s default (a baseline checkout may lack it)
 
@@ -99,11 +119,17 @@ def _round_bound(model, seeds: list, train: bool, concurrent: bool) -> int:
         return forward(self, cg, upto, defer, targets)
 
     engine.Engine.forward = counting
+    schedulers.get = lambda spec: _Counting(get(spec), total)
+    cached = getattr(config, "schedule_cache", None)
+    if cached is not None:
+        config.schedule_cache = False
     try:
         model.step(seeds, train, concurrent)
     finally:
-        engine.Engine.forward = forward
-    return total[0]
+        engine.Engine.forward, schedulers.get = forward, get
+        if cached is not None:
+            config.schedule_cache = cached
+    return total[0], total[1]
 
 
 # ------------------------------------------------------------------ driver
@@ -183,7 +209,7 @@ def _table(best: dict, configs: list, systems: list, a) -> None:
     others = [s for s in systems if s != "concurrent"] if "concurrent" in systems else []
     head = f"{'model':10} {'B':>3} {'mode':5} " + " ".join(f"{s:>11}" for s in systems)
     head += "".join(f" {'x ' + s:>12}" for s in others)
-    head += f" {'batches':>8} {'bound':>6} {'ratio':>6} {'rounds':>6} {'ratio':>6}"
+    head += f" {'batches':>8} {'bound':>6} {'ratio':>6} {'rounds':>6} {'ratio':>6} {'launches':>8}"
     print(head)
     for model, batch, mode in configs:
         rate = {s: batch / best[(model, batch, mode, s)]["seconds"] for s in systems}
@@ -193,7 +219,7 @@ def _table(best: dict, configs: list, systems: list, a) -> None:
         ratio = f"{c['batches'] / c['lower_bound']:.2f}" if c.get("lower_bound") else "-"
         rratio = f"{c['batches'] / c['round_bound']:.2f}" if c.get("round_bound") else "-"
         row += f" {c.get('batches', '-'):>8} {c.get('lower_bound', '-'):>6} {ratio:>6}"
-        row += f" {c.get('round_bound', '-'):>6} {rratio:>6}"
+        row += f" {c.get('round_bound', '-'):>6} {rratio:>6} {c.get('launches', '-'):>8}"
         print(row)
 
 if __name__ == "__main__":

@@ -307,12 +307,36 @@ def test_stack_parser_example_concurrent_equals_one_by_one(monkeypatch, tmp_path
         ex = importlib.import_module("stack_parser")
     finally:
         sys.path.remove(examples)
+    from dynagraph import schedulers
+    from dynagraph.config import config
+    monkeypatch.setattr(config, "schedule_cache", False)  # every chunk scheduled, so counted
+    scheduled, get = [0], schedulers.get
+
+    class Counting:  # the scheduler's batches (stats.batches counts kernel launches: the executor
+        def __init__(self, inner):  # may run a batch of a few nodes node by node)
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def schedule(self, cg, pending):
+            batches = self.inner.schedule(cg, pending)
+            scheduled[0] += len(batches)
+            return batches
+
+    monkeypatch.setattr(schedulers, "get", lambda spec: Counting(get(spec)))
     args = ["--quiet", "--train", "24", "--dev", "12", "--epochs", "2", "--batch-size", "8", "--hidden", "8"]
     a = ex.main(args)
     b = ex.main(args + ["--sequential", "1"])
     np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-4)
     assert a["root_acc"] == b["root_acc"] and a["exact_trees"] == b["exact_trees"]
-    assert a["dev_batches"] < b["dev_batches"] / 3  # the parsers' argmax steps batched together
+    assert a["dev_batches"] < b["dev_batches"] / 2
+    counts = []
+    for sequential in ("0", "1"):  # parsing only: the argmax steps of the parsers batched together
+        scheduled[0] = 0
+        ex.main(args[:5] + ["--epochs", "0"] + args[7:] + ["--sequential", sequential])
+        counts.append(scheduled[0])
+    assert counts[0] < counts[1] / 3, counts
     assert a["losses"][-1] < a["losses"][0]
 
 
@@ -479,7 +503,9 @@ def test_acrobat_bench_driver_prints_its_table(capsys):
                         "--systems", "concurrent,one-by-one", "--hidden", "8"])
     out = capsys.readouterr().out
     row = [line for line in out.splitlines() if line.startswith("earlyexit")]
-    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 1 + 5, out  # 3 keys, 2 systems, 1 ratio, bounds
+    assert len(row) == 1 and len(row[0].split()) == 3 + 2 + 1 + 6, out  # 3 keys, 2 systems, 1 ratio, bounds, launches
+    batches, bound, _, rounds, _, launches = map(float, row[0].split()[6:])
+    assert bound <= rounds <= batches <= launches
 
 
 class _Nodes:
