@@ -41,6 +41,7 @@ except ImportError:  # a dependency (setup.py); concurrent=False runs without it
 __all__ = ["autobatch_map", "phase"]
 
 _PARK, _DONE = object(), object()
+_sample_now = SAMPLE.get  # the running sample (None outside a map), without an attribute lookup per call
 _STREAM_BITS = 20  # random keys per sample before its stream wraps into the next index's range
 _M = (1 << 64) - 1
 
@@ -245,20 +246,22 @@ class phase:
     __slots__ = ("k", "sample", "outer")
 
     def __init__(self, k: int):
-        self.k, self.sample, self.outer = int(k), None, None
+        self.k = k if k.__class__ is int else int(k)
+        self.sample = None
 
     def __enter__(self) -> "phase":
-        sample = SAMPLE.get()
+        sample = _sample_now()
         if sample is None or sample.park is None:
             return self
         if self.sample is not None:  # one object shared by samples would restore the wrong phase
             raise DynagraphError("a dy.phase(k) object is entered by one sample at a time: "
                                  "write `with dy.phase(k):` where the nodes are recorded")
         self.sample = sample
-        if sample.phase:
+        outer_phase = sample.phase
+        if outer_phase:
             sample.close_phase()
         graph = current()
-        self.outer = sample.phase, sample.graph
+        self.outer = outer_phase, sample.graph
         sample.phase = self.k
         sample.graph = graph
         sample.since = len(graph.op)  # op: a list, len in C
@@ -269,13 +272,15 @@ class phase:
         if sample is None:
             return
         self.sample = None
-        graph, since = sample.graph, sample.since
+        graph = sample.graph
         n = len(graph.op)
-        if n > since and sample.phase > 0 and sample.deferred is not None:  # close_phase, inline
-            d = sample.deferred.get(graph)
-            if d is None:
-                d = sample.deferred[graph] = _Deferred()
-            d.nodes.extend(range(since, n))
+        if n > sample.since and sample.phase > 0:  # close_phase, inline
+            deferred = sample.deferred
+            if deferred is not None:
+                d = deferred.get(graph)
+                if d is None:
+                    d = deferred[graph] = _Deferred()
+                d.nodes.extend(range(sample.since, n))
         sample.phase, outer = self.outer
         sample.graph = outer
         if outer is not None:
@@ -443,8 +448,7 @@ class _Map:
         self.round: list = []     # the live samples of the round being run, in order
         self.pos = 0              # round[pos] is the sample running now
         self.parked: list = []    # samples of this round that parked
-        self.graphs: list = []    # graphs that parked samples wait on, first-parked first
-        self.targets: dict = {}   # graph -> the node ids being waited for
+        self.targets: dict = {}   # graph -> the node ids being waited for, first-parked graph first
         self.lets: list = _workers(n, self.driver)  # sample i's worker; None once it finished
         self.tasks: list = []     # sample i's task until its worker starts it, then None
         park = self._park
@@ -464,17 +468,18 @@ class _Map:
     def _park(self, cg, nid: int) -> None:
         """Called by graph.forward_to inside a sample: hand over to the next sample of the round
         (the driver after the last) and come back once the chunk serving this read ran."""
-        sample = SAMPLE.get()
+        sample = _sample_now()
         if sample.phase:
             sample.close_phase()
-        for g in sample.ghosts:
-            g.pause()
+        ghosts = sample.ghosts
+        if ghosts:
+            for g in ghosts:
+                g.pause()
         self.parked.append(sample.index)
         sample.parks += 1
         waiting = self.targets.get(cg)
         if waiting is None:
-            self.graphs.append(cg)
-            self.targets[cg] = [nid]
+            self.targets[cg] = [nid]  # a dict keeps the order graphs were first waited on in
         else:
             waiting.append(nid)
         pos = self.pos = self.pos + 1
@@ -490,12 +495,13 @@ class _Map:
             self.driver.switch(_PARK)
         if sample.graph is not None:
             sample.since = len(sample.graph.op)
-        for g in sample.ghosts:
-            g.resume()
+        if ghosts:
+            for g in ghosts:
+                g.resume()
 
     def _run_round(self, live: list) -> None:
         """Run every sample of `live` until it parks or finishes."""
-        self.round, self.pos, self.parked, self.graphs, self.targets = live, 0, [], [], {}
+        self.round, self.pos, self.parked, self.targets = live, 0, [], {}
         while self.pos < len(live):
             try:
                 msg = self._switch_to(live[self.pos])
@@ -515,14 +521,14 @@ class _Map:
 
     def _evaluate(self) -> None:
         """One chunk per graph that samples wait on serves all of this round's reads."""
-        for g in self.graphs:
+        for g, targets in self.targets.items():
             arms = self.arms.get(g)
             by_depth = groups_by_depth(g.scheduler)
             if arms or by_depth:  # a depth-grouping scheduler sees depths inline in the round
                 align_depths(g, arms or (), by_depth)
             deferred = self.deferred.get(g)
             try:  # always through the `defer` path, even with nothing deferred: it skips the schedule cache
-                g.evaluate_pending_except(deferred or _NOTHING_DEFERRED, self.targets[g])
+                g.evaluate_pending_except(deferred or _NOTHING_DEFERRED, targets)
                 if deferred:
                     deferred.evaluated(g)
             except BaseException as e:

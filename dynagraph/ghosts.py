@@ -69,11 +69,12 @@ class ghost:
 
     def __init__(self, site: Hashable | None = None):
         self.site = site  # None: the `with` line, found on entering under a depth scheduler
-        self.graph, self.since, self.segments, self.sample = None, 0, None, None
+        self.graph = None  # set (with since, segments, sample) on entering under a depth scheduler
 
     def __enter__(self) -> "ghost":
         cg = current()
-        if not groups_by_depth(cg.scheduler):
+        by_depth = _by_depth.get(cg.scheduler)  # groups_by_depth, inline: on every branch taken
+        if not (by_depth if by_depth is not None else groups_by_depth(cg.scheduler)):
             return self  # a signature scheduler (agenda, typewise, fsm) needs no ghosts
         if self.graph is not None:  # shared by samples, one arm's nodes would mix with another's
             raise DynagraphError("a dy.ghost() object is entered once at a time: "
@@ -82,7 +83,7 @@ class ghost:
             f = sys._getframe(1)  # the frame running the `with` statement
             self.site = (f.f_code.co_filename, f.f_lineno)
         self.graph = cg
-        self.since, self.segments = len(cg), []
+        self.since, self.segments, self.sample = len(cg), [], None
         sample = SAMPLE.get()
         if sample is not None and sample.park is not None:  # its recording pauses at every park
             self.sample = sample
@@ -97,14 +98,15 @@ class ghost:
     def resume(self) -> None:
         self.since = len(self.graph)
 
-    def __exit__(self, *exc) -> None:
-        cg, sample = self.graph, self.sample
+    def __exit__(self, et, ev, tb) -> None:  # no *exc: one tuple less per branch
+        cg = self.graph
         if cg is None:
             return
+        sample = self.sample
         self.graph, self.sample = None, None
         if sample is not None:
             sample.ghosts.remove(self)
-        if exc[0] is not None:
+        if et is not None:
             return
         if len(cg) > self.since:
             self.segments.append((self.since, len(cg)))
