@@ -58,7 +58,7 @@ class _Sample:
     """What graph.py sees of a running sample: park(cg, nid) and next_key(); plus its dy.phase
     (phase > 0: nodes recorded since `since` in graph `graph` are deferred)."""
     __slots__ = ("index", "park", "seed", "key_base", "count", "phase", "since", "graph", "deferred",
-                 "ghosts", "arms", "parks", "checkpoints")
+                 "ghosts", "arms", "parks", "checkpoints", "resumed")
 
     def __init__(self, index: int, seed: int, park: Callable | None, deferred: dict | None = None,
                  arms: dict | None = None):
@@ -68,6 +68,7 @@ class _Sample:
         self.arms = arms        # graph -> the map's dy.ghost arms not evaluated yet
         self.parks = 0          # reads that parked this sample so far
         self.checkpoints: list = []  # this sample's cg_checkpoint()s: (graph, its size, parks then)
+        self.resumed: dict = {}  # with checkpoints open: graph -> its size when this sample last resumed
 
     def next_key(self) -> int:
         if self.key_base < 0:  # on first use: most samples draw no random numbers
@@ -81,16 +82,21 @@ class _Sample:
 
     def revert_to(self, cg) -> int | None:
         """cg_revert() inside the sample: the size to truncate `cg` to, or None to keep its nodes.
-        Without a read since the checkpoint no other sample ran, so every node recorded since is
-        this sample's: truncate (the map's phase and ghost records of them go too). After a read,
-        other samples' nodes interleave with them: this sample's stay in the graph, unused (values
-        and gradients of everything else are unchanged; renew_cg() frees them)."""
+        Only this sample records between its resume and its next park, so the nodes recorded
+        since the checkpoint (no read since) or since its last resume (a read since: other
+        samples' nodes interleave before) are all this sample's: truncate to there (the map's
+        phase and ghost records of them go too). Its nodes recorded before that read stay in the
+        graph, unused: evaluated at the read already, they cost memory until renew_cg(), no work."""
         if not self.checkpoints or self.checkpoints[-1][0] is not cg:
             raise DynagraphError(f"cg_revert() without a matching cg_checkpoint() in this sample of "
                                  f"dy.autobatch_map (a checkpoint taken outside the map or by another "
                                  f"sample is not this sample's to revert)\n  at {user_line()}")
         _, n, parks = self.checkpoints.pop()
         if parks != self.parks:
+            n = max(n, self.resumed.get(cg, n))
+        if not self.checkpoints:
+            self.resumed.clear()
+        if n >= len(cg.op):
             return None
         if self.since > n:
             self.since = n
@@ -498,6 +504,9 @@ class _Map:
         if ghosts:
             for g in ghosts:
                 g.resume()
+        if sample.checkpoints:  # where a cg_revert() may truncate to: only this sample records now
+            for c in sample.checkpoints:
+                sample.resumed[c[0]] = len(c[0].op)
 
     def _run_round(self, live: list) -> None:
         """Run every sample of `live` until it parks or finishes."""

@@ -718,12 +718,18 @@ def _beam_scorer(p, read_inside: bool, phased: bool):
             best = h.value()[0]
             dy.cg_checkpoint()
             for w in range(1 + (k + t) % 3):  # a data-dependent number of hypotheses
-                cand = dy.tanh(p["U"] * h + p["E"][w])
+                with dy.ghost(site="beam"):  # arms of two lengths: under `depth` both are padded
+                    cand = dy.tanh(p["U"] * h + p["E"][w])
+                    if w % 2:
+                        cand = dy.tanh(p["W"] * cand)
                 if phased:
                     with dy.phase(1):
                         dy.pickneglogsoftmax(p["O"] * cand, w)
                 if read_inside:
                     best = max(best, cand.value()[0])
+            if phased:  # deferred, then dropped: the map's record of deferred nodes forgets it
+                with dy.phase(1):
+                    dy.pickneglogsoftmax(p["O"] * h, 0)
             dy.cg_revert()
             with dy.phase(1 if phased else 0):
                 losses.append(dy.pickneglogsoftmax(p["O"] * h, (k + t) % V))
@@ -754,6 +760,33 @@ def test_checkpoint_and_revert_inside_samples(float64, scheduler, read_inside, p
         np.testing.assert_allclose(out[1][1][n], out[0][1][n], rtol=0, atol=1e-10, err_msg=n)
     if not read_inside:  # every revert truncated: the graph is as small as the one-by-one run's
         assert out[1][2] == out[0][2]
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_revert_after_a_read_drops_what_the_sample_recorded_since(scheduler):
+    """After a read, a revert drops the nodes the sample recorded since it resumed (only it
+    recorded then); what it recorded before the read stays, evaluated, unused."""
+    _, p = _model()
+
+    def f(k, after: bool):
+        h = dy.tanh(p["W"] * p["E"][k % V])
+        dy.cg_checkpoint()
+        a = dy.tanh(p["U"] * h)
+        a.value()
+        if after:
+            for _ in range(k % 3 + 1):
+                a = dy.tanh(p["W"] * a)
+        dy.cg_revert()
+        h = dy.tanh(p["U"] * h + p["b"])
+        return h.value()
+
+    sizes, values = [], []
+    for after in (False, True):
+        dy.renew_cg(scheduler=scheduler)
+        values.append(dy.autobatch_map(lambda k: f(k, after), range(6)))
+        sizes.append(len(dy.cg()))
+    assert sizes[0] == sizes[1]
+    np.testing.assert_allclose(values[1], values[0], rtol=0, atol=0)
 
 
 def test_revert_inside_a_sample_needs_its_own_checkpoint():
