@@ -803,3 +803,18 @@ def test_revert_inside_a_sample_needs_its_own_checkpoint():
         dy.autobatch_map(f, range(3))
     assert info.value.sample_index == 0
     dy.cg_revert()  # the outer checkpoint is still there
+
+
+def test_acrobat_floor_prints_its_table_and_restores_reads(capsys):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench import acrobat_floor
+    from dynagraph.expression import Expression
+    value, npvalue = Expression.value, Expression.npvalue
+    rows = acrobat_floor.main(["--models", "earlyexit", "--hidden", "8", "--batch", "4", "--steps", "1",
+                               "--rounds", "1"])
+    assert [r[:2] for r in rows] == [("earlyexit", "train"), ("earlyexit", "infer")]
+    assert all(conc > 0 and floor > 0 for _, _, conc, floor in rows)
+    assert Expression.value is value and Expression.npvalue is npvalue
+    assert "no rounds" in capsys.readouterr().out
