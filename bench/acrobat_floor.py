@@ -101,7 +101,8 @@ def main(argv=None) -> list:
             with _NoReads(dy):
                 floor = _step_ms(model, train, a.batch, a.steps, a.rounds)
             rows.append((kind, mode, conc, floor))
-            print(f"{kind:10} {mode:5} {conc:>10.2f} {floor:>10.2f} {conc - floor:>11.2f} {(conc - floor) / conc:>6.0%}")
+            share = (conc - floor) / conc
+            print(f"{kind:10} {mode:5} {conc:>10.2f} {floor:>10.2f} {conc - floor:>11.2f} {share:>6.0%}")
     return rows
 
 

@@ -98,8 +98,7 @@ class _Sample:
             self.resumed.clear()
         if n >= len(cg.op):
             return None
-        if self.since > n:
-            self.since = n
+        self.since = min(self.since, n)
         d = self.deferred.get(cg) if self.deferred is not None else None
         if d is not None:
             d.truncate(n)

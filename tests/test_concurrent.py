@@ -783,7 +783,7 @@ def test_revert_after_a_read_drops_what_the_sample_recorded_since(scheduler):
     sizes, values = [], []
     for after in (False, True):
         dy.renew_cg(scheduler=scheduler)
-        values.append(dy.autobatch_map(lambda k: f(k, after), range(6)))
+        values.append(dy.autobatch_map(lambda k, after=after: f(k, after), range(6)))
         sizes.append(len(dy.cg()))
     assert sizes[0] == sizes[1]
     np.testing.assert_allclose(values[1], values[0], rtol=0, atol=0)
