@@ -451,15 +451,24 @@ def _random_program(p, steps):
                     h = dy.tanh(p["W"] * h + p["b"])
                 elif op == 1:
                     h = dy.logistic(p["U"] * h) + h
-                else:
+                elif op == 2:
                     acc.append(dy.pickneglogsoftmax(p["O"] * h, k % V))
+                else:  # scratch nodes between cg_checkpoint() and cg_revert(), read or not
+                    dy.cg_checkpoint()
+                    s = dy.tanh(p["U"] * h)
+                    square = read and float(dy.sum_elems(s)) > 0  # parks inside the checkpoint
+                    dy.cmult(h, h)  # recorded after the read: the revert drops it
+                    dy.pickneglogsoftmax(p["O"] * s, 0)
+                    dy.cg_revert()
+                    if square:
+                        h = dy.cmult(h, h)
             if read and float(dy.sum_elems(h)) > 0:  # a data-dependent branch after the read
                 h = dy.cmult(h, h)
         return dy.esum(acc + [dy.sum_elems(h)])
     return fn
 
 
-_step = st.tuples(st.integers(0, 2), st.booleans(), st.booleans())
+_step = st.tuples(st.integers(0, 3), st.booleans(), st.booleans())
 
 
 @settings(max_examples=25, deadline=None)
