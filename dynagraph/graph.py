@@ -277,7 +277,7 @@ class ComputationGraph(GraphBase):
         used again; values of the kept nodes stay computed."""
         sample = SAMPLE.get()
         if sample is not None and sample.park is not None:
-            n = sample.revert_to(self)  # None: other samples' nodes interleave, this one's stay unused
+            n = sample.revert_to(self)  # never below another sample's nodes; None: nothing to drop
             if n is None:
                 return
         else:
