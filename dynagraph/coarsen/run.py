@@ -20,6 +20,7 @@ from ..graph import ComputationGraph, IndexSlot
 from ..ops.base import Sliced, SparseRows
 from ..program import Grads, UnitGrads
 from ..program.units import PIECES
+from ..stats import count_block_copies
 from ..subgraph import PLACEHOLDER, Plan
 from .detect import DEFER_HEIGHT, Head, heads, payloads
 
@@ -151,8 +152,8 @@ class CoarseRecord:
         stats.t_backward += t1 - t0
         stats.kernel_calls += plan.op.inner_kernels
         if prog is not None:
-            stats.block_copies += prog.counts.backward_copies
-            stats.block_copy_bytes += prog.counts.backward_bytes
+            count_block_copies(prog.counts.backward_copies, prog.counts.backward_bytes,
+                               prog.saved(B, dtype.itemsize, True), stats)
         for k, pl in enumerate(self.plans):
             gx = gxs[k]
             if not need[k] or gx is None:
@@ -295,8 +296,8 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, payload: tuple) -> None:
     stats.coarse_groups += 1
     stats.coarse_nodes += B * len(plan.positions)
     if plan.program is not None:
-        stats.block_copies += plan.program.counts.forward_copies
-        stats.block_copy_bytes += plan.program.counts.forward_bytes
+        c = plan.program.counts
+        count_block_copies(c.forward_copies, c.forward_bytes, plan.program.saved(B, dtype.itemsize), stats)
     stats.t_execute += t2 - t1
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:

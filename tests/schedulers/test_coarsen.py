@@ -316,3 +316,25 @@ def test_viz_and_executed_batches_of_a_coarsened_graph(tmp_path):
     cg = assert_matches_none(_cells("none", 0, 2, 3))
     batches = cg.executed_batches()
     assert sorted(n for b in batches for n in b) == [i for i in range(len(cg)) if not cg.op[i].leaf]
+
+
+@pytest.mark.parametrize("build", [_treelstm(), _cells("none", 0, 3, 4)], ids=["treelstm", "cells"])
+def test_stats_show_what_the_planner_saved_in_groups(build, capsys):
+    """Coarsened groups count the copies made inside their plans, and what the planned layout
+    saved: the naive plan's copies less the planned one's, forward and backward."""
+    saved_plan = config.block_plan
+    counts = {}
+    try:
+        for mode in ("naive", "planned"):
+            config.block_plan = mode
+            cg = assert_matches_none(build)
+            s = cg.stats
+            counts[mode] = (s.block_copies, s.block_copy_bytes, s.block_copies_saved, s.block_copy_bytes_saved)
+    finally:
+        config.block_plan = saved_plan
+    naive, planned = counts["naive"], counts["planned"]
+    assert naive[2:] == (0, 0)
+    assert planned[0] + planned[2] == naive[0] and planned[1] + planned[3] == naive[1]
+    assert naive[0] > 0 and planned[2] > 0
+    cg.print_batches()
+    assert "saved by the planned layout" in capsys.readouterr().out
