@@ -24,6 +24,18 @@ def test_coarsen_bench_rows():
         assert r["nodes"] > 0 and r["patterns"] > 0 and 0 < r["coarse"] <= 1 and r["python_us"] > 0
 
 
+def test_coarsen_bench_phases_leave_the_switch_as_found():
+    from bench import coarsen_bench
+    before = config.coarsen
+    rows = coarsen_bench.main(["--workloads", "treelstm", "--H", "4", "--batch-size", "4", "--repeat", "1",
+                               "--phases", "--graphs", "1"])
+    assert config.coarsen == before
+    r = rows[0]
+    for label in ("coarse", "op"):
+        assert r[f"{label}_forward_ms"] > 0 and r[f"{label}_backward_ms"] > 0 and r[f"{label}_schedule_ms"] > 0
+    assert r["speedup"] > 0
+
+
 @pytest.mark.parametrize("workload", ["treelstm", "treefc", "bilstm", "mvrnn"])
 def test_swap_programs_train_the_same_with_coarsening(workload):
     sys.modules.setdefault("dynet", dy)
