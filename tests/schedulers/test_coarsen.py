@@ -318,23 +318,42 @@ def test_viz_and_executed_batches_of_a_coarsened_graph(tmp_path):
     assert sorted(n for b in batches for n in b) == [i for i in range(len(cg)) if not cg.op[i].leaf]
 
 
-@pytest.mark.parametrize("build", [_treelstm(), _cells("none", 0, 3, 4)], ids=["treelstm", "cells"])
-def test_stats_show_what_the_planner_saved_in_groups(build, capsys):
-    """Coarsened groups count the copies made inside their plans, and what the planned layout
-    saved: the naive plan's copies less the planned one's, forward and backward."""
+def _naive_and_planned_copies(build) -> dict:
+    """block_plan -> (copies, bytes, saved copies, saved bytes) of a coarsened run that
+    equals op-by-op execution."""
     saved_plan = config.block_plan
     counts = {}
     try:
         for mode in ("naive", "planned"):
             config.block_plan = mode
-            cg = assert_matches_none(build)
-            s = cg.stats
+            s = assert_matches_none(build).stats
             counts[mode] = (s.block_copies, s.block_copy_bytes, s.block_copies_saved, s.block_copy_bytes_saved)
     finally:
         config.block_plan = saved_plan
     naive, planned = counts["naive"], counts["planned"]
     assert naive[2:] == (0, 0)
-    assert planned[0] + planned[2] == naive[0] and planned[1] + planned[3] == naive[1]
-    assert naive[0] > 0 and planned[2] > 0
+    assert planned[0] + planned[2] == naive[0] and planned[1] + planned[3] == naive[1], counts
+    return counts
+
+
+@pytest.mark.parametrize("build", [_treelstm(), _cells("none", 0, 3, 4)], ids=["treelstm", "cells"])
+def test_stats_show_what_the_planner_saved_in_groups(build, capsys):
+    """Coarsened groups count the copies made inside their plans, and what the planned layout
+    saved: the naive plan's copies less the planned one's, forward and backward."""
+    counts = _naive_and_planned_copies(build)
+    assert counts["naive"][0] > 0 and counts["planned"][2] > 0
+    config.coarsen = True
+    try:
+        cg = run_graph("agenda", build).cg
+    finally:
+        config.coarsen = False
     cg.print_batches()
-    assert "saved by the planned layout" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "coarse[" in out and "saved by the planned layout" in out
+
+
+@settings(max_examples=10, **_SETTINGS)
+@given(detail=st.sampled_from(DETAILS), odd=st.integers(0, 4), n_seq=st.integers(1, 3),
+       length=st.integers(2, 5), H=st.integers(1, 3))
+def test_hypothesis_saved_copies_are_naive_minus_planned(detail, odd, n_seq, length, H):
+    _naive_and_planned_copies(_cells(detail, odd, n_seq, length, H))
