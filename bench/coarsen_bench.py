@@ -4,7 +4,8 @@ For each mini-batched workload of bench/import_swap.py (one graph of --batch-siz
 recorded by the DyNet program text with dynagraph swapped in), prints the pending nodes,
 the patterns found, the share of nodes they cover, the instances of the three largest
 patterns, and the cost per node of detection, patterns and the unit schedule: the compiled
-pass (dynagraph._coarsen.plan) and its pure-Python twins (best of --repeat). Timing the
+pass (dynagraph._coarsen.plan) and its pure-Python twins (best CPU time of --repeat), beside the
+op-level scheduler's cost on the same nodes (what the pass replaces). Timing the
 coarsened run against op-level runs is bench/import_swap.py's job:
 
     DYNAGRAPH_COARSEN=1 python bench/import_swap.py --suite minibatch --baseline . \\
@@ -80,13 +81,15 @@ def phases(dy, isw, workload: str, H: int, batch: int, seed: int, graphs: int) -
 
 
 def _best(fn, repeat: int) -> float:
+    """Best CPU time of `repeat` calls (wall time on a loaded machine charges the longer calls
+    for every preemption)."""
     best = float("inf")
     for _ in range(repeat):
         gc.collect()
         gc.disable()
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
         gc.enable()
     return best
 
@@ -116,8 +119,9 @@ def main(argv=None) -> list[dict]:
     sys.modules["dynet"] = dy  # the programs import dynet
     from bench import import_swap as isw
     rows = []
+    from dynagraph import schedulers
     print(f"{'workload':10} {'nodes':>7} {'patterns':>8} {'coarse':>7} {'largest patterns (instances x nodes)':<38} "
-          f"{'C us/node':>9} {'py us/node':>10}")
+          f"{'C us/node':>9} {'py us/node':>10} {'op-level':>9}")
     for name in args.workloads.split(","):
         cg = _graph(dy, isw, name, args.H, args.batch_size, args.seed)
         pending = [i for i in range(len(cg)) if not cg.op[i].leaf]
@@ -131,13 +135,16 @@ def main(argv=None) -> list[dict]:
             python = _best(lambda cg=cg, pending=pending: _twins(cg, pending), args.repeat)
         finally:
             detect._NATIVE = saved
+        sched = schedulers.get(cg.scheduler)  # what the pass replaces: the op-level schedule
+        op_level = _best(lambda cg=cg, pending=pending: sched.schedule(cg, pending), args.repeat)
         row = {"workload": name, "nodes": len(pending), "patterns": len(patterns), "coarse": covered / len(pending),
                "native_us": 1e6 * native / len(pending), "python_us": 1e6 * python / len(pending),
+               "op_level_us": 1e6 * op_level / len(pending),
                "top": [(len(p.roots), len(p.members[0])) for p in top]}
         rows.append(row)
         tops = ", ".join(f"{b}x{n}" for b, n in row["top"])
         print(f"{name:10} {row['nodes']:7d} {row['patterns']:8d} {100 * row['coarse']:6.1f}% {tops:<38} "
-              f"{row['native_us']:9.2f} {row['python_us']:10.2f}")
+              f"{row['native_us']:9.2f} {row['python_us']:10.2f} {row['op_level_us']:9.2f}")
     if args.phases:
         print(f"\nms a graph, coarsened / op-level, median of {args.graphs}: forward and backward in CPU time; "
               f"schedule (wall time, part of forward) is the compiled pass or the op-level scheduler")

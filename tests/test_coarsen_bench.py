@@ -22,6 +22,7 @@ def test_coarsen_bench_rows():
     assert [r["workload"] for r in rows] == ["treefc", "treelstm"]
     for r in rows:
         assert r["nodes"] > 0 and r["patterns"] > 0 and 0 < r["coarse"] <= 1 and r["python_us"] > 0
+        assert r["op_level_us"] > 0
 
 
 def test_coarsen_bench_phases_leave_the_switch_as_found():
