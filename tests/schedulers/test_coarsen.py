@@ -68,12 +68,12 @@ def _check_groups_are_uniform(cg) -> None:
     for rec in cg.executed:
         if not isinstance(rec, CoarseRecord):
             continue
-        B = len(rec.steps[0])
+        B = len(rec.groups[0])
         where = [{} for _ in range(B)]  # node -> position, per instance
-        for m, nodes in enumerate(rec.steps):
+        for m, nodes in enumerate(rec.groups):
             for b, n in enumerate(nodes):
                 where[b][n] = m
-        for m, nodes in enumerate(rec.steps):
+        for m, nodes in enumerate(rec.groups):
             descr = set()
             for b, n in enumerate(nodes):
                 refs = []
