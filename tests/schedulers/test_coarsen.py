@@ -357,3 +357,22 @@ def test_stats_show_what_the_planner_saved_in_groups(build, capsys):
        length=st.integers(2, 5), H=st.integers(1, 3))
 def test_hypothesis_saved_copies_are_naive_minus_planned(detail, odd, n_seq, length, H):
     _naive_and_planned_copies(_cells(detail, odd, n_seq, length, H))
+
+
+@pytest.mark.parametrize("build", [_treelstm(), _cells("wiring", 1, 3, 4)], ids=["treelstm", "cells"])
+def test_both_group_backwards_match_op_by_op(build, monkeypatch):
+    """A group's backward runs as op-level batches per member position (the default) or as
+    the plan's replay (DYNAGRAPH_COARSEN_BACKWARD=replay): both equal op-by-op execution."""
+    from dynagraph.coarsen import run as coarse_run
+    from dynagraph.executor import ExecutedBatch
+    for mode in ("batches", "replay"):
+        monkeypatch.setattr(coarse_run, "BACKWARD", mode)
+        cg = assert_matches_none(build)
+        groups = [r for r in cg.executed if isinstance(r, CoarseRecord)]
+        assert groups
+        members = sum(len(r.groups) for r in groups)
+        batches = [r for r in cg.executed if type(r) is ExecutedBatch]
+        if mode == "batches":   # each group's record lists nothing itself; its members follow it
+            assert all(not r.steps for r in groups) and len(batches) >= members
+        else:
+            assert all(r.steps == r.groups for r in groups)
