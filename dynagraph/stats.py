@@ -29,6 +29,8 @@ class Stats:
     coarse_nodes: int = 0        # recorded nodes those groups computed
     block_copies: int = 0        # copies inside dy.block plans and coarsened groups (forward + backward)
     block_copy_bytes: int = 0
+    block_copies_saved: int = 0  # copies the planned layout avoided against the naive plan ("naive" - "planned")
+    block_copy_bytes_saved: int = 0
     t_coarsen: float = 0.0       # finding repeated patterns (part of scheduling)
     batch_log: list = field(default_factory=list, repr=False)  # (op name, size) per batch
     # Set by the engine: computing the bound is O(nodes x signatures), so only on demand.
@@ -62,6 +64,9 @@ class Stats:
         if self.coarse_groups or self.block_copies:
             lines.append(f"  copies inside blocks and coarsened groups: {self.block_copies} "
                          f"({self.block_copy_bytes} B), forward and backward")
+        if self.block_copies_saved or self.block_copy_bytes_saved:
+            lines.append(f"  saved by the planned layout (against plan=\"naive\"): {self.block_copies_saved} "
+                         f"copies ({self.block_copy_bytes_saved} B)")
         for k, (name, size) in enumerate(self.batch_log[:limit]):
             lines.append(f"  batch {k:4d}: {name:<18} x {size}")
         if len(self.batch_log) > limit:
@@ -87,7 +92,8 @@ class Stats:
         return (f"nodes={self.nodes} batches={self.batches} lower_bound={self.lower_bound} "
                 f"kernels={self.kernel_calls} gathers={self.gathers} ({self.gather_bytes} B) "
                 f"scatters={self.scatters} ({self.scatter_bytes} B) block_copies={self.block_copies} "
-                f"({self.block_copy_bytes} B) coarse_groups={self.coarse_groups} | time: record {pct(self.t_record)} "
+                f"({self.block_copy_bytes} B) saved={self.block_copies_saved} ({self.block_copy_bytes_saved} B) "
+                f"coarse_groups={self.coarse_groups} | time: record {pct(self.t_record)} "
                 f"schedule {pct(self.t_schedule)} execute {pct(self.t_execute)} memory {pct(self.t_memory)} "
                 f"backward {pct(self.t_backward)}")
 
@@ -106,11 +112,18 @@ def add_accumulated(stats, names: tuple, acc: bytearray) -> None:
     acc[:] = bytes(len(acc))
 
 
-def count_block_copies(copies: int, nbytes: int) -> None:
-    stats = ACTIVE.get()
-    if stats is not None and copies:
-        stats.block_copies += copies
-        stats.block_copy_bytes += nbytes
+def count_block_copies(copies: int, nbytes: int, saved: tuple = (0, 0), stats=None) -> None:
+    """Copies made inside a block plan or coarsened group, and (copies, bytes) its planned
+    layout saved against the naive plan; into `stats`, or the active graph's."""
+    if stats is None:
+        stats = ACTIVE.get()
+    if stats is not None:
+        if copies:
+            stats.block_copies += copies
+            stats.block_copy_bytes += nbytes
+        if saved[0] or saved[1]:
+            stats.block_copies_saved += saved[0]
+            stats.block_copy_bytes_saved += saved[1]
 
 
 # Stats.fresh(): the fields whose default is made per instance

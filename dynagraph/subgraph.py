@@ -183,7 +183,8 @@ class Plan:
         data_of = lambda spec: self._data(spec, data)  # noqa: E731
         if self.program is not None:
             vals, saved = self.program.run(get_backend(), xs, data_of, B)
-            count_block_copies(self.program.counts.forward_copies, self.program.counts.forward_bytes)
+            c = self.program.counts
+            count_block_copies(c.forward_copies, c.forward_bytes, self.program.saved(B, _itemsize(xs)))
         else:
             vals, saved = self.run_steps(get_backend(), xs, data_of)
         if self.direct:
@@ -207,7 +208,8 @@ class Plan:
             start += n
         if self.program is not None:
             grads = tuple(self.program.grad(get_backend(), acc, ctx, need))
-            count_block_copies(self.program.counts.backward_copies, self.program.counts.backward_bytes)
+            c = self.program.counts
+            count_block_copies(c.backward_copies, c.backward_bytes, self.program.saved(B, g.dtype.itemsize, True))
             return grads
         return tuple(self.grad_steps(get_backend(), acc, ctx, need))
 
@@ -247,6 +249,15 @@ class Plan:
                                           f"index argument {k}: {e}\n  recorded at {user_line()}") from None
         if len(checked) < _CHECKED_MAX:
             checked.add(values)
+
+
+def _itemsize(xs: tuple) -> int:
+    """The element size of a call's arrays (its parameters' where it has no expression argument)."""
+    for x in xs:
+        dt = getattr(x, "dtype", None)
+        if dt is not None:
+            return dt.itemsize
+    return 8
 
 
 def _distinct_calls(data: list) -> tuple:

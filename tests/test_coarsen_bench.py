@@ -22,6 +22,19 @@ def test_coarsen_bench_rows():
     assert [r["workload"] for r in rows] == ["treefc", "treelstm"]
     for r in rows:
         assert r["nodes"] > 0 and r["patterns"] > 0 and 0 < r["coarse"] <= 1 and r["python_us"] > 0
+        assert r["op_level_us"] > 0
+
+
+def test_coarsen_bench_phases_leave_the_switch_as_found():
+    from bench import coarsen_bench
+    before = config.coarsen
+    rows = coarsen_bench.main(["--workloads", "treelstm", "--H", "4", "--batch-size", "4", "--repeat", "1",
+                               "--phases", "--graphs", "1"])
+    assert config.coarsen == before
+    r = rows[0]
+    for label in ("coarse", "op"):
+        assert r[f"{label}_forward_ms"] > 0 and r[f"{label}_backward_ms"] > 0 and r[f"{label}_schedule_ms"] > 0
+    assert r["speedup"] > 0
 
 
 @pytest.mark.parametrize("workload", ["treelstm", "treefc", "bilstm", "mvrnn"])

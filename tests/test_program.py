@@ -283,3 +283,41 @@ def test_output_computed_from_parameters_alone(config):
             return outs
         return f
     assert_same_run(run_graph("none", build(False)), run_graph("agenda", build(True)), rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------- what the planned layout saved
+def _copy_stats(build, scheduler: str = "agenda") -> tuple:
+    s = run_graph(scheduler, build).cg.stats
+    return s.block_copies, s.block_copy_bytes, s.block_copies_saved, s.block_copy_bytes_saved
+
+
+def _assert_saved_is_naive_minus_planned(build_for) -> None:
+    """block_copies_saved of a planned run is what the naive run of the same blocks copied
+    less what the planned run copied, forward and backward, copies and bytes."""
+    naive = _copy_stats(build_for(("naive", False)))
+    assert naive[2:] == (0, 0)  # nothing to compare a naive plan with
+    for config in (("planned", False), ("planned", True)):
+        planned = _copy_stats(build_for(config))
+        assert planned[0] + planned[2] == naive[0] and planned[1] + planned[3] == naive[1], (config, planned, naive)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_saved_copies_are_naive_minus_planned_on_cells(name):
+    _assert_saved_is_naive_minus_planned(lambda config: _cell_model(name, config, True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(spec=block_spec)
+def test_saved_copies_are_naive_minus_planned_on_random_blocks(spec):
+    _assert_saved_is_naive_minus_planned(lambda config: _random_model(spec, config, True))
+
+
+def test_saved_copies_show_in_stats_and_print_batches(capsys):
+    cg = run_graph("agenda", _cell_model("LSTMCell (4 weights)", ("planned", False), True)).cg
+    s = cg.stats
+    assert s.block_copies_saved > 0 and s.block_copy_bytes_saved > 0
+    assert f"saved={s.block_copies_saved} ({s.block_copy_bytes_saved} B)" in str(s)
+    assert s.as_dict()["block_copies_saved"] == s.block_copies_saved
+    cg.print_batches()
+    assert f"saved by the planned layout (against plan=\"naive\"): {s.block_copies_saved} copies" \
+        in capsys.readouterr().out

@@ -8,6 +8,7 @@ that arrived in the members' blocks and scatters the results to the outside inpu
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 
@@ -15,16 +16,21 @@ from .. import executor
 from ..autodiff import scatter
 from ..config import config
 from ..errors import NonFiniteError
-from ..executor import LEAF, any_true
+from ..executor import LEAF, SLICE, ExecutedBatch, any_true
 from ..graph import ComputationGraph, IndexSlot
 from ..ops.base import Sliced, SparseRows
 from ..program import Grads, UnitGrads
 from ..program.units import PIECES
+from ..stats import count_block_copies
 from ..subgraph import PLACEHOLDER, Plan
 from .detect import DEFER_HEIGHT, Head, heads, payloads
 
 _PLANS: OrderedDict[tuple, Plan] = OrderedDict()   # canonical key -> compiled plan
 _MAX_PLANS = 256
+# How a group's backward runs: "batches" hands autodiff one batch per member position (its
+# compiled per-batch step, the op-level kernels), "replay" replays the plan step by step in
+# Python (CoarseRecord.grad). DYNAGRAPH_COARSEN_BACKWARD chooses; see member_batches.
+BACKWARD = os.environ.get("DYNAGRAPH_COARSEN_BACKWARD", "batches")
 
 
 def plan_for(cg, p: Head) -> tuple[Plan, list]:
@@ -107,21 +113,28 @@ def _weight_products(plan: Plan, trace) -> dict:
 class CoarseRecord:
     """One coarsened group's forward, kept for backward (an entry of cg.executed)."""
 
-    __slots__ = ("B", "bids", "cols", "leads", "plan", "plans", "saved", "steps", "xs")
+    __slots__ = ("B", "bids", "cols", "groups", "leads", "plan", "plans", "saved", "steps", "xs")
 
-    def __init__(self, plan, steps, bids, xs, plans, cols, saved, B, leads):
-        self.plan, self.steps, self.bids, self.xs, self.plans = plan, steps, bids, xs, plans
+    def __init__(self, plan, steps, bids, xs, plans, cols, saved, B, leads, delegated: bool = False):
+        """delegated: the members' backward runs as op-level batches that follow this record
+        in cg.executed (member_batches); then `steps` is empty (executed_batches() lists
+        those batches instead) and grad() does nothing. `groups` is every member position's
+        nodes either way."""
+        self.plan, self.bids, self.xs, self.plans = plan, bids, xs, plans
+        self.groups, self.steps = steps, ([] if delegated else steps)
         self.cols, self.saved, self.B, self.leads = cols, saved, B, leads
 
     @property
     def nodes(self) -> list:
         """Every member node (what revert() and set_data() look at)."""
-        return [n for s in self.steps for n in s]
+        return [n for s in self.groups for n in s]
 
     def grad(self, cg, be, gb, full: bool, grad_block, deferred: dict | None = None) -> None:
         """Replay the plan in reverse from the gradients in the members' blocks. With
         `deferred` (autodiff's parameter block -> [(G, X)]), the weight gradients of the
         plan's single-step products go there instead of being computed per group."""
+        if not self.steps:  # delegated to the member batches
+            return
         t0 = time.perf_counter()
         plan, B, xp = self.plan, self.B, be.xp
         gs = [gb[b] for b in self.bids]
@@ -151,8 +164,8 @@ class CoarseRecord:
         stats.t_backward += t1 - t0
         stats.kernel_calls += plan.op.inner_kernels
         if prog is not None:
-            stats.block_copies += prog.counts.backward_copies
-            stats.block_copy_bytes += prog.counts.backward_bytes
+            count_block_copies(prog.counts.backward_copies, prog.counts.backward_bytes,
+                               prog.saved(B, dtype.itemsize, True), stats)
         for k, pl in enumerate(self.plans):
             gx = gxs[k]
             if not need[k] or gx is None:
@@ -288,19 +301,67 @@ def run_group(cg, be, plan: Plan, leaf_ids: list, payload: tuple) -> None:
         executor.place(cg.blk, cg.row, nodes, bid)
         steps.append(nodes)
         bids.append(bid)
-    cg.executed.append(CoarseRecord(plan, steps, bids, xs, plans, cols, saved, B, leads))
+    batches = member_batches(cg, plan, steps, bids, xs, plans, cols, leads, B) if BACKWARD == "batches" else None
+    cg.executed.append(CoarseRecord(plan, steps, bids, xs, plans, cols, saved, B, leads, batches is not None))
+    if batches is not None:
+        cg.executed.extend(batches)
     stats.kernel_calls += plan.op.inner_kernels
     stats.batches += 1
     stats.nodes += B * len(plan.positions)
     stats.coarse_groups += 1
     stats.coarse_nodes += B * len(plan.positions)
     if plan.program is not None:
-        stats.block_copies += plan.program.counts.forward_copies
-        stats.block_copy_bytes += plan.program.counts.forward_bytes
+        c = plan.program.counts
+        count_block_copies(c.forward_copies, c.forward_bytes, plan.program.saved(B, dtype.itemsize), stats)
     stats.t_execute += t2 - t1
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
         stats.batch_log.append((f"{plan.name}/{len(plan.positions)}", B))
+
+
+def member_batches(cg, plan: Plan, steps: list, bids: list, xs: list, plans: list, cols: list, leads: list,
+                   B: int) -> list | None:
+    """The group's backward as op-level batches: per member position (in forward order) an
+    ExecutedBatch over the instances' nodes, each argument where its value lies (another
+    member's block, the group's gathered outside input, a parameter), so that autodiff runs
+    every member's backward with the kernels op-level execution uses (its compiled step on
+    the cpu backend) and leaves every member's gradient in its block. An argument's column
+    (what autodiff derives `need` from) is the other member's nodes, the gathered input's
+    ids, or the parameter's one node. None where a member does not map onto a batch (an
+    output with one shared row, a step the plan does not list)."""
+    wiring = _member_wiring(plan)
+    if wiring is None or any(lead != B for lead in leads):
+        return None
+    blocks = cg.blocks
+    # sources: the members, then the group's arguments (outside inputs, then parameters)
+    X = [blocks[b] for b in bids] + xs
+    P = [(SLICE, b, 0) for b in bids] + plans
+    C = steps + cols
+    return [ExecutedBatch(nodes, [X[i] for i in w], bid, [P[i] for i in w], tuple([C[i] for i in w]))
+            for nodes, bid, w in zip(steps, bids, wiring)]
+
+
+def _member_wiring(plan: Plan) -> list | None:
+    """Per member position, the sources of its step's arguments as indexes into member
+    positions then the plan's inputs then its leaves (member_batches' X, P, C); cached on the
+    plan. None if a member is not a step of the plan."""
+    wiring = getattr(plan, "member_wiring", False)
+    if wiring is not False:
+        return wiring
+    M, n_in = len(plan.positions), len(plan.inputs)
+    where = {t: m for m, t in enumerate(plan.positions)}
+    where.update({t: M + k for k, t in enumerate(plan.inputs)})
+    where.update({t: M + n_in + k for k, t in enumerate(plan.leaves)})
+    step_args = {i: args for i, op, args, a, spec, shape in plan.steps}
+    wiring = []
+    for t in plan.positions:
+        args = step_args.get(t)
+        if args is None or any(a not in where for a in args):
+            wiring = None
+            break
+        wiring.append(tuple(where[a] for a in args))
+    plan.member_wiring = wiring
+    return wiring
 
 
 def _piece_value(plan: Plan, saved: list, t: int, xp):

@@ -21,8 +21,9 @@ class Program(Forward, Backward):
         piece-major (off where the product's own value is needed anyway: coarsened groups)."""
         if mode not in MODES:
             raise ValueError(f"plan mode must be one of {MODES}, got {mode!r}")
-        self.plan, self.mode, self.fuse = plan, mode, fuse
+        self.plan, self.mode, self.fuse, self.piece_major = plan, mode, fuse, piece_major
         self.counts = Counts()
+        self._naive_model = None  # naive_copies' model, built on first use
         self.rehomed: list = []   # parameters now stored as slices of a stacked array
         steps = plan.steps
         self.batched = batched_vars(plan)
@@ -123,6 +124,59 @@ class Program(Forward, Backward):
                                             for m, h in enumerate(homes)):
                 return ("view", homes[0][0], homes[0][1])
         return ("stack", vs)
+
+    # ----------------------------------------------------------------- accounting
+    def copy_model(self) -> tuple:
+        """The copies this program's groups make for a batch of B calls, read off its units as
+        (forward copies, forward elements per call, forward elements per batch, backward
+        copies, backward elements per call): Forward._gathered copies a shared operand
+        repeated K times or a "stack" (K*B rows), and weights not stacked by the layout (K
+        rows, whatever B); Backward scatter-adds each "stack" back (K*B rows)."""
+        fc = f_call = f_fixed = bc = b_call = 0
+        for u in self.units:
+            if u.kind != GROUP:
+                continue
+            K = len(u.steps)
+            linear = any(s[0] == "weights" for s in u.args)
+            for spec in u.args:
+                kind = spec[0]
+                if kind == "same" and self.batched[spec[1]] and not linear:
+                    fc += 1
+                    f_call += K * size_of(self.shapes[spec[1]])
+                elif kind == "weights" and spec[2] is None:
+                    fc += 1
+                    f_fixed += sum(size_of(self.shapes[v]) for v in spec[1])
+                elif kind == "stack":
+                    n = sum(size_of(self.shapes[v]) for v in spec[1])
+                    fc += 1
+                    f_call += n
+                    bc += 1
+                    b_call += n
+        return fc, f_call, f_fixed, bc, b_call
+
+    def naive_copies(self, B: int, itemsize: int) -> tuple[int, int, int, int] | None:
+        """For a planned program, the copies the naive program of the same plan makes for a
+        batch of B calls, (forward copies, forward bytes, backward copies, backward bytes),
+        from its copy model (built once, on first use): what the layout saved is that minus
+        this program's measured counts. None for any other mode (nothing to compare)."""
+        if self.mode != "planned":
+            return None
+        model = self._naive_model
+        if model is None:
+            model = self._naive_model = Program(self.plan, "naive", None, False, self.piece_major).copy_model()
+        fc, f_call, f_fixed, bc, b_call = model
+        return fc, (f_call * B + f_fixed) * itemsize, bc, b_call * B * itemsize
+
+    def saved(self, B: int, itemsize: int, backward: bool = False) -> tuple[int, int]:
+        """(copies, bytes) the layout saved in the last forward (or backward) of B calls: the
+        naive program's copies less the ones this program counted; (0, 0) unless planned."""
+        naive = self.naive_copies(B, itemsize)
+        if naive is None:
+            return 0, 0
+        c = self.counts
+        if backward:
+            return naive[2] - c.backward_copies, naive[3] - c.backward_bytes
+        return naive[0] - c.forward_copies, naive[1] - c.forward_bytes
 
     # ----------------------------------------------------------------- teaching
     def describe(self) -> str:

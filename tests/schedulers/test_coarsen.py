@@ -68,12 +68,12 @@ def _check_groups_are_uniform(cg) -> None:
     for rec in cg.executed:
         if not isinstance(rec, CoarseRecord):
             continue
-        B = len(rec.steps[0])
+        B = len(rec.groups[0])
         where = [{} for _ in range(B)]  # node -> position, per instance
-        for m, nodes in enumerate(rec.steps):
+        for m, nodes in enumerate(rec.groups):
             for b, n in enumerate(nodes):
                 where[b][n] = m
-        for m, nodes in enumerate(rec.steps):
+        for m, nodes in enumerate(rec.groups):
             descr = set()
             for b, n in enumerate(nodes):
                 refs = []
@@ -316,3 +316,63 @@ def test_viz_and_executed_batches_of_a_coarsened_graph(tmp_path):
     cg = assert_matches_none(_cells("none", 0, 2, 3))
     batches = cg.executed_batches()
     assert sorted(n for b in batches for n in b) == [i for i in range(len(cg)) if not cg.op[i].leaf]
+
+
+def _naive_and_planned_copies(build) -> dict:
+    """block_plan -> (copies, bytes, saved copies, saved bytes) of a coarsened run that
+    equals op-by-op execution."""
+    saved_plan = config.block_plan
+    counts = {}
+    try:
+        for mode in ("naive", "planned"):
+            config.block_plan = mode
+            s = assert_matches_none(build).stats
+            counts[mode] = (s.block_copies, s.block_copy_bytes, s.block_copies_saved, s.block_copy_bytes_saved)
+    finally:
+        config.block_plan = saved_plan
+    naive, planned = counts["naive"], counts["planned"]
+    assert naive[2:] == (0, 0)
+    assert planned[0] + planned[2] == naive[0] and planned[1] + planned[3] == naive[1], counts
+    return counts
+
+
+@pytest.mark.parametrize("build", [_treelstm(), _cells("none", 0, 3, 4)], ids=["treelstm", "cells"])
+def test_stats_show_what_the_planner_saved_in_groups(build, capsys):
+    """Coarsened groups count the copies made inside their plans, and what the planned layout
+    saved: the naive plan's copies less the planned one's, forward and backward."""
+    counts = _naive_and_planned_copies(build)
+    assert counts["naive"][0] > 0 and counts["planned"][2] > 0
+    config.coarsen = True
+    try:
+        cg = run_graph("agenda", build).cg
+    finally:
+        config.coarsen = False
+    cg.print_batches()
+    out = capsys.readouterr().out
+    assert "coarse[" in out and "saved by the planned layout" in out
+
+
+@settings(max_examples=10, **_SETTINGS)
+@given(detail=st.sampled_from(DETAILS), odd=st.integers(0, 4), n_seq=st.integers(1, 3),
+       length=st.integers(2, 5), H=st.integers(1, 3))
+def test_hypothesis_saved_copies_are_naive_minus_planned(detail, odd, n_seq, length, H):
+    _naive_and_planned_copies(_cells(detail, odd, n_seq, length, H))
+
+
+@pytest.mark.parametrize("build", [_treelstm(), _cells("wiring", 1, 3, 4)], ids=["treelstm", "cells"])
+def test_both_group_backwards_match_op_by_op(build, monkeypatch):
+    """A group's backward runs as op-level batches per member position (the default) or as
+    the plan's replay (DYNAGRAPH_COARSEN_BACKWARD=replay): both equal op-by-op execution."""
+    from dynagraph.coarsen import run as coarse_run
+    from dynagraph.executor import ExecutedBatch
+    for mode in ("batches", "replay"):
+        monkeypatch.setattr(coarse_run, "BACKWARD", mode)
+        cg = assert_matches_none(build)
+        groups = [r for r in cg.executed if isinstance(r, CoarseRecord)]
+        assert groups
+        members = sum(len(r.groups) for r in groups)
+        batches = [r for r in cg.executed if type(r) is ExecutedBatch]
+        if mode == "batches":   # each group's record lists nothing itself; its members follow it
+            assert all(not r.steps for r in groups) and len(batches) >= members
+        else:
+            assert all(r.steps == r.groups for r in groups)
