@@ -192,19 +192,26 @@ def _owners(cg, pending: list, is_pending: list) -> tuple[list, set, dict]:
                 size[r] += 1
                 sigs_of[r].add(sig[n])
                 shapes_of[r].add(shape)
-        for a in a_n:
-            j = a - lo
-            if j >= 0 and is_pending[j]:
-                if csig[j] < 0:
-                    csig[j] = sig[n]
-                c = cmin[j]
-                if c < 0:
-                    cmin[j] = r
-                elif c != r:
-                    cmulti[j] = True
-                    if r < c:
-                        cmin[j] = r
+        _note_consumer(a_n, lo, is_pending, sig[n], r, cmin, csig, cmulti)
     return owner, excluded, size
+
+
+def _note_consumer(a_n, lo: int, is_pending: list, sig_n: int, r: int, cmin: list, csig: list,
+                   cmulti: list) -> None:
+    """_owners' per-argument bookkeeping: the pending arguments a_n of a node of signature sig_n,
+    owned by instance root r, learn their consumer (see _owners)."""
+    for a in a_n:
+        j = a - lo
+        if j >= 0 and is_pending[j]:
+            if csig[j] < 0:
+                csig[j] = sig_n
+            c = cmin[j]
+            if c < 0:
+                cmin[j] = r
+            elif c != r:
+                cmulti[j] = True
+                if r < c:
+                    cmin[j] = r
 
 
 def _instance_list(cg, pending: list, owner: list, excluded: set, size: dict) -> list:
