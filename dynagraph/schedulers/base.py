@@ -31,9 +31,13 @@ def available() -> list[str]:
 
 
 def get(spec) -> Scheduler:
-    """A scheduler from a name or an object with a `schedule` method."""
+    """A scheduler from a name or an object with a `schedule` method; "NAME+merge" is NAME followed
+    by the batch-merging post-pass (schedulers/merge.py)."""
     if hasattr(spec, "schedule"):
         return spec
+    if isinstance(spec, str) and spec.endswith("+merge"):  # any scheduler, then the merging post-pass
+        from .merge import Merged
+        return Merged(get(spec[:-len("+merge")]))
     name, sep, arg = spec.partition(":")  # "fsm:policy.json" passes an argument to the factory
     factory = _REGISTRY.get(name)
     if factory is None:

@@ -100,6 +100,7 @@ PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nar
 PyObject *dg_node_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_typewise_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_merge_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs); /* batch_merge.c */
 PyObject *dg_users_split(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_needed_within(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 

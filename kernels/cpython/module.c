@@ -36,6 +36,8 @@ static PyMethodDef functions[] = {
     FAST(agenda_batches, "agenda_batches(args, sig, depth, batchable, cost, nodes): the agenda scheduler's batches, or None."),
     FAST(typewise_batches, "typewise_batches(args, sig, batchable, nodes, policy): (batches, hits, misses) of "
                            "the typewise heuristic (policy None) or the FSM, or None."),
+    FAST(merge_batches, "merge_batches(batches, args, sig, batchable): the schedule with each batch joined to the "
+                        "latest later batch of its signature before its first user; see batch_merge.c."),
     FAST(users_split, "users_split(args, tainted, nodes): (run, left) of dy.phase's split; see phase_split.c."),
     FAST(needed_within, "needed_within(args, within, targets): graph.needed_within; see phase_split.c."),
     {NULL, NULL, 0, NULL},
