@@ -19,7 +19,8 @@ the policy never saw. Columns:
                  stable under load, where wall time measures the neighbours), best of --reps
                  rounds interleaved across schedulers; "step x agenda" is the ratio; "wall ms" the
                  same step's wall time
-    fsm-ENC      the learned policy itself; "fsm-ENC>agenda" (or >depth) is the FSM scheduler as
+    NAME+merge   NAME followed by the batch-merging post-pass (schedulers/merge.py); fsm-ENC+merge with --merge
+    fsm-ENC      the learned policy itself; "fsm-ENC>agenda" (or >depth, >agenda+merge) is the FSM scheduler as
                  a user gets it when dy.fsm.train measured the policy's step slower than that
                  baseline's on the training graph (Policy.defer_to)
     hit %        FSM decisions found in the policy table (the rest use the fallback);
@@ -47,7 +48,7 @@ from dynagraph import schedulers  # noqa: E402
 from dynagraph.schedulers import typewise  # noqa: E402,F401  (registers "typewise")
 from examples.workloads import WORKLOADS  # noqa: E402
 
-BASELINES = ["none", "depth", "agenda", "typewise"]
+BASELINES = ["none", "depth", "agenda", "agenda+merge", "typewise"]
 
 
 def pending(cg) -> list[int]:
@@ -125,6 +126,8 @@ def run_workload(name: str, args) -> list[dict]:
         own = fsm.Policy(pol.encoding, pol.types, pol.table, pol.q, pol.meta, pol.settle,
                          hold_tail=pol.hold_tail)  # never defers
         scheds.append((f"fsm-{enc}", fsm.Scheduler(own)))
+        if args.merge:
+            scheds.append((f"fsm-{enc}+merge", schedulers.merge.Merged(fsm.Scheduler(own))))
         if pol.defer_to:
             scheds.append((f"fsm-{enc}>{pol.defer_to}", fsm.Scheduler(pol)))
     steps = measure_steps(w, test_xs, scheds, args.reps)
@@ -134,7 +137,7 @@ def run_workload(name: str, args) -> list[dict]:
         r.update(steps[sname])
         r["x_lb"] = r["batches"] / max(lb, 1)
         if sname.startswith("fsm-"):
-            pol, secs = policies[sname[4:].partition(">")[0]]
+            pol, secs = policies[sname[4:].partition(">")[0].partition("+")[0]]
             r.update({"train_s": secs, "episodes": pol.meta["episodes"],
                       "train_batches": pol.meta["batches"], "train_lower_bound": pol.meta["lower_bound"],
                       "states": len(pol)})
@@ -171,7 +174,7 @@ def summary(rows: list[dict]) -> str:
     out = []
     for name in dict.fromkeys(r["workload"] for r in rows):
         rs = {r["scheduler"]: r for r in rows if r["workload"] == name}
-        fsms = [r for k, r in rs.items() if k.startswith("fsm-")]
+        fsms = [r for k, r in rs.items() if k.startswith("fsm-") and ">" not in k]
         if not fsms or "agenda" not in rs:
             continue
         best = min(fsms, key=lambda r: r["batches"])
@@ -182,6 +185,9 @@ def summary(rows: list[dict]) -> str:
         defer = [k for k in rs if k.startswith(best["scheduler"] + ">")]
         if defer:
             line += f"; deferring ({defer[0]}): step x{rs[defer[0]]['e2e_ms'] / rs['agenda']['e2e_ms']:.2f} agenda's"
+        if "agenda+merge" in rs:
+            am = rs["agenda+merge"]
+            line += f"; agenda+merge {am['batches']} batches = x{am['x_lb']:.3f} LB, step x{am['x_agenda_e2e']:.2f} agenda's"
         if "typewise" in rs:
             line += f"; typewise {rs['typewise']['batches']} batches"
         out.append(line)
@@ -194,6 +200,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--encodings", default="chain,base", help="FSM state encodings, comma-separated "
                     "(default chain,base: dy.fsm.train's default and ED-Batch's type set)")
     ap.add_argument("--baselines", default=",".join(BASELINES), help=f"comma-separated (default {BASELINES})")
+    ap.add_argument("--merge", action="store_true", help="also each FSM policy followed by the batch-merging "
+                    "post-pass (fsm-ENC+merge; schedulers/merge.py); agenda+merge is among the default baselines")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1, the project convention)")
     ap.add_argument("--instances", type=int, default=32, help="samples per graph (default 32)")
     ap.add_argument("--hidden", type=int, default=32)

@@ -51,9 +51,10 @@ as an explicit 10-step horizon without bootstrap (`bootstrap="none"`, offered).
 Deferring (`defer`, on by default). A policy with fewer batches can still lose end to
 end: computing G_a costs a few times agenda's scheduling, and on trees settling already
 leaves nothing to decide. When `graph` is a callable, train ends by timing whole steps
-(record, forward, backward) under the policy, agenda and depth, interleaved, best of
-5 rounds, in CPU time (wall time on a loaded machine flipped the choice); if the better of
-the other two is faster by more than DEFER_MARGIN (5%) of the policy's step, the policy
+(record, forward, backward) under the policy and BASELINES (agenda, depth, and agenda followed
+by the batch-merging post-pass, schedulers/merge.py), interleaved, best of 5 rounds, in CPU time
+(wall time on a loaded machine flipped the choice); if the best of the others is faster by more
+than DEFER_MARGIN (5%) of the policy's step, the policy
 stores that one's name in `defer_to` and the FSM scheduler runs it instead, and train
 says so. The rule is the measurement on this machine and model, not a fixed choice.
 
@@ -93,7 +94,7 @@ except ImportError:  # pragma: no cover - tqdm is a dependency
 REWARDS = ("ratio", "bound")
 
 __all__ = ["REWARDS", "train", "load", "Policy", "Scheduler", "ENCODINGS", "Trainer", "n_step_update", "expected_step",
-           "faster_baseline", "DEFER_MARGIN"]
+           "faster_baseline", "DEFER_MARGIN", "BASELINES"]
 
 Scheduler = FSMScheduler
 
@@ -283,12 +284,12 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
     The returned policy's `meta` holds the episodes run, the best greedy batch count,
     the lower bound, the seconds taken and the (episode, greedy batches) history.
     With progress on, it ends by printing the step it expects under the policy against
-    agenda's and depth's (expected_step; kept in meta["expected_step"]): whole steps timed when
+    agenda's, depth's and agenda+merge's (expected_step; kept in meta["expected_step"]): whole steps timed when
     `graph` is a callable, scheduling time and batches only for an already recorded graph.
     hold_tail: hold tail types (a loss layer, the losses) back until nothing else is pending, so
     each runs once (schedulers/typewise.py); stored in the policy.
-    defer: when whole steps were timed and the policy's is slower than the better of agenda and
-    depth, set `policy.defer_to` to that scheduler (module docstring, "Deferring").
+    defer: when whole steps were timed and the policy's is slower than the best of BASELINES
+    (agenda, depth, agenda+merge), set `policy.defer_to` to that scheduler (module docstring, "Deferring").
     reward: "ratio" (ED-Batch's -1 + |ready_a| / |F_a|), "bound" (minus the rise of batches plus
     the remaining lower bound; module docstring) or "auto": "bound" for the chain encoding, else "ratio".
     """
@@ -308,10 +309,14 @@ def train(graph: Union[ComputationGraph, Callable[[], ComputationGraph]], encodi
 
 
 DEFER_MARGIN = 0.05  # a baseline must beat the policy's step by more than this share to be deferred to
+# What a policy is timed against, and may defer to: agenda, depth, and agenda followed by the batch-merging
+# post-pass (schedulers/merge.py), which on the NER lattices comes within 1.1x of the lower bound at
+# a fraction of the FSM's scheduling cost.
+BASELINES = ("agenda", "depth", "agenda+merge")
 
 
 def faster_baseline(est: dict, margin: float = DEFER_MARGIN) -> str | None:
-    """The baseline (agenda or depth) whose timed step beat the policy's by more than `margin`
+    """The baseline (BASELINES: agenda, depth, agenda+merge) whose timed step beat the policy's by more than `margin`
     (a share of the policy's step), the faster one; None when no baseline is that much faster or
     steps were not timed (expected_step's result). Steps are CPU time, and the margin keeps a
     policy that ties with a baseline from flipping between runs on noise."""
@@ -353,7 +358,8 @@ def expected_step(graph, policy: Policy, rounds: int = 3) -> dict:
     from .schedulers import get
     own = Policy(policy.encoding, policy.types, policy.table, policy.q, policy.meta, policy.settle,
                  hold_tail=policy.hold_tail)  # no defer_to
-    scheds = {"agenda": get("agenda"), "depth": get("depth"), "fsm": FSMScheduler(own)}
+    scheds = {name: get(name) for name in BASELINES}
+    scheds["fsm"] = FSMScheduler(own)
     if callable(graph) and not isinstance(graph, ComputationGraph):
         best: dict = {}
         for _ in range(rounds):
@@ -385,6 +391,9 @@ def _expected_line(est: dict, defer_to: str | None = None) -> str:
     if "step_ms" in f:
         line += (f"; expected step {f['step_ms']:.0f} ms against agenda's {a['step_ms']:.0f} ms "
                  f"(x{f['step_ms'] / max(a['step_ms'], 1e-9):.2f}) and depth's {d['step_ms']:.0f} ms")
+        m = est.get("agenda+merge")
+        if m and "step_ms" in m:
+            line += f", agenda+merge's {m['step_ms']:.0f} ms ({m['batches']} batches)"
         if defer_to:
             line += f"; the policy does not pay here: the fsm scheduler runs {defer_to} instead (policy.defer_to)"
     else:

@@ -35,8 +35,8 @@ Policy file (JSON, written by Policy.save):
      "defer_to": "agenda",                         # optional: see below
      "meta":   {...}}                              # training summary (informative)
 
-Deferring. dy.fsm.train times whole training steps under the policy, agenda and
-depth; when the policy's step is slower than the better of the two it stores that
+Deferring. dy.fsm.train times whole training steps under the policy, agenda, depth and
+agenda+merge (dynagraph.fsm.BASELINES); when the policy's step is slower than the best it stores that
 scheduler's name in `defer_to`, and FSMScheduler schedules with it instead (the
 policy is kept; `Policy.defer_to = None` runs it anyway). Fewer batches do not
 always pay: on trees, settling already leaves no decision and agenda or depth find
