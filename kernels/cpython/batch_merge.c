@@ -19,6 +19,10 @@ typedef struct {
     Py_ssize_t *head, *next;/* batches that joined batch t: head[t], then next[...]; -1 ends */
     char *joined;
     PyObject **obj;         /* the caller's int object of each local node (borrowed): no new ints */
+    /* flat copies read in the pass (the caller's tuples and ints, read once in recording order, were
+       cache misses in every loop): each batch's local nodes and signature, each scheduled node's
+       scheduled arguments */
+    Py_ssize_t N, *bstart, *bflat, *bsig, *astart, *aflat;
 } Merge;
 
 static void merge_free(Merge *m) {
@@ -31,6 +35,11 @@ static void merge_free(Merge *m) {
     PyMem_Free(m->next);
     PyMem_Free(m->joined);
     PyMem_Free(m->obj);
+    PyMem_Free(m->bstart);
+    PyMem_Free(m->bflat);
+    PyMem_Free(m->bsig);
+    PyMem_Free(m->astart);
+    PyMem_Free(m->aflat);
 }
 
 /* A node id of batch k, checked against the graph's columns; -1 with an exception set. */
@@ -70,6 +79,8 @@ static int merge_scan(Merge *m, PyObject *batches, PyObject *sig, PyObject *batc
         }
         if (PyList_GET_ITEM(batchable, s) == Py_True)
             m->len[s]++;
+        m->bsig[k] = s;
+        m->N += PyList_GET_SIZE(b);
     }
     m->lo = lo;
     m->n = hi + 1 - lo;
@@ -87,7 +98,10 @@ static int merge_alloc(Merge *m, PyObject *batches) {
     m->next = PyMem_Malloc(B * sizeof(Py_ssize_t));
     m->joined = PyMem_Calloc(B, 1);
     m->obj = PyMem_Malloc(n * sizeof(PyObject *));
-    if (!m->obj || !m->pos || !m->first || !m->keep || !m->off || !m->head || !m->next || !m->joined) {
+    m->bstart = PyMem_Malloc((B + 1) * sizeof(Py_ssize_t));
+    m->bflat = PyMem_Malloc(((size_t)m->N + 1) * sizeof(Py_ssize_t));
+    m->astart = PyMem_Malloc((n + 1) * sizeof(Py_ssize_t));
+    if (!m->obj || !m->bstart || !m->bflat || !m->astart || !m->pos || !m->first || !m->keep || !m->off || !m->head || !m->next || !m->joined) {
         PyErr_NoMemory();
         return -1;
     }
@@ -101,12 +115,15 @@ static int merge_alloc(Merge *m, PyObject *batches) {
         m->first[v] = m->B;
     }
     memset(m->head, 0xff, B * sizeof(Py_ssize_t));  /* -1 */
+    Py_ssize_t c = 0;
     for (Py_ssize_t k = 0; k < m->B; k++) {
         PyObject *b = PyList_GET_ITEM(batches, k);
+        m->bstart[k] = c;
         for (Py_ssize_t j = 0; j < PyList_GET_SIZE(b); j++) {
             PyObject *o = PyList_GET_ITEM(b, j);
             Py_ssize_t v = PyLong_AsSsize_t(o) - m->lo;
             m->obj[v] = o;
+            m->bflat[c++] = v;
             if (m->pos[v] >= 0) {
                 PyErr_Format(PyExc_ValueError, "merge_batches: node %zd is scheduled twice", v + m->lo);
                 return -1;
@@ -114,6 +131,47 @@ static int merge_alloc(Merge *m, PyObject *batches) {
             m->pos[v] = k;
         }
     }
+    m->bstart[m->B] = c;
+    return 0;
+}
+
+/* astart/aflat: the scheduled arguments of each scheduled node, in recording order. */
+static int merge_args(Merge *m, PyObject *args) {
+    Py_ssize_t cap = 2 * m->N + 16, c = 0;
+    m->aflat = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
+    if (!m->aflat) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < m->n; v++) {
+        m->astart[v] = c;
+        if (m->pos[v] < 0)
+            continue;
+        PyObject *as = PyList_GET_ITEM(args, v + m->lo);
+        if (!PyTuple_CheckExact(as)) {
+            PyErr_SetString(PyExc_TypeError, "merge_batches: argument lists must be tuples");
+            return -1;
+        }
+        Py_ssize_t na = PyTuple_GET_SIZE(as);
+        if (c + na > cap) {
+            cap = 2 * (c + na);
+            Py_ssize_t *grown = PyMem_Realloc(m->aflat, (size_t)cap * sizeof(Py_ssize_t));
+            if (!grown) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            m->aflat = grown;
+        }
+        for (Py_ssize_t i = 0; i < na; i++) {
+            Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(as, i));
+            if (a == -1 && PyErr_Occurred())
+                return -1;
+            a -= m->lo;
+            if (a >= 0 && a < m->n && m->pos[a] >= 0)
+                m->aflat[c++] = a;
+        }
+    }
+    m->astart[m->n] = c;
     return 0;
 }
 
@@ -133,35 +191,25 @@ static Py_ssize_t find_target(const Merge *m, Py_ssize_t s, Py_ssize_t last) {
 }
 
 /* Batch k's nodes will run in batch `target`: their arguments' first users move up to it. */
-static int note_users(Merge *m, PyObject *b, PyObject *args, Py_ssize_t target) {
-    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(b); j++) {
-        PyObject *as = PyList_GET_ITEM(args, PyLong_AsSsize_t(PyList_GET_ITEM(b, j)));
-        if (!PyTuple_CheckExact(as)) {
-            PyErr_SetString(PyExc_TypeError, "merge_batches: argument lists must be tuples");
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(as); i++) {
-            Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(as, i));
-            if (a == -1 && PyErr_Occurred())
-                return -1;
-            a -= m->lo;
-            if (a >= 0 && a < m->n && m->pos[a] >= 0 && m->first[a] > target)
+static void note_users(Merge *m, Py_ssize_t k, Py_ssize_t target) {
+    for (Py_ssize_t j = m->bstart[k]; j < m->bstart[k + 1]; j++) {
+        Py_ssize_t v = m->bflat[j];
+        for (Py_ssize_t i = m->astart[v]; i < m->astart[v + 1]; i++) {
+            Py_ssize_t a = m->aflat[i];
+            if (m->first[a] > target)
                 m->first[a] = target;
         }
     }
-    return 0;
 }
 
 /* The pass itself, last batch first. */
-static int merge_run(Merge *m, PyObject *batches, PyObject *args, PyObject *sig, PyObject *batchable) {
+static void merge_run(Merge *m, PyObject *batchable) {
     for (Py_ssize_t k = m->B - 1; k >= 0; k--) {
-        PyObject *b = PyList_GET_ITEM(batches, k);
-        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(sig, PyLong_AsSsize_t(PyList_GET_ITEM(b, 0))));
-        Py_ssize_t target = k;
+        Py_ssize_t s = m->bsig[k], target = k;
         if (PyList_GET_ITEM(batchable, s) == Py_True) {
             Py_ssize_t last = m->B;
-            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(b); j++) {
-                Py_ssize_t f = m->first[PyLong_AsSsize_t(PyList_GET_ITEM(b, j)) - m->lo];
+            for (Py_ssize_t j = m->bstart[k]; j < m->bstart[k + 1]; j++) {
+                Py_ssize_t f = m->first[m->bflat[j]];
                 last = f < last ? f : last;
             }
             Py_ssize_t t = find_target(m, s, last - 1);
@@ -174,24 +222,20 @@ static int merge_run(Merge *m, PyObject *batches, PyObject *args, PyObject *sig,
                 m->keep[m->off[s] + m->len[s]++] = k;
             }
         }
-        if (note_users(m, b, args, target) < 0)
-            return -1;
+        note_users(m, k, target);
     }
-    return 0;
 }
 
 /* Batch t with every batch that joined it, sorted, as a new list. */
-static PyObject *joined_batch(const Merge *m, PyObject *batches, Py_ssize_t t, Py_ssize_t *buf) {
+static PyObject *joined_batch(const Merge *m, Py_ssize_t t, Py_ssize_t *buf) {
     Py_ssize_t c = 0;
-    for (Py_ssize_t k = t; k >= 0; k = (k == t ? m->head[t] : m->next[k])) {
-        PyObject *b = PyList_GET_ITEM(batches, k);
-        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(b); j++)
-            buf[c++] = PyLong_AsSsize_t(PyList_GET_ITEM(b, j));
-    }
-    dg_sort_ids(buf, c);
+    for (Py_ssize_t k = t; k >= 0; k = (k == t ? m->head[t] : m->next[k]))
+        for (Py_ssize_t j = m->bstart[k]; j < m->bstart[k + 1]; j++)
+            buf[c++] = m->bflat[j];
+    dg_sort_ids(buf, c);  /* local ids sort as the node ids do */
     PyObject *out = PyList_New(c);
     for (Py_ssize_t j = 0; out && j < c; j++) {
-        PyObject *v = m->obj[buf[j] - m->lo];
+        PyObject *v = m->obj[buf[j]];
         Py_INCREF(v);
         PyList_SET_ITEM(out, j, v);
     }
@@ -201,7 +245,7 @@ static PyObject *joined_batch(const Merge *m, PyObject *batches, Py_ssize_t t, P
 /* The merged schedule: kept batches in order, unchanged ones as they came. */
 static PyObject *merge_emit(const Merge *m, PyObject *batches) {
     PyObject *out = PyList_New(0);
-    Py_ssize_t *buf = PyMem_Malloc(((size_t)m->n + 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *buf = PyMem_Malloc(((size_t)m->N + 1) * sizeof(Py_ssize_t));
     if (!buf) {
         Py_XDECREF(out);
         return PyErr_NoMemory();
@@ -213,7 +257,7 @@ static PyObject *merge_emit(const Merge *m, PyObject *batches) {
         if (m->head[t] < 0)
             Py_INCREF(b);
         else
-            b = joined_batch(m, batches, t, buf);
+            b = joined_batch(m, t, buf);
         if (!b || PyList_Append(out, b) < 0)
             Py_CLEAR(out);
         Py_XDECREF(b);
@@ -242,11 +286,13 @@ PyObject *dg_merge_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nar
     if (m.B < 2)
         return PyList_GetSlice(batches, 0, m.B);
     m.len = PyMem_Calloc((size_t)m.S + 1, sizeof(Py_ssize_t));
+    m.bsig = PyMem_Malloc((size_t)m.B * sizeof(Py_ssize_t));
     PyObject *out = NULL;
-    if (!m.len)
+    if (!m.len || !m.bsig)
         PyErr_NoMemory();
     else if (merge_scan(&m, batches, sig, batchable, total) == 0 && merge_alloc(&m, batches) == 0 &&
-             merge_run(&m, batches, args, sig, batchable) == 0) {
+             merge_args(&m, args) == 0) {
+        merge_run(&m, batchable);
         /* a schedule's lists hold ints only (no cycles): collecting while they are built only costs time */
 #if PY_VERSION_HEX >= 0x030A0000
         int gc_was_on = PyGC_Disable();
