@@ -24,7 +24,7 @@ from dynagraph import schedulers  # noqa: E402
 from dynagraph.schedulers import fsm as _fsm, typewise as _typewise  # noqa: E402,F401  (register)
 from examples.workloads import WORKLOADS  # noqa: E402
 
-SCHEDULERS = ["depth", "agenda", "typewise", "fsm"]
+SCHEDULERS = ["depth", "agenda", "agenda+merge", "typewise", "fsm"]
 
 
 def best_cpu_ms(fn, reps: int) -> float:
