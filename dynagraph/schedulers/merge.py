@@ -82,7 +82,9 @@ def merge_batches(cg, batches: Sequence[Sequence[int]], batchable: Sequence[bool
     """The pass, compiled when dynagraph._bookkeeping is built (same batches as merge_batches_py)."""
     if batchable is None:
         batchable = [key[0].batchable for key in cg.signatures]
-    if NATIVE is not None and hasattr(NATIVE, "merge_batches") and isinstance(batches, list):
+    if NATIVE is not None and hasattr(NATIVE, "merge_batches"):
+        if type(batches) is not list or any(type(b) is not list for b in batches):  # a user scheduler's tuples
+            batches = [list(b) for b in batches]
         return NATIVE.merge_batches(batches, cg.args, cg.sig, batchable)
     return merge_batches_py(cg, batches, batchable)
 

@@ -98,6 +98,18 @@ def test_bad_schedules_are_clear_errors():
             NATIVE.merge_batches([[n], [n - 1]], cg.args, cg.sig, tuple(bt))
 
 
+class Tuples:
+    """A user scheduler that returns tuples (validate accepts any sequences)."""
+    name = "tuples"
+
+    def schedule(self, cg, nodes):
+        return tuple(tuple(b) for b in schedulers.get("none").schedule(cg, nodes))
+
+
+def test_merge_takes_any_sequences():
+    compare_with_none(Merged(Tuples()), lambda pc: rg.record(pc, rg.every_branch_spec()))
+
+
 def test_named_merge_wraps_any_scheduler():
     sched = schedulers.get("depth+merge")
     assert isinstance(sched, Merged) and sched.name == "depth+merge" and sched.trusted
