@@ -22,10 +22,12 @@ practical upper bound for batching; "vs numpy" is each system's ratio to it).
 A dynagraph system takes a backend after "@" (dynagraph:agenda@numpy: the numpy
 reference backend instead of the compiled cpu one, in a process of its own;
 @cpu-nofuse: the cpu backend with runs turned off, DYNAGRAPH_FUSE=0).
---threads 0 means the library default (no BLAS thread cap).
+--threads 0 means the library default (no BLAS thread cap). --baseline DIR runs every
+dynagraph system a second time from another checkout (its own package and bench), as
+base=dynagraph:..., in the same interleaved rounds.
 
 Reported per system: samples/s (best round), ratio to DyNet's best autobatch mode,
-kernel calls per step, and the split of step time. For dy.cavs the split is:
+the fastest step's CPU time (robust where wall time is not), kernel calls per step, and the split of step time. For dy.cavs the split is:
 build (input graphs -> children lists, validation, scheduling, tracing lookup),
 cavs forward and backward (the run node), the imperative rest (root losses:
 recording, scheduling, kernels, their backward) and the parameter update.
@@ -206,6 +208,7 @@ class _Split:
         self.t: dict = {}
         self.kernels = 0
         self.steps = 0
+        self.cpu = float("inf")  # the round's fastest step in CPU seconds
 
     def add(self, key: str, v: float) -> None:
         self.t[key] = self.t.get(key, 0.0) + v
@@ -213,9 +216,10 @@ class _Split:
 
 def timed_step(system: str, variant: str, model, batch: list, split: _Split) -> tuple[float, float]:
     timer: dict = {}
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     loss = model.step(batch, True, timer)
     wall = time.perf_counter() - t0
+    split.cpu = min(split.cpu, time.process_time() - c0)  # CPU time: robust on a shared machine
     split.steps += 1
     split.add("update", timer.get("update", 0.0))
     if system == "dynagraph":
@@ -259,6 +263,7 @@ def run_round(system: str, variant: str, cfg: dict) -> dict:
     out = {"seconds": total, "samples": len(batches) * cfg["batch_size"], "loss0": first[0] if first else None,
            "losses": losses}
     out["samples_per_sec"] = out["samples"] / total
+    out["cpu_ms_per_step"] = 1e3 * split.cpu
     if split.steps and system == "dynagraph":
         out["kernels_per_step"] = split.kernels / split.steps
         out["split"] = {k: v / total for k, v in split.t.items()}
@@ -289,15 +294,18 @@ def worker_main(argv) -> None:
 
 # =========================================================================== driver
 class Worker:
-    def __init__(self, spec: str, threads: int):
-        self.spec, self.threads = spec, threads
+    def __init__(self, spec: str, threads: int, root: str = ROOT):
+        """root: the checkout whose package and bench run the system (--baseline: another one)."""
+        self.spec, self.threads, self.root = spec, threads, root
         self.system, _, variant = spec.partition(":")
+        if self.system.startswith("base="):  # base=dynagraph:block, the --baseline checkout's
+            self.system = self.system[len("base="):]
         self.variant, _, self.backend = variant.partition("@")  # dynagraph:cavs@numpy
         self.proc, self.versions, self.error = None, {}, None
 
     def start(self) -> None:
         import subprocess
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([self.root, os.environ.get("PYTHONPATH", "")]))
         if self.threads > 0:
             env["DYNAGRAPH_THREADS"] = str(self.threads)
         else:
@@ -307,7 +315,7 @@ class Worker:
             env["DYNAGRAPH_FUSE"] = "0" if self.backend.endswith("-nofuse") else "1"
         cmd = [sys.executable, "-m", "bench.cavs_bench", "--worker", "--system", self.system,
                "--variant", self.variant, "--threads", str(self.threads)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, bufsize=1)
         hello = self._read()
         if not hello.get("ready"):
@@ -341,6 +349,9 @@ def run_threads(args, threads: int, with_baselines: bool) -> list[dict]:
     specs = [s for s in args.systems if not s.startswith(("dynet", "torch"))
              or (with_baselines and importlib.util.find_spec(s.partition(":")[0]))]
     workers = [Worker(s, threads if not s.startswith("dynet") else 1) for s in specs]
+    if args.baseline:  # every dynagraph system again, run by the baseline checkout's own package
+        workers += [Worker("base=" + s, threads, os.path.abspath(args.baseline)) for s in specs
+                    if s.startswith("dynagraph")]
     for w in workers:
         w.start()
         if w.error:
@@ -382,7 +393,8 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'H':>4} {'thr':>3}  {'system':<24}{'samples/s':>10}{'vs DyNet':>9}{'vs numpy':>9}{'kern/step':>10}"
+    lines = [f"{'H':>4} {'thr':>3}  {'system':<24}{'samples/s':>10}{'vs DyNet':>9}{'vs numpy':>9}{'CPU ms':>8}"
+             f"{'kern/step':>10}"
              f"   split (% of step)",
              "-" * 100]
     def order(r: dict) -> tuple:
@@ -396,8 +408,9 @@ def table(results: list[dict]) -> str:
         hand = f"{r['vs_numpy']:.2f}x" if r.get("vs_numpy") else "-"
         kern = f"{r['kernels_per_step']:.0f}" if r.get("kernels_per_step") else ""
         split = " ".join(f"{k} {100 * v:.0f}" for k, v in (r.get("split") or {}).items())
+        cpu = f"{r['cpu_ms_per_step']:.1f}" if r.get("cpu_ms_per_step") else "-"
         lines.append(f"{r['H']:>4} {r['threads']:>3}  {r['system']:<24}{r['samples_per_sec']:>10.1f}{ratio:>9}"
-                     f"{hand:>9}{kern:>10}   {split}")
+                     f"{hand:>9}{cpu:>8}{kern:>10}   {split}")
     return "\n".join(lines)
 
 
@@ -418,6 +431,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/cavs-<date>.json)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="also run every dynagraph system from another checkout (built in place), as base=SYSTEM")
     ap.add_argument("--plot", default=None, help="also draw samples/s per system as a chart (.png/.svg; "
                     "needs pip install -e '.[plot]')")
     return ap.parse_args(argv)

@@ -45,9 +45,10 @@ try:  # optional, compiled beside the coarsening pass (setup.py); its twin is Bl
     if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
         raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
     from . import _coarsen as _native
-    _block_call = _native.block_call
+    _block_call, _BlockBase = _native.block_call, _native.BlockCall
 except (ImportError, AttributeError):
     _native = _block_call = None
+    _BlockBase = object
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)
 
@@ -303,8 +304,13 @@ def _reachable(trace: ComputationGraph, outputs: list[int]) -> list[int]:
     return sorted(seen)
 
 
-class Block:
-    """A function traced once per argument signature and called as one coarse node."""
+class Block(_BlockBase):
+    """A function traced once per argument signature and called as one coarse node.
+
+    Calling it is the hot path of per-sample code (thousands of calls per graph): where
+    dynagraph._coarsen is built, the call is its base type's, compiled with no Python frame
+    (kernels/cpython/block_call.c); the cases it leaves (a new argument signature to trace,
+    numpy integers, several graphs, a retired graph, random steps) come to `_call_py`."""
 
     def __init__(self, fn: Callable, name: str | None = None, plan: str | None = "default", fuse: bool = True,
                  share: bool = True):
@@ -344,14 +350,9 @@ class Block:
         plan.refresh_fast()
         return plan
 
-    def __call__(self, *args):
-        # the hot path of per-sample code (thousands of calls per graph): compiled where built
-        # (kernels/cpython/block_call.c); None there means a case only _call_py handles
-        if _block_call is not None:
-            out = _block_call(self._plans, args, self.share)
-            if out is not None:
-                return out
-        return self._call_py(args)
+    if _BlockBase is object:  # no compiled call: the Python twin does every call
+        def __call__(self, *args):
+            return self._call_py(args)
 
     def _call_py(self, args: tuple):
         """__call__'s Python twin: one pass over the arguments, then one dict lookup for the

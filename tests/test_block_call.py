@@ -2,6 +2,7 @@
 (Block._call_py): the same graph node for node, the same values and gradients, the same
 errors, and the cases it leaves to the twin (numpy integers, several graphs, a retired
 graph, random steps, a new argument signature)."""
+import contextlib
 import gc
 import sys
 
@@ -49,6 +50,17 @@ def _build(words, labels, share=True):
     return build
 
 
+@contextlib.contextmanager
+def _python_path():
+    """Every Block call through Block._call_py, the compiled path's twin (a Python __call__ on
+    the class replaces the compiled base type's call until it is deleted)."""
+    subgraph.Block.__call__ = lambda self, *args: self._call_py(args)
+    try:
+        yield
+    finally:
+        del subgraph.Block.__call__
+
+
 def _graph_of(run):
     cg = run.cg
     return [(cg.op[i].name, tuple(cg.args[i]), repr(cg.attrs[i]), repr(cg.data[i])) for i in range(len(cg))]
@@ -60,13 +72,9 @@ def _graph_of(run):
 def test_compiled_calls_record_the_twins_graph(pairs, share):
     words, labels = [w for w, _ in pairs], [y for _, y in pairs]
     got = run_graph("agenda", _build(words, labels, share))
-    old = subgraph._block_call
-    subgraph._block_call = None
-    try:
+    with _python_path():
         ref = run_graph("agenda", _build(words, labels, share))
         none = run_graph("none", _build(words, labels, share))
-    finally:
-        subgraph._block_call = old
     assert _graph_of(got) == _graph_of(ref)
     assert_same_run(ref, got, rtol=0, atol=0)
     assert_same_run(none, got, rtol=1e-10, atol=1e-12)
@@ -85,6 +93,21 @@ def test_compiled_path_is_taken(monkeypatch):
     node(*c, *a)
     assert len(calls) == 2          # leaf's and node's first calls only
     assert leaf(1, 0)[0].i == a[0].i
+
+
+def test_compiled_call_outputs_and_errors():
+    """The compiled call (the base type's, no Python frame) returns plain Expressions of the
+    graph and refuses keyword arguments as a Python __call__(*args) would."""
+    assert "__call__" not in vars(subgraph.Block)
+    pc = dy.ParameterCollection()
+    leaf, node, one = _tree_model(pc)
+    dy.renew_cg()
+    a, b = leaf(1, 0), leaf(2, 1)
+    h, c = node(*a, *b)
+    assert type(h) is dy.Expression and h.cg is dy.cg() and isinstance(h.i, int)
+    assert np.allclose(h.npvalue(), np.tanh(c.npvalue()))
+    with pytest.raises(TypeError, match="keyword"):
+        node(*a, *b, share=True)
 
 
 def test_cases_left_to_the_twin(monkeypatch):

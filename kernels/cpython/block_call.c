@@ -45,9 +45,16 @@ PyObject *dgc_block_configure(PyObject *self, PyObject *a) {
     Py_RETURN_NONE;
 }
 
+/* Expression(cg, nid) without the type call: its __new__ parses an argument tuple (~800
+ * instructions; two or three of these a call). block_configure checked the layout, and
+ * Expression adds no __init__. */
 static PyObject *new_expr(PyObject *cg, PyObject *nid) {
-    PyObject *a[2] = {cg, nid};
-    return PyObject_Vectorcall(expr_type, a, 2, NULL);
+    PyTypeObject *t = (PyTypeObject *)expr_type;
+    BlockExprObject *e = (BlockExprObject *)t->tp_alloc(t, 0);
+    if (!e) return NULL;
+    e->cg = Py_NewRef(cg);
+    e->i = Py_NewRef(nid);
+    return (PyObject *)e;
 }
 
 /* The outputs of node ids `nids` (an int, or a tuple of them) as the call returns them. */
@@ -251,16 +258,8 @@ static int memo_store(PyObject *plan, PyObject **calls, PyObject *version, PyObj
     return PyDict_SetItem(PyList_GET_ITEM(*calls, 2), values, stored);
 }
 
-PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
-    (void)self;
-    if (na != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "block_call(plans, args, share)");
-        return NULL;
-    }
-    if (!expr_type) Py_RETURN_NONE;  /* not configured: the Python path */
-    PyObject *plans = a[0], *args = a[1];
-    int share = PyObject_IsTrue(a[2]);
-    if (share < 0) return NULL;
+/* dgc_block_call's body: the call's outputs, None for the Python path's cases, NULL on error. */
+static PyObject *block_call_core(PyObject *plans, PyObject *args, int share) {
     if (PyTuple_GET_SIZE(args) > MAX_CALL_ARGS) Py_RETURN_NONE;
     PyObject *ids[MAX_CALL_ARGS];
     Py_ssize_t nids = 0, nvals = 0;
@@ -288,4 +287,56 @@ done:
     Py_XDECREF(key); Py_XDECREF(values); Py_XDECREF(fast); Py_XDECREF(cgref); Py_XDECREF(shapes);
     Py_XDECREF(version); Py_XDECREF(reverts); Py_XDECREF(calls); Py_XDECREF(stored); Py_XDECREF(plan);
     return result;
+}
+
+PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    if (na != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_call(plans, args, share)");
+        return NULL;
+    }
+    if (!expr_type) Py_RETURN_NONE;  /* not configured: the Python path */
+    int share = PyObject_IsTrue(a[2]);
+    return share < 0 ? NULL : block_call_core(a[0], a[1], share);
+}
+
+/* BlockCall, the base type of subgraph.Block: calling a block runs the compiled path with no
+ * Python frame (a frame and a bound-method call were ~2,000 instructions of each call) and
+ * falls back to the instance's `_call_py(args)` for the cases it leaves. */
+static PyObject *s_plans, *s_share, *s_call_py;
+
+static PyObject *block_tp_call(PyObject *self, PyObject *args, PyObject *kw) {
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_Format(PyExc_TypeError, "a dy.block call takes no keyword arguments, got %R", kw);
+        return NULL;
+    }
+    if (expr_type && PyTuple_GET_SIZE(args) <= MAX_CALL_ARGS) {
+        PyObject *plans = PyObject_GetAttr(self, s_plans), *sh = plans ? PyObject_GetAttr(self, s_share) : NULL;
+        int share = sh ? PyObject_IsTrue(sh) : -1;
+        PyObject *out = share >= 0 && PyDict_Check(plans) ? block_call_core(plans, args, share) : NULL;
+        if (share >= 0 && !PyDict_Check(plans)) out = Py_NewRef(Py_None);
+        Py_XDECREF(plans);
+        Py_XDECREF(sh);
+        if (out != Py_None) return out;  /* the outputs, or NULL with the error */
+        Py_DECREF(out);
+    }
+    PyObject *ca[2] = {self, args};
+    return PyObject_VectorcallMethod(s_call_py, ca, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+PyTypeObject DgcBlockCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dynagraph._coarsen.BlockCall",
+    .tp_doc = "The base of dy.block's Block: its call, compiled (kernels/cpython/block_call.c).",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_call = block_tp_call,
+    .tp_new = PyType_GenericNew,
+};
+
+int dgc_block_type_ready(PyObject *module) {
+    if (!(s_plans = PyUnicode_InternFromString("_plans")) || !(s_share = PyUnicode_InternFromString("share"))
+        || !(s_call_py = PyUnicode_InternFromString("_call_py")) || PyType_Ready(&DgcBlockCallType) < 0)
+        return -1;
+    return PyModule_AddObjectRef(module, "BlockCall", (PyObject *)&DgcBlockCallType);
 }

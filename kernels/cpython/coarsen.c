@@ -377,4 +377,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_coarsen", "automatic coarsening's per-node pass; dy.block's call path",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__coarsen(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__coarsen(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && dgc_block_type_ready(m) < 0) Py_CLEAR(m);
+    return m;
+}
