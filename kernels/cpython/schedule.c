@@ -446,6 +446,13 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
 static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) {
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
+            if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
+                DG_PREFETCH(PyList_GET_ITEM(args, lo + v + DG_AHEAD));
+            if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, lo + v + DG_AHEAD / 2))) {
+                PyObject *t2 = PyList_GET_ITEM(args, lo + v + DG_AHEAD / 2);
+                for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t2) && k < 4; k++)
+                    DG_PREFETCH(PyTuple_GET_ITEM(t2, k));
+            }
             if (!a->pending[v])
                 continue;
             PyObject *t = PyList_GET_ITEM(args, lo + v);
