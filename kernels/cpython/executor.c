@@ -172,7 +172,7 @@ static int locate_scan(PyObject *blk, PyObject *row, PyObject **ids, Py_ssize_t 
         if ((i = dg_index_in(ids[j], n)) < 0)
             return -1;
         PyObject *b = PyList_GET_ITEM(blk, i), *r = PyList_GET_ITEM(row, i);
-        Py_ssize_t rv = PyLong_AsSsize_t(r);
+        Py_ssize_t rv = dg_as_ssize(r);
         if (rv == -1 && PyErr_Occurred())
             return -1;
         if (b != b0) {

@@ -122,7 +122,7 @@ static inline int run_table_column(RunTable *t, PyObject **arow, Py_ssize_t B, P
         Py_ssize_t x = dg_index_in(PyTuple_GET_ITEM(arow[r], c), t->n);
         if (x < 0)
             return -1;
-        Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(t->blk, x)), rw = PyLong_AsSsize_t(PyList_GET_ITEM(t->row, x));
+        Py_ssize_t b = dg_as_ssize(PyList_GET_ITEM(t->blk, x)), rw = dg_as_ssize(PyList_GET_ITEM(t->row, x));
         if ((b == -1 || rw == -1) && PyErr_Occurred())
             return -1;
         if (b < 0 || b >= t->nblocks) {

@@ -418,7 +418,7 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
     if (PyErr_Occurred())
         return -1;
     for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
+        Py_ssize_t i = dg_as_ssize(ids[j]);
         if (i == -1 && PyErr_Occurred())
             return -1;
         if (i < lo || i > hi || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
@@ -461,7 +461,7 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) 
                 return -1;
             }
             for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
-                Py_ssize_t u = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k)) - lo;
+                Py_ssize_t u = dg_as_ssize(PyTuple_GET_ITEM(t, k)) - lo;
                 if (PyErr_Occurred())
                     return -1;
                 if (u < 0 || u >= n || !a->pending[u])
