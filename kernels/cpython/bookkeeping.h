@@ -23,6 +23,9 @@ Each function here has a pure-Python twin that is the reference and the fallback
 #define DG_BOOKKEEPING_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h> /* PyLongObject's digits (dg_as_ssize); Python.h includes it from 3.11 */
+#endif
 
 /* The value of int v (PyLong_AsSsize_t), read inline when it fits one digit: the per-node
    loops read two or three ints a node, and the call was ~6% of a mini-batch's forward. */
