@@ -220,6 +220,17 @@ def test_locate_matches_python(table, ids, start, run):
 
 @needs_native
 @settings(**_SETTINGS)
+@given(ids=ids_st, shift=st.sampled_from([2 ** 30 - 20, 2 ** 30, 2 ** 62]), same=st.booleans())
+def test_locate_reads_rows_past_one_int_digit_like_python(ids, shift, same):
+    """Rows and blocks are read inline when they fit one digit of CPython's ints (2**30):
+    values across that boundary and far past it read the same as the Python twin's."""
+    blk = [shift + (0 if same else i % 3) for i in range(40)]
+    row = [shift + i for i in range(40)]
+    assert NATIVE.locate(blk, row, ids) == executor._locate_py(blk, row, ids)
+
+
+@needs_native
+@settings(**_SETTINGS)
 @given(ids=ids_st, arity=st.integers(0, 4), flags=st.lists(st.booleans(), min_size=40, max_size=40))
 def test_columns_place_any_true_match_python(ids, arity, flags):
     args = [tuple((i * 7 + k) % 40 for k in range(arity)) for i in range(40)]

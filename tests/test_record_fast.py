@@ -378,3 +378,31 @@ def test_table_rows_by_subscript_take_the_compiled_path_and_the_same_errors(part
             E[bad]
     with dy.renew_cg() as other:  # a `with` graph is the current one
         assert E[1].cg is other
+
+
+@pytest.mark.skipif(recording.NATIVE is None, reason="the compiled recorder makes the columns")
+def test_int_only_columns_are_outside_the_cyclic_gc_and_graphs_still_go(parts):
+    """Columns holding only ints, bools and int tuples cannot be on a cycle, so the cyclic GC
+    is not asked to walk them (tens of thousands of items in a mini-batch's graph); every
+    other column, and a graph caught in a user's reference cycle, is still collected."""
+    import gc
+    import weakref
+
+    for _ in range(2):  # the second graph gets the first one's pooled lists
+        cg = dy.renew_cg()
+        loss = _program(parts)
+        loss.value()
+        for c in ("args", "shape", "depth", "sig", "needs_grad", "blk", "row"):
+            assert not gc.is_tracked(getattr(cg, c)), c
+        for c in ("op", "attrs", "data", "sig_part", "blocks", "signatures"):
+            assert gc.is_tracked(getattr(cg, c)), c
+
+    class Holder:  # a cycle through the user's own object, holding the graph's expression
+        pass
+    h = Holder()
+    h.me, h.loss = h, loss
+    gone = weakref.ref(h)
+    del h, loss
+    dy.renew_cg()
+    gc.collect()
+    assert gone() is None

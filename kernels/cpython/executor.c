@@ -89,6 +89,8 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         PyTuple_SET_ITEM(cols, c, col);
     }
     for (Py_ssize_t j = 0; j < B; j++) {
+        dg_prefetch_nodes(ids, j, B, args, NULL);
+        dg_prefetch_arg_items(ids, j, B, args);
         Py_ssize_t i = j == 0 ? i0 : dg_index_in(ids[j], n);
         if (i < 0) {
             Py_DECREF(cols);
@@ -128,6 +130,7 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         return NULL;
     Py_ssize_t B = PyTuple_GET_SIZE(nodes);
     for (Py_ssize_t r = 0; r < B; r++) {
+        dg_prefetch_nodes(((PyTupleObject *)nodes)->ob_item, r, B, blk, row);  /* the old values, decref'd below */
         Py_ssize_t n = PyList_GET_SIZE(blk);
         if (PyList_GET_SIZE(row) != n) {
             PyErr_SetString(PyExc_ValueError, "place: blk and row differ in length");
@@ -160,6 +163,7 @@ static int locate_scan(PyObject *blk, PyObject *row, PyObject **ids, Py_ssize_t 
                        int *same, int *consecutive) {
     *same = *consecutive = 1;
     for (Py_ssize_t j = 1; j < B && *same; j++) {
+        dg_prefetch_nodes(ids, j, B, blk, row);
         Py_ssize_t n = PyList_GET_SIZE(blk), i;
         if (PyList_GET_SIZE(row) != n) {
             PyErr_SetString(PyExc_ValueError, "locate: blk and row differ in length");
@@ -168,7 +172,7 @@ static int locate_scan(PyObject *blk, PyObject *row, PyObject **ids, Py_ssize_t 
         if ((i = dg_index_in(ids[j], n)) < 0)
             return -1;
         PyObject *b = PyList_GET_ITEM(blk, i), *r = PyList_GET_ITEM(row, i);
-        Py_ssize_t rv = PyLong_AsSsize_t(r);
+        Py_ssize_t rv = dg_as_ssize(r);
         if (rv == -1 && PyErr_Occurred())
             return -1;
         if (b != b0) {
@@ -197,6 +201,7 @@ static PyObject *locate_rows(PyObject *blk, PyObject *row, PyObject **ids, Py_ss
         goto done;
     }
     for (Py_ssize_t j = 0; j < B; j++) {
+        dg_prefetch_nodes(ids, j, B, row, blks ? blk : NULL);  /* increfs touch the objects */
         Py_ssize_t i = dg_index_in(ids[j], n);
         if (i < 0)
             goto done;

@@ -117,10 +117,12 @@ static inline int run_table_column(RunTable *t, PyObject **arow, Py_ssize_t B, P
                                    Py_ssize_t jc, Py_ssize_t off, Py_ssize_t rch) {
     t->nd[jc] = 0;
     for (Py_ssize_t r = 0; r < B; r++) {
+        if (r + DG_AHEAD < B)  /* blk[x], row[x] of the node DG_AHEAD on (its tuple is in the cache) */
+            dg_prefetch_item(PyTuple_GET_ITEM(arow[r + DG_AHEAD], c), t->blk, t->row);
         Py_ssize_t x = dg_index_in(PyTuple_GET_ITEM(arow[r], c), t->n);
         if (x < 0)
             return -1;
-        Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(t->blk, x)), rw = PyLong_AsSsize_t(PyList_GET_ITEM(t->row, x));
+        Py_ssize_t b = dg_as_ssize(PyList_GET_ITEM(t->blk, x)), rw = dg_as_ssize(PyList_GET_ITEM(t->row, x));
         if ((b == -1 || rw == -1) && PyErr_Occurred())
             return -1;
         if (b < 0 || b >= t->nblocks) {
@@ -161,6 +163,8 @@ static int run_table_step(RunTable *t, PyObject *s, PyObject *offs, PyObject *re
     Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(t->args, PyLong_AsSsize_t(ids[0])));  /* checked by sizes */
     *k_out = k;
     for (Py_ssize_t r = 0; r < B; r++) {
+        dg_prefetch_nodes(ids, r, B, t->args, NULL);
+        dg_prefetch_arg_items(ids, r, B, t->args);
         Py_ssize_t i = dg_index_in(ids[r], t->n);
         if (i < 0)
             return -1;

@@ -418,7 +418,7 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
     if (PyErr_Occurred())
         return -1;
     for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
+        Py_ssize_t i = dg_as_ssize(ids[j]);
         if (i == -1 && PyErr_Occurred())
             return -1;
         if (i < lo || i > hi || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
@@ -446,6 +446,13 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
 static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) {
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
+            if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
+                DG_PREFETCH(PyList_GET_ITEM(args, lo + v + DG_AHEAD));
+            if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, lo + v + DG_AHEAD / 2))) {
+                PyObject *t2 = PyList_GET_ITEM(args, lo + v + DG_AHEAD / 2);
+                for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t2) && k < 4; k++)
+                    DG_PREFETCH(PyTuple_GET_ITEM(t2, k));
+            }
             if (!a->pending[v])
                 continue;
             PyObject *t = PyList_GET_ITEM(args, lo + v);
@@ -454,7 +461,7 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) 
                 return -1;
             }
             for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
-                Py_ssize_t u = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k)) - lo;
+                Py_ssize_t u = dg_as_ssize(PyTuple_GET_ITEM(t, k)) - lo;
                 if (PyErr_Occurred())
                     return -1;
                 if (u < 0 || u >= n || !a->pending[u])
