@@ -310,7 +310,7 @@ void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m) {
 typedef struct {  /* every array the agenda needs, freed together */
     Py_ssize_t *local_sig, *indeg, *start, *users, *fill, *bucket_len, *bucket_start, *bucket, *ready, *first;
     Py_ssize_t *gid;    /* the node id of each local id (local ids: the nodes' ranks, ascending) */
-    Py_ssize_t *local;  /* node id - lo -> its local id, or -1 when the node is not pending */
+    int32_t *local;     /* node id - lo -> its local id, or -1 when the node is not pending */
     double *depth_sum;
     long *count, *cost;
     char *batchable, *fresh;
@@ -385,9 +385,9 @@ static int agenda_check(PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t *lo,
    DRNN step's instructions, zeroing arrays). 0, or -1 with MemoryError set. */
 static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t range, Py_ssize_t S) {
     a->gid = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    a->local = PyMem_Malloc((size_t)range * sizeof(Py_ssize_t));
+    a->local = range <= INT32_MAX ? PyMem_Malloc((size_t)range * sizeof(int32_t)) : NULL;
     if (a->local)
-        memset(a->local, 0xff, (size_t)range * sizeof(Py_ssize_t));  /* -1: not pending */
+        memset(a->local, 0xff, (size_t)range * sizeof(int32_t));  /* -1: not pending */
     a->local_sig = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
     a->indeg = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
     a->start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
@@ -440,7 +440,7 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
             return -1;
         if (s < 0 || s >= S)
             return 0;
-        a->local[i - lo] = j;
+        a->local[i - lo] = (int32_t)j;
         a->gid[j] = i;
         a->node[j] = ids[j];
         a->local_sig[j] = s;
