@@ -277,6 +277,10 @@ def test_depth_agenda_and_node_arrays_match_python(spec):
         assert sched.schedule(cg, nodes) == sched.schedule_py(cg, nodes)
         part = nodes[len(nodes) // 3:]  # a later chunk: arguments outside it count as evaluated
         assert sched.schedule(cg, part) == sched.schedule_py(cg, part)
+        # a dy.autobatch_map round: a few early nodes (deferred ones a read needs) and the new
+        # ones, far apart in the id range; and every other node
+        for sparse in (sorted(set(nodes[:2] + nodes[len(nodes) * 3 // 4:])), nodes[::2]):
+            assert sched.schedule(cg, sparse) == sched.schedule_py(cg, sparse)
     lo, n = nodes[0], nodes[-1] + 1 - nodes[0]
     for a, b in zip(simple._node_arrays_c(cg, lo, n), simple._node_arrays(cg, lo, n)):
         assert a.dtype == b.dtype and a.tolist() == b.tolist()

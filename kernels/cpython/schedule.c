@@ -309,17 +309,19 @@ void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m) {
 
 typedef struct {  /* every array the agenda needs, freed together */
     Py_ssize_t *local_sig, *indeg, *start, *users, *fill, *bucket_len, *bucket_start, *bucket, *ready, *first;
+    Py_ssize_t *gid;    /* the node id of each local id (local ids: the nodes' ranks, ascending) */
+    int32_t *local;     /* node id - lo -> its local id, or -1 when the node is not pending */
     double *depth_sum;
     long *count, *cost;
-    char *pending, *batchable, *fresh;
+    char *batchable, *fresh;
     Entry *heap;
     PyObject **node;  /* the caller's int object per local id (borrowed): no new ints */
 } Agenda;
 
 static void agenda_free(Agenda *a) {
     void *all[] = {a->local_sig, a->indeg, a->start, a->users, a->fill, a->bucket_len, a->bucket_start, a->bucket,
-                   a->ready, a->first, a->depth_sum, a->count, a->cost, a->pending, a->batchable, a->fresh, a->heap,
-                   a->node};
+                   a->ready, a->first, a->gid, a->local, a->depth_sum, a->count, a->cost, a->batchable, a->fresh,
+                   a->heap, a->node};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
         PyMem_Free(all[k]);
 }
@@ -376,16 +378,22 @@ static int agenda_check(PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t *lo,
     return 1;
 }
 
-/* Every array of the agenda for n local nodes and S signatures (users comes later, once
-   its size is known). 0, or -1 with MemoryError set. */
-static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
+/* Every array of the agenda for n local nodes (the pending ones), `range` node ids from lo
+   and S signatures (users comes later, once its size is known). Sized by the pending nodes,
+   not by their id range: a dy.autobatch_map round schedules a hundred new nodes with a few
+   deferred ones recorded rounds before, an id range of the whole graph (it was 5% of a
+   DRNN step's instructions, zeroing arrays). 0, or -1 with MemoryError set. */
+static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t range, Py_ssize_t S) {
+    a->gid = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    a->local = range <= INT32_MAX ? PyMem_Malloc((size_t)range * sizeof(int32_t)) : NULL;
+    if (a->local)
+        memset(a->local, 0xff, (size_t)range * sizeof(int32_t));  /* -1: not pending */
     a->local_sig = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
     a->indeg = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
     a->start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     a->fill = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     a->ready = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     a->bucket = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a->pending = PyMem_Calloc((size_t)n, 1);
     a->bucket_len = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
     a->bucket_start = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
     a->first = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
@@ -396,8 +404,8 @@ static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
     a->fresh = PyMem_Calloc((size_t)S + 1, 1);
     a->heap = PyMem_Calloc((size_t)S + 1, sizeof(Entry));
     a->node = PyMem_Calloc((size_t)n, sizeof(PyObject *));
-    if (!a->node || !a->local_sig || !a->indeg || !a->start || !a->fill || !a->ready || !a->bucket || !a->pending
-        || !a->bucket_len || !a->bucket_start || !a->first || !a->depth_sum || !a->count || !a->cost || !a->batchable
+    if (!a->node || !a->gid || !a->local || !a->local_sig || !a->indeg || !a->start || !a->fill || !a->ready
+        || !a->bucket || !a->bucket_len || !a->bucket_start || !a->first || !a->depth_sum || !a->count || !a->cost || !a->batchable
         || !a->fresh || !a->heap) {
         PyErr_NoMemory();
         return -1;
@@ -432,9 +440,10 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
             return -1;
         if (s < 0 || s >= S)
             return 0;
-        a->pending[i - lo] = 1;
-        a->node[i - lo] = ids[j];
-        a->local_sig[i - lo] = s;
+        a->local[i - lo] = (int32_t)j;
+        a->gid[j] = i;
+        a->node[j] = ids[j];
+        a->local_sig[j] = s;
         a->depth_sum[s] += d;
         a->count[s]++;
     }
@@ -443,19 +452,17 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
 
 /* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees:
    pass 0 counts, pass 1 fills. 0, or -1 with an exception set. */
-static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) {
+static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t range) {
     for (int pass = 0; pass < 2; pass++) {
         for (Py_ssize_t v = 0; v < n; v++) {
             if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
-                DG_PREFETCH(PyList_GET_ITEM(args, lo + v + DG_AHEAD));
-            if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, lo + v + DG_AHEAD / 2))) {
-                PyObject *t2 = PyList_GET_ITEM(args, lo + v + DG_AHEAD / 2);
+                DG_PREFETCH(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD]));
+            if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]))) {
+                PyObject *t2 = PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]);
                 for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t2) && k < 4; k++)
                     DG_PREFETCH(PyTuple_GET_ITEM(t2, k));
             }
-            if (!a->pending[v])
-                continue;
-            PyObject *t = PyList_GET_ITEM(args, lo + v);
+            PyObject *t = PyList_GET_ITEM(args, a->gid[v]);
             if (!PyTuple_CheckExact(t)) {
                 PyErr_SetString(PyExc_TypeError, "agenda_batches: argument lists must be tuples");
                 return -1;
@@ -464,7 +471,7 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n) 
                 Py_ssize_t u = dg_as_ssize(PyTuple_GET_ITEM(t, k)) - lo;
                 if (PyErr_Occurred())
                     return -1;
-                if (u < 0 || u >= n || !a->pending[u])
+                if (u < 0 || u >= range || (u = a->local[u]) < 0)
                     continue;
                 if (pass == 0) {
                     a->start[u + 1]++;
@@ -516,7 +523,7 @@ static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
         a->bucket_start[s] = a->bucket_start[s - 1] + a->count[s - 1];
     Py_ssize_t nready = 0, nheap = 0;
     for (Py_ssize_t v = 0; v < n; v++)
-        if (a->pending[v] && a->indeg[v] == 0)
+        if (a->indeg[v] == 0)
             a->ready[nready++] = v;
     PyObject *result = PyList_New(0);
     if (!result)
@@ -551,17 +558,17 @@ PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t na
     int go = agenda_check(argv, nargs, &lo, &hi);
     if (go <= 0)
         return go < 0 ? NULL : PyList_New(0);
-    Py_ssize_t n = hi + 1 - lo, S = PyList_GET_SIZE(argv[3]);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(argv[5]), range = hi + 1 - lo, S = PyList_GET_SIZE(argv[3]);
     Agenda a = {0};
     PyObject *result = NULL;
-    if (agenda_alloc(&a, n, S) < 0 || (go = agenda_nodes(&a, argv, lo, hi)) < 0)
+    if (agenda_alloc(&a, n, range, S) < 0 || (go = agenda_nodes(&a, argv, lo, hi)) < 0)
         goto done;
     if (go == 0) {
         Py_INCREF(Py_None);
         result = Py_None;
         goto done;
     }
-    if (agenda_users(&a, argv[0], lo, n) == 0)
+    if (agenda_users(&a, argv[0], lo, n, range) == 0)
         result = agenda_run(&a, n, S);
 done:
     agenda_free(&a);
