@@ -150,7 +150,8 @@ def test_native_batch_rejects_malformed_input_without_touching_the_graph():
 
     def broken(*a):
         raise RuntimeError("kernel failed")
-    ctx = _context(cg, be, c10=lambda op: (False, False, False, 1, broken, "tanh"))
+    # its own infos (c9): the shared ones (executor._op_infos, kept across evaluations) hold tanh's
+    ctx = _context(cg, be, c9={}, c10=lambda op: (False, False, False, 1, broken, "tanh"))
     with pytest.raises(RuntimeError):
         run(ctx, (y.i,))
     assert (cg.blk, len(cg.blocks), len(cg.executed)) == before
@@ -172,7 +173,7 @@ def test_native_batch_hands_odd_outputs_to_finish():
             cg = dy.cg()
             a.value()
             b.value()
-            ctx = _context(cg, be, c10=lambda op, r=result: (False, False, False, 1,
+            ctx = _context(cg, be, c9={}, c10=lambda op, r=result: (False, False, False, 1,
                                                              lambda xp, at, d, x: np.asarray(r(x.shape[0])), "tanh"))
             NATIVE.run_batch_native(ctx, (ta.i, tb.i))
             blk = cg.blocks[cg.blk[ta.i]]
@@ -315,6 +316,56 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
     assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
     assert a.cg.stats.scatters == b.cg.stats.scatters > 0
     assert a.cg.stats.scatter_bytes == b.cg.stats.scatter_bytes
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_array_equal(x, y)
+
+
+def _squashed_graph(pc, n: int):
+    """tanh and logistic of products (per sentence: one node each), and of a batch of
+    n-wide rows: past backward_ops.c's NB_UNARY_MAX the cpu adapter's C kernel runs instead."""
+    W = dy.parameter(pc.add_parameters((6, 5)))
+    V = dy.parameter(pc.add_parameters((n, 5)))
+    xs = [dy.inputVector([0.1 * i, -0.2, 0.3, 0.05 * i, -0.4]) for i in range(4)]
+    return [dy.tanh(W * x) for x in xs] + [dy.logistic(W * xs[0]), dy.tanh(V * xs[1]), dy.logistic(V * xs[2])]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [7, 17000])
+def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, n):
+    """tanh's and logistic's backward run in backward_ops.c below the adapter's threshold
+    (no Python _tanh_grad / _logistic_grad call) with bit-identical gradients; above it the
+    adapter's C kernel runs in both passes."""
+    from dynagraph.backends import get_backend
+    from dynagraph.backends.cpu import backward as cpu_backward, overrides
+    assert overrides.UNARY_BWD_MIN["tanh"] == overrides.UNARY_BWD_MIN["logistic"] == cpu_backward.NB_UNARY_MAX
+    assert get_backend("cpu").native_backward is not None
+    runs, called = [], []
+    for native in (True, False):
+        seen = collections.Counter()
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_name in ("_tanh_grad", "_logistic_grad"):
+                seen[frame.f_code.co_name] += 1
+        with monkeypatch.context() as m:
+            m.setattr(dynagraph_config, "backend", "cpu")
+            m.setattr(dynagraph_config, "fuse", False)  # batch by batch, not one elementwise run
+            if not native:
+                m.setattr(autodiff, "_backward_native", None)
+            sys.setprofile(profile)
+            try:
+                runs.append(run_graph("agenda", lambda pc: _squashed_graph(pc, n), dtype=dtype))
+            finally:
+                sys.setprofile(None)
+        called.append(seen)
+    small = n < cpu_backward.NB_UNARY_MAX
+    assert called[1] == {"_tanh_grad": 1 + small, "_logistic_grad": 1 + small}
+    assert not called[0]  # natively: backward_ops.c below the threshold, the adapter's kernel above
+    a, b = runs
     for k in a.grads:
         np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
     for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):

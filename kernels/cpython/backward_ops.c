@@ -18,6 +18,9 @@ for these operands, so the gradients are bit-identical; any operand it does not 
                backends/cpu embedding_backward): the C kernel adds the rows into the table's
                gradient and marks them touched; nothing is left to scatter
     NB_PNLS    backends/cpu/overrides.py _pnls_backward: the C kernel through its address
+    NB_TANH, NB_LOGISTIC  backends/cpu/overrides.py _unary_backward below its threshold, i.e.
+               ops/elementwise.py _tanh_grad / _logistic_grad: the same float operations in the same
+               order, one loop instead of three numpy calls and the adapter's Python frames
 
 The codes and kernel addresses come from the backend's native_backward capability
 (backends/cpu/backward.py), which offers a case only where the backend runs that reference. */
@@ -411,10 +414,55 @@ static PyObject *pnls(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *data) 
     return out;
 }
 
+/* _tanh_grad: t = y * y; t = 1 - t; t *= g (numpy's float32 or float64 operations, in that order). */
+#define UNARY_GRAD(name, T, EXPR)                                                                        \
+    DG_VECTORIZE static void name(T *restrict out, const T *restrict y, const T *restrict g, Py_ssize_t n) { \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                            \
+            T t;                                                                                        \
+            EXPR;                                                                                       \
+            out[i] = t;                                                                                 \
+        }                                                                                               \
+    }
+UNARY_GRAD(tanh_grad_f32, float, t = y[i] * y[i]; t = (float)1 - t; t = t * g[i])
+UNARY_GRAD(tanh_grad_f64, double, t = y[i] * y[i]; t = (double)1 - t; t = t * g[i])
+/* _logistic_grad: t = 1 - y; t *= y; t *= g. */
+UNARY_GRAD(logistic_grad_f32, float, t = (float)1 - y[i]; t = t * y[i]; t = t * g[i])
+UNARY_GRAD(logistic_grad_f64, double, t = (double)1 - y[i]; t = t * y[i]; t = t * g[i])
+
+/* NB_TANH, NB_LOGISTIC: y (B, n) and g (B, n) of the graph's dtype, contiguous, fewer than
+   NB_UNARY_MAX elements (where the cpu adapter runs the op's numpy code) -> (gx,). */
+static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyObject *g, PyObject *need) {
+    Py_ssize_t ys[2], gs[2];
+    void *yp, *gp, *op;
+    if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True
+        || !operand(ctx, y, 2, ys, 1, &yp) || !operand(ctx, g, 2, gs, 1, &gp) || ys[0] != gs[0] || ys[1] != gs[1]
+        || ys[0] * ys[1] >= NB_UNARY_MAX)
+        return NULL;
+    PyObject *out = new_block(ctx, ys[0], ys[1], &op);
+    if (!out)
+        return NULL;
+    int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
+    Py_ssize_t n = ys[0] * ys[1];
+    if (code == NB_TANH) {
+        if (f32)
+            tanh_grad_f32(op, yp, gp, n);
+        else
+            tanh_grad_f64(op, yp, gp, n);
+    } else {
+        if (f32)
+            logistic_grad_f32(op, yp, gp, n);
+        else
+            logistic_grad_f64(op, yp, gp, n);
+    }
+    PyObject *res = PyTuple_Pack(1, out);
+    Py_DECREF(out);
+    return res;
+}
+
 /* The gradients of one batch by op code (a new reference), or NULL: with an exception set on
    error, without one when the operands are not a case of ours (the op's backward runs). */
-PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need,
-                          PyObject *plans, PyObject *data) {
+PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
+                          PyObject *need, PyObject *plans, PyObject *data) {
     switch (code) {
     case NB_MATMUL:
         return products(ctx, xs, g, need, 0);
@@ -431,6 +479,9 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
         return lookup(ctx, xs, g, plans, data);
     case NB_PNLS:
         return pnls(ctx, xs, g, data);
+    case NB_TANH:
+    case NB_LOGISTIC:
+        return unary(ctx, code, xs, y, g, need);
     default:
         return NULL;
     }
