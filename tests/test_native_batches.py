@@ -390,3 +390,30 @@ def test_outer_product_is_numpys_and_checks_its_operands(dtype):
         run(np.empty((7, 5), np.float32 if dtype == np.float64 else np.float64), G, X)  # mixed dtypes
     with pytest.raises(TypeError):
         run(G, G, G)  # overlapping
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_arrays_is_numpys_add_and_checks_every_pair_first(dtype):
+    """autodiff._add_grads (each parameter's gradient block into its gradient) adds like numpy's
+    in-place add, bit for bit; a pair it does not take leaves every array as it was."""
+    add = NATIVE.add_arrays
+    rng = np.random.default_rng(3)
+    dsts = [rng.standard_normal(s).astype(dtype) for s in ((4, 5), (7,), (2, 3, 2))]
+    srcs = [rng.standard_normal((1,) + d.shape).astype(dtype) for d in dsts]
+    want = [d + s[0] for d, s in zip(dsts, srcs)]
+    add(dsts, srcs)
+    for d, w in zip(dsts, want):
+        np.testing.assert_array_equal(d, w)
+    before = [d.copy() for d in dsts]
+    for bad_src in (srcs[2].astype(np.float32 if dtype == np.float64 else np.float64),  # another dtype
+                    srcs[2][..., :1],                                                   # another length
+                    rng.standard_normal((1, 2, 3, 4)).astype(dtype)[..., :2]):  # strided: not contiguous
+        with pytest.raises(TypeError):
+            add(dsts, srcs[:2] + [bad_src])
+    with pytest.raises(TypeError):
+        add([dsts[0]], [dsts[0]])  # overlapping
+    with pytest.raises(TypeError):
+        add(dsts, srcs[:2])
+    for d, b in zip(dsts, before):
+        np.testing.assert_array_equal(d, b)  # nothing was added by a refused call

@@ -32,5 +32,6 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
 PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                           PyObject *need, PyObject *plans, PyObject *data);
 PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 
 #endif

@@ -550,3 +550,62 @@ PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nar
     }
     Py_RETURN_NONE;
 }
+
+DG_VECTORIZE static void add_f32(float *restrict d, const float *restrict s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        d[i] = d[i] + s[i];
+}
+
+DG_VECTORIZE static void add_f64(double *restrict d, const double *restrict s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        d[i] = d[i] + s[i];
+}
+
+/* add_arrays(dsts, srcs): dsts[k] += srcs[k] (flat, elementwise: numpy's in-place add on these
+   operands) for two lists of C-contiguous arrays of one float dtype, pairwise of one length and
+   disjoint. Every pair is checked before any is written: a TypeError leaves all as they were.
+   autodiff._finish adds each parameter's gradient block into its gradient so, in one call. */
+PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
+        || PyList_GET_SIZE(argv[0]) != PyList_GET_SIZE(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "add_arrays(dsts: list, srcs: list of one length)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]), got = 0;
+    Py_buffer *v = PyMem_Calloc((size_t)(2 * n + 1), sizeof(Py_buffer));
+    if (!v)
+        return PyErr_NoMemory();
+    int ok = 1;
+    for (Py_ssize_t k = 0; ok && k < n; k++) {
+        Py_buffer *d = &v[2 * k], *s = &v[2 * k + 1];
+        if (PyObject_GetBuffer(PyList_GET_ITEM(argv[0], k), d, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+            break;
+        got++;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(argv[1], k), s, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            break;
+        got++;
+        const char *d0 = d->buf, *s0 = s->buf;
+        ok = d->format && s->format && !strcmp(d->format, s->format) && (!strcmp(d->format, "f") || !strcmp(d->format, "d"))
+             && d->len == s->len && !(d0 < s0 + s->len && s0 < d0 + d->len);
+    }
+    ok = ok && got == 2 * n;
+    if (ok)
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_buffer *d = &v[2 * k], *s = &v[2 * k + 1];
+            if (d->itemsize == 4)
+                add_f32(d->buf, s->buf, d->len / 4);
+            else
+                add_f64(d->buf, s->buf, d->len / 8);
+        }
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&v[i]);
+    PyMem_Free(v);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "add_arrays: pairs of disjoint C-contiguous arrays of one float dtype and "
+                                         "one length");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
