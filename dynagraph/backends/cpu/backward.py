@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from ...ops.base import OPS
 from .ffi import ffi, lib
 from .overrides import LSTM_F64_MAX, _lstm_c_backward, _lstm_h_backward, _pnls_backward
 from .rows import RowIndex
@@ -33,6 +34,8 @@ _CODES = {"matmul": (1, None), "affine": (2, None), "lstm_c": (3, _lstm_c_backwa
 # backward_batch.h's NB_UNARY_MAX: smaller tanh/logistic batches take backward_ops.c's loop, which is
 # the op's numpy code; the adapter runs that code below its threshold, so it must be this one
 NB_UNARY_MAX = 16384
+# ... and the numpy code is the op's own backward as ops/elementwise.py defines it (not a replacement)
+_OWN_BACKWARD = {name: OPS[name].backward for name in ("tanh", "logistic")}
 # backward_ops.c's kernel table, in its slot order
 _KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
             "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64")
@@ -56,7 +59,8 @@ class NativeBackward:
         code, stands_for = self.ops.get(op.name, (0, None))
         kernel = backward_kernels.get(op.name)
         if stands_for is _UNARY:
-            return code if kernel is None or getattr(kernel, "unary_min", None) == (op.name, NB_UNARY_MAX) else 0
+            own = op.backward is _OWN_BACKWARD.get(op.name)
+            return code if own and (kernel is None or getattr(kernel, "unary_min", None) == (op.name, NB_UNARY_MAX)) else 0
         return code if kernel is stands_for else 0
 
 
