@@ -150,7 +150,8 @@ def test_native_batch_rejects_malformed_input_without_touching_the_graph():
 
     def broken(*a):
         raise RuntimeError("kernel failed")
-    ctx = _context(cg, be, c10=lambda op: (False, False, False, 1, broken, "tanh"))
+    # its own infos (c9): the shared ones (executor._op_infos, kept across evaluations) hold tanh's
+    ctx = _context(cg, be, c9={}, c10=lambda op: (False, False, False, 1, broken, "tanh"))
     with pytest.raises(RuntimeError):
         run(ctx, (y.i,))
     assert (cg.blk, len(cg.blocks), len(cg.executed)) == before
@@ -172,7 +173,7 @@ def test_native_batch_hands_odd_outputs_to_finish():
             cg = dy.cg()
             a.value()
             b.value()
-            ctx = _context(cg, be, c10=lambda op, r=result: (False, False, False, 1,
+            ctx = _context(cg, be, c9={}, c10=lambda op, r=result: (False, False, False, 1,
                                                              lambda xp, at, d, x: np.asarray(r(x.shape[0])), "tanh"))
             NATIVE.run_batch_native(ctx, (ta.i, tb.i))
             blk = cg.blocks[cg.blk[ta.i]]
@@ -323,6 +324,56 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
             np.testing.assert_array_equal(x, y)
 
 
+def _squashed_graph(pc, n: int):
+    """tanh and logistic of products (per sentence: one node each), and of a batch of
+    n-wide rows: past backward_ops.c's NB_UNARY_MAX the cpu adapter's C kernel runs instead."""
+    W = dy.parameter(pc.add_parameters((6, 5)))
+    V = dy.parameter(pc.add_parameters((n, 5)))
+    xs = [dy.inputVector([0.1 * i, -0.2, 0.3, 0.05 * i, -0.4]) for i in range(4)]
+    return [dy.tanh(W * x) for x in xs] + [dy.logistic(W * xs[0]), dy.tanh(V * xs[1]), dy.logistic(V * xs[2])]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [7, 17000])
+def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, n):
+    """tanh's and logistic's backward run in backward_ops.c below the adapter's threshold
+    (no Python _tanh_grad / _logistic_grad call) with bit-identical gradients; above it the
+    adapter's C kernel runs in both passes."""
+    from dynagraph.backends import get_backend
+    from dynagraph.backends.cpu import backward as cpu_backward, overrides
+    assert overrides.UNARY_BWD_MIN["tanh"] == overrides.UNARY_BWD_MIN["logistic"] == cpu_backward.NB_UNARY_MAX
+    assert get_backend("cpu").native_backward is not None
+    runs, called = [], []
+    for native in (True, False):
+        seen = collections.Counter()
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_name in ("_tanh_grad", "_logistic_grad"):
+                seen[frame.f_code.co_name] += 1
+        with monkeypatch.context() as m:
+            m.setattr(dynagraph_config, "backend", "cpu")
+            m.setattr(dynagraph_config, "fuse", False)  # batch by batch, not one elementwise run
+            if not native:
+                m.setattr(autodiff, "_backward_native", None)
+            sys.setprofile(profile)
+            try:
+                runs.append(run_graph("agenda", lambda pc: _squashed_graph(pc, n), dtype=dtype))
+            finally:
+                sys.setprofile(None)
+        called.append(seen)
+    small = n < cpu_backward.NB_UNARY_MAX
+    assert called[1] == {"_tanh_grad": 1 + small, "_logistic_grad": 1 + small}
+    assert not called[0]  # natively: backward_ops.c below the threshold, the adapter's kernel above
+    a, b = runs
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_array_equal(x, y)
+
+
 @needs_native
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_outer_product_is_numpys_and_checks_its_operands(dtype):
@@ -339,3 +390,30 @@ def test_outer_product_is_numpys_and_checks_its_operands(dtype):
         run(np.empty((7, 5), np.float32 if dtype == np.float64 else np.float64), G, X)  # mixed dtypes
     with pytest.raises(TypeError):
         run(G, G, G)  # overlapping
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_arrays_is_numpys_add_and_checks_every_pair_first(dtype):
+    """autodiff._add_grads (each parameter's gradient block into its gradient) adds like numpy's
+    in-place add, bit for bit; a pair it does not take leaves every array as it was."""
+    add = NATIVE.add_arrays
+    rng = np.random.default_rng(3)
+    dsts = [rng.standard_normal(s).astype(dtype) for s in ((4, 5), (7,), (2, 3, 2))]
+    srcs = [rng.standard_normal((1,) + d.shape).astype(dtype) for d in dsts]
+    want = [d + s[0] for d, s in zip(dsts, srcs)]
+    add(dsts, srcs)
+    for d, w in zip(dsts, want):
+        np.testing.assert_array_equal(d, w)
+    before = [d.copy() for d in dsts]
+    for bad_src in (srcs[2].astype(np.float32 if dtype == np.float64 else np.float64),  # another dtype
+                    srcs[2][..., :1],                                                   # another length
+                    rng.standard_normal((1, 2, 3, 4)).astype(dtype)[..., :2]):  # strided: not contiguous
+        with pytest.raises(TypeError):
+            add(dsts, srcs[:2] + [bad_src])
+    with pytest.raises(TypeError):
+        add([dsts[0]], [dsts[0]])  # overlapping
+    with pytest.raises(TypeError):
+        add(dsts, srcs[:2])
+    for d, b in zip(dsts, before):
+        np.testing.assert_array_equal(d, b)  # nothing was added by a refused call

@@ -300,8 +300,14 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
             goto done;
     }
     long code = PyLong_AsLong(PyTuple_GET_ITEM(info, 6));
-    if (code > 0 && n0 < PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_ATTRS))) {  /* backward_ops.c, else the op's */
-        gxs = dg_native_grads(ctx, code, PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_ATTRS), n0), xs, g, need, plans, data);
+    Py_ssize_t bi = PyLong_AsSsize_t(bid);
+    if (bi == -1 && PyErr_Occurred())
+        goto done;
+    PyObject *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
+    if (code > 0 && n0 < PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_ATTRS)) && bi >= 0
+        && bi < PyList_GET_SIZE(blocks)) {  /* backward_ops.c, else the op's */
+        gxs = dg_native_grads(ctx, code, PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_ATTRS), n0), xs,
+                              PyList_GET_ITEM(blocks, bi), g, need, plans, data);
         if (!gxs && PyErr_Occurred())
             goto done;
     }

@@ -9,7 +9,10 @@ enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_IN
        B_GRAD_BLOCK, B_ROWINDEX, B_REDUCE_TO, B_EMPTY, B_DTYPE, B_KERNELS, B_LSTM_F64_MAX,
        B_TABLE_ARRAYS, B_ZEROS, B_SIZE };
 /* backward_ops.c's op codes (info[6]; backends/cpu/backward.py names them) */
-enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS };
+enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS, NB_TANH, NB_LOGISTIC };
+/* NB_TANH, NB_LOGISTIC: batches of fewer elements than this take backward_ops.c's loop; the cpu
+   adapter's threshold (overrides.UNARY_BWD_MIN), below which it runs the op's numpy code */
+#define NB_UNARY_MAX 16384
 enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SCATTERS, ACC_SCATTER_BYTES, ACC_SIZE };
 enum { LEAF = 0, SLICE = 1, TAKE = 2, MANY = 3 };
 
@@ -26,8 +29,9 @@ int dg_scatter_many(PyObject *ctx, PyObject *ix, Py_ssize_t B, const Py_buffer *
 int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *need, Py_ssize_t B);
 
 /* backward_ops.c: the commonest ops' backward without a Python frame (see there) */
-PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need,
-                          PyObject *plans, PyObject *data);
+PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
+                          PyObject *need, PyObject *plans, PyObject *data);
 PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 
 #endif

@@ -18,6 +18,9 @@ for these operands, so the gradients are bit-identical; any operand it does not 
                backends/cpu embedding_backward): the C kernel adds the rows into the table's
                gradient and marks them touched; nothing is left to scatter
     NB_PNLS    backends/cpu/overrides.py _pnls_backward: the C kernel through its address
+    NB_TANH, NB_LOGISTIC  backends/cpu/overrides.py _unary_backward below its threshold, i.e.
+               ops/elementwise.py _tanh_grad / _logistic_grad: the same float operations in the same
+               order, one loop instead of three numpy calls and the adapter's Python frames
 
 The codes and kernel addresses come from the backend's native_backward capability
 (backends/cpu/backward.py), which offers a case only where the backend runs that reference. */
@@ -411,10 +414,55 @@ static PyObject *pnls(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *data) 
     return out;
 }
 
+/* _tanh_grad: t = y * y; t = 1 - t; t *= g (numpy's float32 or float64 operations, in that order). */
+#define UNARY_GRAD(name, T, EXPR)                                                                        \
+    DG_VECTORIZE static void name(T *restrict out, const T *restrict y, const T *restrict g, Py_ssize_t n) { \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                            \
+            T t;                                                                                        \
+            EXPR;                                                                                       \
+            out[i] = t;                                                                                 \
+        }                                                                                               \
+    }
+UNARY_GRAD(tanh_grad_f32, float, t = y[i] * y[i]; t = (float)1 - t; t = t * g[i])
+UNARY_GRAD(tanh_grad_f64, double, t = y[i] * y[i]; t = (double)1 - t; t = t * g[i])
+/* _logistic_grad: t = 1 - y; t *= y; t *= g. */
+UNARY_GRAD(logistic_grad_f32, float, t = (float)1 - y[i]; t = t * y[i]; t = t * g[i])
+UNARY_GRAD(logistic_grad_f64, double, t = (double)1 - y[i]; t = t * y[i]; t = t * g[i])
+
+/* NB_TANH, NB_LOGISTIC: y (B, n) and g (B, n) of the graph's dtype, contiguous, fewer than
+   NB_UNARY_MAX elements (where the cpu adapter runs the op's numpy code) -> (gx,). */
+static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyObject *g, PyObject *need) {
+    Py_ssize_t ys[2], gs[2];
+    void *yp, *gp, *op;
+    if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True
+        || !operand(ctx, y, 2, ys, 1, &yp) || !operand(ctx, g, 2, gs, 1, &gp) || ys[0] != gs[0] || ys[1] != gs[1]
+        || ys[0] * ys[1] >= NB_UNARY_MAX)
+        return NULL;
+    PyObject *out = new_block(ctx, ys[0], ys[1], &op);
+    if (!out)
+        return NULL;
+    int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
+    Py_ssize_t n = ys[0] * ys[1];
+    if (code == NB_TANH) {
+        if (f32)
+            tanh_grad_f32(op, yp, gp, n);
+        else
+            tanh_grad_f64(op, yp, gp, n);
+    } else {
+        if (f32)
+            logistic_grad_f32(op, yp, gp, n);
+        else
+            logistic_grad_f64(op, yp, gp, n);
+    }
+    PyObject *res = PyTuple_Pack(1, out);
+    Py_DECREF(out);
+    return res;
+}
+
 /* The gradients of one batch by op code (a new reference), or NULL: with an exception set on
    error, without one when the operands are not a case of ours (the op's backward runs). */
-PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need,
-                          PyObject *plans, PyObject *data) {
+PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
+                          PyObject *need, PyObject *plans, PyObject *data) {
     switch (code) {
     case NB_MATMUL:
         return products(ctx, xs, g, need, 0);
@@ -431,6 +479,9 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
         return lookup(ctx, xs, g, plans, data);
     case NB_PNLS:
         return pnls(ctx, xs, g, data);
+    case NB_TANH:
+    case NB_LOGISTIC:
+        return unary(ctx, code, xs, y, g, need);
     default:
         return NULL;
     }
@@ -495,6 +546,65 @@ PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nar
     if (!ok) {
         PyErr_SetString(PyExc_TypeError, "outer_product: out (r*c), g (r) and x (c) must be distinct C-contiguous "
                                          "arrays of one float dtype");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+DG_VECTORIZE static void add_f32(float *restrict d, const float *restrict s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        d[i] = d[i] + s[i];
+}
+
+DG_VECTORIZE static void add_f64(double *restrict d, const double *restrict s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        d[i] = d[i] + s[i];
+}
+
+/* add_arrays(dsts, srcs): dsts[k] += srcs[k] (flat, elementwise: numpy's in-place add on these
+   operands) for two lists of C-contiguous arrays of one float dtype, pairwise of one length and
+   disjoint. Every pair is checked before any is written: a TypeError leaves all as they were.
+   autodiff._finish adds each parameter's gradient block into its gradient so, in one call. */
+PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1])
+        || PyList_GET_SIZE(argv[0]) != PyList_GET_SIZE(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "add_arrays(dsts: list, srcs: list of one length)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(argv[0]), got = 0;
+    Py_buffer *v = PyMem_Calloc((size_t)(2 * n + 1), sizeof(Py_buffer));
+    if (!v)
+        return PyErr_NoMemory();
+    int ok = 1;
+    for (Py_ssize_t k = 0; ok && k < n; k++) {
+        Py_buffer *d = &v[2 * k], *s = &v[2 * k + 1];
+        if (PyObject_GetBuffer(PyList_GET_ITEM(argv[0], k), d, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+            break;
+        got++;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(argv[1], k), s, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            break;
+        got++;
+        const char *d0 = d->buf, *s0 = s->buf;
+        ok = d->format && s->format && !strcmp(d->format, s->format) && (!strcmp(d->format, "f") || !strcmp(d->format, "d"))
+             && d->len == s->len && !(d0 < s0 + s->len && s0 < d0 + d->len);
+    }
+    ok = ok && got == 2 * n;
+    if (ok)
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_buffer *d = &v[2 * k], *s = &v[2 * k + 1];
+            if (d->itemsize == 4)
+                add_f32(d->buf, s->buf, d->len / 4);
+            else
+                add_f64(d->buf, s->buf, d->len / 8);
+        }
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&v[i]);
+    PyMem_Free(v);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "add_arrays: pairs of disjoint C-contiguous arrays of one float dtype and "
+                                         "one length");
         return NULL;
     }
     Py_RETURN_NONE;

@@ -19,6 +19,8 @@ static PyMethodDef functions[] = {
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),
     FAST(outer_product, "outer_product(out, g, x): out = g^T x for one row g and x (a one-row weight gradient)."),
+    FAST(add_arrays, "add_arrays(dsts, srcs): dsts[k] += srcs[k] for pairs of contiguous float arrays (parameters' "
+                     "gradients), all checked first."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
     FAST(same_slice, "same_slice(items, lo, was): items[lo:lo + len(was)] == was; see schedule_cache.py."),
     FAST(run_table, "run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run "

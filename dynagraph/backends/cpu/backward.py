@@ -10,7 +10,8 @@ them. Here the step may
   * run the commonest ops' backward without a Python frame (kernels/cpython/backward_ops.c):
     a product's input gradient by numpy's @, the LSTM gates and pickneglogsoftmax through the
     C kernels' addresses, esum's and add's (the output gradient, shared), a lookup's rows
-    added into its table's gradient by the embedding kernel (embedding_backward's).
+    added into its table's gradient by the embedding kernel (embedding_backward's), tanh's and
+    logistic's by a loop of the numpy code's float operations (below the adapter's threshold).
     An op is offered only where the step's code is the path this backend runs for it: the
     op's own backward where no override replaces it, the C adapters (overrides.py) where they
     are installed, with the same size thresholds.
@@ -20,13 +21,21 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from ...ops.base import OPS
 from .ffi import ffi, lib
 from .overrides import LSTM_F64_MAX, _lstm_c_backward, _lstm_h_backward, _pnls_backward
 from .rows import RowIndex
 
 # backward_ops.c's op codes (its NB_* enum) and the overrides they stand for (None: the op's own)
+_UNARY = "unary adapter"  # the op's own backward, or overrides._unary_backward with NB_UNARY_MAX
 _CODES = {"matmul": (1, None), "affine": (2, None), "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
-          "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward)}
+          "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward),
+          "tanh": (9, _UNARY), "logistic": (10, _UNARY)}
+# backward_batch.h's NB_UNARY_MAX: smaller tanh/logistic batches take backward_ops.c's loop, which is
+# the op's numpy code; the adapter runs that code below its threshold, so it must be this one
+NB_UNARY_MAX = 16384
+# ... and the numpy code is the op's own backward as ops/elementwise.py defines it (not a replacement)
+_OWN_BACKWARD = {name: OPS[name].backward for name in ("tanh", "logistic")}
 # backward_ops.c's kernel table, in its slot order
 _KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
             "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64")
@@ -48,7 +57,11 @@ class NativeBackward:
         `backward_kernels` (0: none): only where the override in place is the one it stands
         for (None: the op's own backward, no override)."""
         code, stands_for = self.ops.get(op.name, (0, None))
-        return code if backward_kernels.get(op.name) is stands_for else 0
+        kernel = backward_kernels.get(op.name)
+        if stands_for is _UNARY:
+            own = op.backward is _OWN_BACKWARD.get(op.name)
+            return code if own and (kernel is None or getattr(kernel, "unary_min", None) == (op.name, NB_UNARY_MAX)) else 0
+        return code if kernel is stands_for else 0
 
 
 NATIVE_BACKWARD = NativeBackward(RowIndex, dict(_CODES), _addresses())
