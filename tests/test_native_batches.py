@@ -277,6 +277,33 @@ _NATIVE_OPS = {"_lstm_c_backward", "_lstm_h_backward", "mm_grads", "ESum.backwar
 
 
 @needs_native
+def _native_and_python_runs(monkeypatch, build, dtype: str, watched: set, **config) -> tuple[list, list]:
+    """The graph run on the cpu backend with autodiff's compiled backward step and without it
+    (each op's Python backward): both runs, and per run a Counter of the Python calls of the
+    functions named in watched (by qualified name)."""
+    runs, called = [], []
+    for native in (True, False):
+        seen = collections.Counter()
+
+        def profile(frame, event, arg):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            if event == "call" and name in watched:
+                seen[name] += 1
+        with monkeypatch.context() as m:
+            m.setattr(dynagraph_config, "backend", "cpu")
+            for key, value in config.items():
+                m.setattr(dynagraph_config, key, value)
+            if not native:
+                m.setattr(autodiff, "_backward_native", None)
+            sys.setprofile(profile)
+            try:
+                runs.append(run_graph("agenda", build, dtype=dtype))
+            finally:
+                sys.setprofile(None)
+        called.append(seen)
+    return runs, called
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("H", [4, 200])
 def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H):
@@ -287,24 +314,7 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
     LSTM_F64_MAX: the gates take the op's numpy code there, in both runs."""
     from dynagraph.backends import get_backend
     assert get_backend("cpu").native_backward is not None
-    runs, called = [], []
-    for native in (True, False):
-        seen = collections.Counter()
-
-        def profile(frame, event, arg):
-            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-            if event == "call" and name in _NATIVE_OPS:
-                seen[name] += 1
-        with monkeypatch.context() as m:
-            m.setattr(dynagraph_config, "backend", "cpu")
-            if not native:
-                m.setattr(autodiff, "_backward_native", None)
-            sys.setprofile(profile)
-            try:
-                runs.append(run_graph("agenda", lambda pc: _gathered_graph(pc, H), dtype=dtype))
-            finally:
-                sys.setprofile(None)
-        called.append(seen)
+    runs, called = _native_and_python_runs(monkeypatch, lambda pc: _gathered_graph(pc, H), dtype, _NATIVE_OPS)
     assert set(called[1]) == _NATIVE_OPS  # the reference ran each op's Python backward
     for name in ("mm_grads", "ESum.backward", "Lookup.backward", "embedding_backward", "_pnls_backward"):
         assert not called[0][name], name  # ... which the native step did not
@@ -344,24 +354,9 @@ def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, 
     from dynagraph.backends.cpu import backward as cpu_backward, overrides
     assert overrides.UNARY_BWD_MIN["tanh"] == overrides.UNARY_BWD_MIN["logistic"] == cpu_backward.NB_UNARY_MAX
     assert get_backend("cpu").native_backward is not None
-    runs, called = [], []
-    for native in (True, False):
-        seen = collections.Counter()
-
-        def profile(frame, event, arg):
-            if event == "call" and frame.f_code.co_name in ("_tanh_grad", "_logistic_grad"):
-                seen[frame.f_code.co_name] += 1
-        with monkeypatch.context() as m:
-            m.setattr(dynagraph_config, "backend", "cpu")
-            m.setattr(dynagraph_config, "fuse", False)  # batch by batch, not one elementwise run
-            if not native:
-                m.setattr(autodiff, "_backward_native", None)
-            sys.setprofile(profile)
-            try:
-                runs.append(run_graph("agenda", lambda pc: _squashed_graph(pc, n), dtype=dtype))
-            finally:
-                sys.setprofile(None)
-        called.append(seen)
+    # fuse=False: batch by batch, not one elementwise run
+    runs, called = _native_and_python_runs(monkeypatch, lambda pc: _squashed_graph(pc, n), dtype,
+                                           {"_tanh_grad", "_logistic_grad"}, fuse=False)
     small = n < cpu_backward.NB_UNARY_MAX
     assert called[1] == {"_tanh_grad": 1 + small, "_logistic_grad": 1 + small}
     assert not called[0]  # natively: backward_ops.c below the threshold, the adapter's kernel above
