@@ -277,6 +277,16 @@ _NATIVE_OPS = {"_lstm_c_backward", "_lstm_h_backward", "mm_grads", "ESum.backwar
 
 
 @needs_native
+def _assert_same_grads(a, b) -> None:
+    """Two runs' parameter gradients and gradient blocks are bit-identical."""
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_array_equal(x, y)
+
+
 def _native_and_python_runs(monkeypatch, build, dtype: str, watched: set, **config) -> tuple[list, list]:
     """The graph run on the cpu backend with autodiff's compiled backward step and without it
     (each op's Python backward): both runs, and per run a Counter of the Python calls of the
@@ -326,12 +336,7 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
     assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
     assert a.cg.stats.scatters == b.cg.stats.scatters > 0
     assert a.cg.stats.scatter_bytes == b.cg.stats.scatter_bytes
-    for k in a.grads:
-        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
-    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
-        assert (x is None) == (y is None)
-        if x is not None:
-            np.testing.assert_array_equal(x, y)
+    _assert_same_grads(a, b)
 
 
 def _squashed_graph(pc, n: int):
@@ -361,12 +366,7 @@ def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, 
     assert called[1] == {"_tanh_grad": 1 + small, "_logistic_grad": 1 + small}
     assert not called[0]  # natively: backward_ops.c below the threshold, the adapter's kernel above
     a, b = runs
-    for k in a.grads:
-        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
-    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
-        assert (x is None) == (y is None)
-        if x is not None:
-            np.testing.assert_array_equal(x, y)
+    _assert_same_grads(a, b)
 
 
 @needs_native
