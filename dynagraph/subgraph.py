@@ -45,9 +45,9 @@ try:  # optional, compiled beside the coarsening pass (setup.py); its twin is Bl
     if os.environ.get("DYNAGRAPH_BOOKKEEPING", "").lower() == "python":
         raise ImportError("DYNAGRAPH_BOOKKEEPING=python")
     from . import _coarsen as _native
-    _block_call, _BlockBase = _native.block_call, _native.BlockCall
+    _BlockBase = _native.BlockCall
 except (ImportError, AttributeError):
-    _native = _block_call = None
+    _native = None
     _BlockBase = object
 
 PLACEHOLDER = OpDef("placeholder", lambda a, *s: a[0], None, None, leaf=True, batchable=False, cost=CHEAP)

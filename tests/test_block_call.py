@@ -16,7 +16,7 @@ from dynagraph import subgraph
 from refcheck import assert_same_run, run_graph
 
 H = 3
-pytestmark = pytest.mark.skipif(subgraph._block_call is None, reason="dynagraph._coarsen not built")
+pytestmark = pytest.mark.skipif(subgraph._native is None, reason="dynagraph._coarsen not built")
 
 
 def _tree_model(pc, share=True):

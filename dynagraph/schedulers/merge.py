@@ -21,6 +21,7 @@ import bisect
 from typing import Sequence
 
 from ..recording import NATIVE
+from .typewise import batchable_by_sig
 
 
 def merge_batches_py(cg, batches: Sequence[Sequence[int]], batchable: Sequence[bool]) -> list:
@@ -81,7 +82,7 @@ def merge_batches_py(cg, batches: Sequence[Sequence[int]], batchable: Sequence[b
 def merge_batches(cg, batches: Sequence[Sequence[int]], batchable: Sequence[bool] | None = None) -> list:
     """The pass, compiled when dynagraph._bookkeeping is built (same batches as merge_batches_py)."""
     if batchable is None:
-        batchable = [key[0].batchable for key in cg.signatures]
+        batchable = batchable_by_sig(cg)
     if NATIVE is not None and hasattr(NATIVE, "merge_batches"):
         if type(batches) is not list or any(type(b) is not list for b in batches):  # a user scheduler's tuples
             batches = [list(b) for b in batches]

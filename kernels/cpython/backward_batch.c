@@ -255,6 +255,20 @@ static int step_place(PyObject *ctx, PyObject *info, PyObject *plans, PyObject *
     return 0;
 }
 
+/* The batch's input gradients from backward_ops.c when the op has a native code there (info[6]),
+   else NULL with no exception (the op's own backward runs); NULL with an exception on error. */
+static PyObject *step_native(PyObject *ctx, PyObject *info, PyObject *bid, Py_ssize_t n0, PyObject *xs, PyObject *g,
+                             PyObject *need, PyObject *plans, PyObject *data) {
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(info, 6));
+    PyObject *attrs = PyTuple_GET_ITEM(ctx, B_ATTRS), *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
+    if (code <= 0 || n0 >= PyList_GET_SIZE(attrs))
+        return NULL;
+    Py_ssize_t bi = PyLong_AsSsize_t(bid);  /* the batch's output block: tanh's and logistic's backward read it */
+    if (bi < 0 || bi >= PyList_GET_SIZE(blocks))
+        return NULL;
+    return dg_native_grads(ctx, code, PyList_GET_ITEM(attrs, n0), xs, PyList_GET_ITEM(blocks, bi), g, need, plans, data);
+}
+
 /* The gradients of one record; 0 or -1 (error). Called with the info held. */
 static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, double *acc) {
     PyObject *nodes = PyTuple_GET_ITEM(rec, 0), *xs = PyTuple_GET_ITEM(rec, 1), *bid = PyTuple_GET_ITEM(rec, 2);
@@ -299,18 +313,8 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
         if (!data)
             goto done;
     }
-    long code = PyLong_AsLong(PyTuple_GET_ITEM(info, 6));
-    Py_ssize_t bi = PyLong_AsSsize_t(bid);
-    if (bi == -1 && PyErr_Occurred())
+    if (!(gxs = step_native(ctx, info, bid, n0, xs, g, need, plans, data)) && PyErr_Occurred())
         goto done;
-    PyObject *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
-    if (code > 0 && n0 < PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, B_ATTRS)) && bi >= 0
-        && bi < PyList_GET_SIZE(blocks)) {  /* backward_ops.c, else the op's */
-        gxs = dg_native_grads(ctx, code, PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_ATTRS), n0), xs,
-                              PyList_GET_ITEM(blocks, bi), g, need, plans, data);
-        if (!gxs && PyErr_Occurred())
-            goto done;
-    }
     if (!gxs && !(gxs = step_kernel(ctx, info, bid, n0, data, xs, g, need, kctx, &y)))
         goto done;
     rc = step_place(ctx, info, plans, &gxs, need, k, B, t0, acc);

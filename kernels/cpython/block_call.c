@@ -6,8 +6,8 @@
  * signature to trace, numpy integers, expressions of several graphs, a retired graph,
  * random steps), which Block._call_py then handles, so both paths end in the same graph.
  *
- * block_configure(Expression, current, BLOCK_OUTPUT) once; then
- * block_call(plans, args, share) -> the call's outputs, or None.
+ * block_configure(Expression, current, BLOCK_OUTPUT) once; then calling a Block (its base
+ * type BlockCall, below) runs block_call_core(plans, args, share) -> the outputs, or None.
  * A plan carries `_fast` = (op, has_checks, checked, by_index, direct, single, out_attrs,
  * random) (subgraph.Plan.set_mode), `_calls` = [version, reverts, {indices: node ids}] and
  * `_leaf_cache` = (version, reverts, parameter node ids) or None (refreshed by leaf_ids). */
@@ -258,7 +258,7 @@ static int memo_store(PyObject *plan, PyObject **calls, PyObject *version, PyObj
     return PyDict_SetItem(PyList_GET_ITEM(*calls, 2), values, stored);
 }
 
-/* dgc_block_call's body: the call's outputs, None for the Python path's cases, NULL on error. */
+/* A block call's body (BlockCall's call): the call's outputs, None for the Python path's cases, NULL on error. */
 static PyObject *block_call_core(PyObject *plans, PyObject *args, int share) {
     if (PyTuple_GET_SIZE(args) > MAX_CALL_ARGS) Py_RETURN_NONE;
     PyObject *ids[MAX_CALL_ARGS];
@@ -289,17 +289,6 @@ done:
     return result;
 }
 
-PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na) {
-    (void)self;
-    if (na != 3 || !PyDict_Check(a[0]) || !PyTuple_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "block_call(plans, args, share)");
-        return NULL;
-    }
-    if (!expr_type) Py_RETURN_NONE;  /* not configured: the Python path */
-    int share = PyObject_IsTrue(a[2]);
-    return share < 0 ? NULL : block_call_core(a[0], a[1], share);
-}
-
 /* BlockCall, the base type of subgraph.Block: calling a block runs the compiled path with no
  * Python frame (a frame and a bound-method call were ~2,000 instructions of each call) and
  * falls back to the instance's `_call_py(args)` for the cases it leaves. */
@@ -313,8 +302,13 @@ static PyObject *block_tp_call(PyObject *self, PyObject *args, PyObject *kw) {
     if (expr_type && PyTuple_GET_SIZE(args) <= MAX_CALL_ARGS) {
         PyObject *plans = PyObject_GetAttr(self, s_plans), *sh = plans ? PyObject_GetAttr(self, s_share) : NULL;
         int share = sh ? PyObject_IsTrue(sh) : -1;
-        PyObject *out = share >= 0 && PyDict_Check(plans) ? block_call_core(plans, args, share) : NULL;
-        if (share >= 0 && !PyDict_Check(plans)) out = Py_NewRef(Py_None);
+        PyObject *out;
+        if (share < 0)
+            out = NULL;  /* the attribute's or truth test's error */
+        else if (!PyDict_Check(plans))
+            out = Py_NewRef(Py_None);  /* not a plan table: the Python path */
+        else
+            out = block_call_core(plans, args, share);
         Py_XDECREF(plans);
         Py_XDECREF(sh);
         if (out != Py_None) return out;  /* the outputs, or NULL with the error */

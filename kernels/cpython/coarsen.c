@@ -369,8 +369,6 @@ static PyMethodDef methods[] = {
      "plan(args, sig, ops, data, pending, max_nodes, max_args, n_signatures, min_calls, defer_height)"
      " -> (patterns, batches)"},
     {"block_configure", dgc_block_configure, METH_VARARGS, "block_configure(Expression, current, BLOCK_OUTPUT)"},
-    {"block_call", (PyCFunction)(void (*)(void))dgc_block_call, METH_FASTCALL,
-     "block_call(plans, args, share) -> a dy.block call's outputs, or None (take the Python path)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,7 +33,6 @@ PyObject *dgc_ssize_list(const Py_ssize_t *v, Py_ssize_t n);
 PyObject *dgc_ssize_tuple(const Py_ssize_t *v, Py_ssize_t n);
 PyObject *dgc_plan(PyObject *self, PyObject *a);
 PyObject *dgc_block_configure(PyObject *self, PyObject *a);                       /* block_call.c */
-PyObject *dgc_block_call(PyObject *self, PyObject *const *a, Py_ssize_t na);
 int dgc_block_type_ready(PyObject *module);                                      /* BlockCall */
 
 #endif
