@@ -230,6 +230,8 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
             gather_column(ctx, ids, c, op, &x, &plan);
         Py_DECREF(loc);
     }
+    if (plan)
+        dg_untrack_record(plan);  /* ints, None and row tuples: kept with the record (bookkeeping.h) */
     int rc = x && plan && PyList_Append(xs, x) == 0 && PyList_Append(plans, plan) == 0 ? 0 : -1;
     Py_XDECREF(x);
     Py_XDECREF(plan);
@@ -390,6 +392,8 @@ static int place_and_record(PyObject *ctx, PyObject *info, PyObject *nodes, PyOb
     PyObject *items[6] = {nodes, *xs, bid, *plans, cols, *kctx};
     *xs = *plans = *kctx = NULL;  /* stolen by the record */
     PyObject *rec = record(PyTuple_GET_ITEM(ctx, C_RECORD), items, 6);
+    if (rec)
+        dg_untrack_record(rec);  /* lives as long as the graph; holds no cycle (bookkeeping.h) */
     if (!rec || PyList_Append(PyTuple_GET_ITEM(ctx, C_EXECUTED), rec) < 0) {
         Py_XDECREF(rec);
         return -1;
@@ -398,6 +402,8 @@ static int place_and_record(PyObject *ctx, PyObject *info, PyObject *nodes, PyOb
     PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
     if (PyList_CheckExact(log) && PyList_GET_SIZE(log) < 100000) {
         PyObject *entry = Py_BuildValue("(On)", PyTuple_GET_ITEM(info, 5), PyTuple_GET_SIZE(nodes));
+        if (entry)
+            dg_untrack_record(entry);
         int bad = !entry || PyList_Append(log, entry) < 0;
         Py_XDECREF(entry);
         if (bad)
@@ -546,6 +552,8 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
     if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
+    dg_untrack_list(xs);  /* arrays and plan tuples only (bookkeeping.h: dg_untrack_record) */
+    dg_untrack_list(plans);
     int splittable = batch_splittable(ctx, info, n0);
     if (splittable < 0)
         goto done_info;

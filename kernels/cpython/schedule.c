@@ -83,6 +83,7 @@ static inline Py_ssize_t group_of(int64_t *keys, Py_ssize_t *slot, size_t cap, G
     gs[g].first = i;
     if (!(gs[g].nodes = PyList_New(0)))
         return -1;
+    dg_untrack_list(gs[g].nodes);  /* node ids only (bookkeeping.h) */
     if (!alone) {
         keys[h] = key;
         slot[h] = g;
@@ -501,6 +502,7 @@ static inline int agenda_emit(const Agenda *a, PyObject *result, const Py_ssize_
     Py_ssize_t per = batchable ? m : 1;
     for (Py_ssize_t k = 0; k < m; k += per) {
         PyObject *cur = PyList_New(per);
+        dg_untrack_list(cur);  /* node ids only; lives as long as the graph (bookkeeping.h) */
         if (!cur || PyList_Append(result, cur) < 0) {
             Py_XDECREF(cur);
             return -1;

@@ -38,6 +38,7 @@ static int emit(TW *s, const Py_ssize_t *ns, Py_ssize_t m) {
     PyObject *b = PyList_New(m);
     if (!b)
         return -1;
+    dg_untrack_list(b);  /* node ids only; lives as long as the graph (bookkeeping.h) */
     for (Py_ssize_t k = 0; k < m; k++) {
         Py_INCREF(s->node[ns[k]]);
         PyList_SET_ITEM(b, k, s->node[ns[k]]);

@@ -1,0 +1,118 @@
+"""A graph's records are invisible to Python's cycle collector, and nothing leaks for it.
+
+The compiled scheduler and batch runner (kernels/cpython/bookkeeping.h: dg_untrack_list,
+dg_untrack_record) untrack what lives as long as a graph and can hold no cycle: the
+scheduler's batches, a batch's gathered arguments and plans, its ExecutedBatch. These tests
+check that they are untracked, that a record holding an arbitrary object stays tracked, and
+that a loop of training steps frees every graph with the collector switched off (refcounting
+alone), which is what untracking relies on.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import dynagraph as dy
+from dynagraph import executor, overlap, recording, schedulers
+from refcheck import run_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
+import _random_graph as rg  # noqa: E402
+
+NATIVE = recording.NATIVE
+needs_native = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "run_batch_native"),
+                                  reason="dynagraph._bookkeeping is not built")
+SCHEDULERS = ("agenda", "depth", "typewise")
+
+
+def _graph(spec, pc):
+    dy.renew_cg()
+    return rg.record(pc, spec)
+
+
+@needs_native
+@pytest.mark.parametrize("name", SCHEDULERS)
+@settings(deadline=None, derandomize=True, database=None, max_examples=10,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(spec=rg.graph_spec)
+def test_scheduled_batches_are_untracked(name, spec):
+    pc = dy.ParameterCollection()
+    _graph(spec, pc)
+    cg = dy.cg()
+    pending = [i for i in range(cg.done, len(cg)) if not cg.op[i].leaf]
+    batches = schedulers.get(name).schedule(cg, pending)
+    assert batches and not any(gc.is_tracked(b) for b in batches if type(b) is list)
+    assert sorted(n for b in batches for n in b) == sorted(pending)  # untracked lists still hold their nodes
+
+
+@needs_native
+@pytest.mark.parametrize("name", SCHEDULERS)
+@settings(deadline=None, derandomize=True, database=None, max_examples=10,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(spec=rg.graph_spec)
+def test_executed_batches_are_untracked(name, spec):
+    run = run_graph(name, lambda pc: rg.record(pc, spec))  # forward and backward read them as before
+    records = [r for r in run.cg.executed if isinstance(r, executor.ExecutedBatch)]
+    for r in records:
+        if r.ctx is None:  # a record holding a saved context may hold anything: it stays tracked
+            assert not gc.is_tracked(r), r
+        assert not gc.is_tracked(r.xs) and not gc.is_tracked(r.plans)
+
+
+@needs_native
+def test_record_holding_a_saved_context_stays_tracked():
+    """CPython's rule for tuples: a record is untracked only when nothing inside it is tracked.
+    A dy.block call saves its context for backward (any object): that record stays tracked."""
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((4, 4))
+
+    @dy.block
+    def cell(x, h):
+        return dy.tanh(dy.parameter(W) * x + h)
+
+    dy.renew_cg()
+    h = dy.inputTensor([0.1, 0.2, 0.3, 0.4])
+    outs = [cell(dy.inputTensor([0.5 * k] * 4), h) for k in range(3)]
+    dy.esum([dy.sum_elems(o) for o in outs]).value()
+    with_ctx = [r for r in dy.cg().executed if isinstance(r, executor.ExecutedBatch) and gc.is_tracked(r.ctx)]
+    assert with_ctx, "no batch saved a tracked context: this test checks nothing"
+    assert all(gc.is_tracked(r) for r in with_ctx)
+
+
+def _step(model, trainer, n: int, scheduler: str):
+    dy.renew_cg(scheduler=scheduler)
+    W, b = dy.parameter(model["W"]), dy.parameter(model["b"])
+    h = dy.inputTensor([0.1 * k for k in range(8)])
+    for k in range(n):
+        h = dy.tanh(W * h + b) + dy.lookup(model["E"], k % 5)
+    loss = dy.squared_norm(h)
+    loss.value()
+    loss.backward()
+    trainer.update()
+    return dy.cg()
+
+
+def test_graphs_are_freed_without_the_collector():
+    """Every record a step leaves is freed by refcounting: with the collector off, no graph of a
+    finished step survives the next renew_cg (an untracked container in a cycle would keep one)."""
+    pc = dy.ParameterCollection()
+    model = {"W": pc.add_parameters((8, 8)), "b": pc.add_parameters(8), "E": pc.add_lookup_parameters((5, 8))}
+    trainer = dy.SimpleSGDTrainer(pc, learning_rate=0.01)
+    for sched in SCHEDULERS:
+        _step(model, trainer, 3, sched)
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            refs = [weakref.ref(_step(model, trainer, 3 + k % 4, sched)) for k in range(20)]
+            overlap.wait()
+            dy.renew_cg()
+            alive = [r for r in refs if r() is not None]
+        finally:
+            if was:
+                gc.enable()
+        assert not alive, f"{len(alive)} of 20 graphs outlived their step under {sched}"
