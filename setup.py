@@ -43,7 +43,7 @@ def bookkeeping_extension() -> Extension:
            "kernels/cpython/backward_ops.c",
            "kernels/cpython/schedule.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c", "kernels/cpython/typewise_chain.c", "kernels/cpython/batch_merge.c",
-           "kernels/cpython/phase_split.c"]
+           "kernels/cpython/phase_split.c", "kernels/cpython/array_view.c"]
     return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",
                                                                  "kernels/cpython/backward_batch.h", "kernels/cpython/row_layout.h",
                                                                  "kernels/cpython/typewise.h"],

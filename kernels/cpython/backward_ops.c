@@ -42,7 +42,7 @@ static int operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int 
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
         return 0;
     Py_buffer v;
-    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
+    if (dg_get_buffer(a, &v, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
         return 0;
     }
@@ -307,11 +307,11 @@ static int table_views(PyObject *ctx, PyObject *arrays, Py_ssize_t width, Py_buf
         PyErr_Clear();
         return 0;
     }
-    if (PyObject_GetBuffer(grad, gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+    if (dg_get_buffer(grad, gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
         PyErr_Clear();
         return 0;
     }
-    if (PyObject_GetBuffer(touched, tv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+    if (dg_get_buffer(touched, tv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
         PyErr_Clear();
         PyBuffer_Release(gv);
         return 0;
@@ -337,7 +337,7 @@ static PyObject *lookup(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *plan
         return NULL;
     Py_buffer x;
     if (Py_TYPE(g) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY)
-        || PyObject_GetBuffer(g, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        || dg_get_buffer(g, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         return NULL;
     }
@@ -387,7 +387,7 @@ static PyObject *pnls(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *data) 
     Py_ssize_t rows = PyList_GET_SIZE(data), n = xsh[1];
     Py_buffer gv;
     if (Py_TYPE(g) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY)
-        || PyObject_GetBuffer(g, &gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        || dg_get_buffer(g, &gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         return NULL;
     }
@@ -518,13 +518,13 @@ PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "outer_product(out, g, x)");
         return NULL;
     }
-    if (PyObject_GetBuffer(argv[0], &o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+    if (dg_get_buffer(argv[0], &o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(argv[1], &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (dg_get_buffer(argv[1], &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&o);
         return NULL;
     }
-    if (PyObject_GetBuffer(argv[2], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (dg_get_buffer(argv[2], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&o);
         PyBuffer_Release(&g);
         return NULL;
@@ -579,10 +579,10 @@ PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs)
     int ok = 1;
     for (Py_ssize_t k = 0; ok && k < n; k++) {
         Py_buffer *d = &v[2 * k], *s = &v[2 * k + 1];
-        if (PyObject_GetBuffer(PyList_GET_ITEM(argv[0], k), d, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        if (dg_get_buffer(PyList_GET_ITEM(argv[0], k), d, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
             break;
         got++;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(argv[1], k), s, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        if (dg_get_buffer(PyList_GET_ITEM(argv[1], k), s, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             break;
         got++;
         const char *d0 = d->buf, *s0 = s->buf;

@@ -244,7 +244,7 @@ static int ready(PyObject *ctx, PyObject *y, Py_ssize_t B, PyObject *shape) {
     if (Py_TYPE(y) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY) || !PyTuple_CheckExact(shape))
         return 0;
     Py_buffer v;
-    if (PyObject_GetBuffer(y, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (dg_get_buffer(y, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         return 0;
     }

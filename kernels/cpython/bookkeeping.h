@@ -18,6 +18,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
                AgendaBatching.schedule_py
   phase_split.c concurrent._users_split_py, graph.needed_within (dy.phase in dy.autobatch_map)
+  array_view.c dg_get_buffer: PyObject_GetBuffer with a direct path for plain float arrays
+               (no Python twin: the buffer protocol itself is the reference)
 */
 #ifndef DG_BOOKKEEPING_H
 #define DG_BOOKKEEPING_H
@@ -205,6 +207,10 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
 PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) */
+/* PyObject_GetBuffer with a direct path for plain float32/float64 numpy arrays (array_view.c);
+   released with PyBuffer_Release like any view. */
+int dg_get_buffer(PyObject *o, Py_buffer *v, int flags);
+PyObject *dg_array_view_state(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_depth_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -62,7 +62,7 @@ static int argument_buffers(const dg_direct_ctx *ctx, PyObject *xs, Py_buffer *v
     Py_ssize_t k = PyList_GET_SIZE(xs);
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *x = PyList_GET_ITEM(xs, i);
-        if (Py_TYPE(x) != nd || PyObject_GetBuffer(x, &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        if (Py_TYPE(x) != nd || dg_get_buffer(x, &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
             PyErr_Clear();
             for (Py_ssize_t j = 0; j < i; j++)
                 PyBuffer_Release(&v[j]);
@@ -207,7 +207,7 @@ static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t 
             goto out;
     PyObject *made = empty_of(ctx, shape, t);
     Py_buffer w;
-    if (!made || PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_XDECREF(made);
         goto out;
     }
@@ -275,7 +275,7 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
     if (!made)
         return -1;
     Py_buffer w;
-    if (PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_DECREF(made);
         return -1;
     }
@@ -353,7 +353,7 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
     PyObject *made = empty_of(ctx, full, t);
     Py_DECREF(full);
     Py_buffer w;
-    if (!made || PyObject_GetBuffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_XDECREF(made);
         return -1;
     }
@@ -470,7 +470,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         goto out;
     PyObject *out = empty_like_buffer(ctx, &v[lead], t);
     Py_buffer w;
-    if (!out || PyObject_GetBuffer(out, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (!out || dg_get_buffer(out, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_XDECREF(out);
         rc = -1;
         goto out;

@@ -58,7 +58,7 @@ static int int64_vector(PyObject *ix, const char *name, Py_buffer *v) {
         PyErr_Clear();
         return 0;
     }
-    int ok = PyObject_GetBuffer(a, v, PyBUF_RECORDS_RO) == 0;
+    int ok = dg_get_buffer(a, v, PyBUF_RECORDS_RO) == 0;
     Py_DECREF(a);  /* the buffer keeps the array alive */
     if (!ok) {
         PyErr_Clear();
@@ -77,7 +77,7 @@ static int int64_vector(PyObject *ix, const char *name, Py_buffer *v) {
 static int target_view(PyObject *ctx, PyObject *g, PyObject *shape, const char *fmt, Py_buffer *t) {
     if (Py_TYPE(g) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY) || !PyTuple_CheckExact(shape))
         return 0;
-    if (PyObject_GetBuffer(g, t, PyBUF_RECORDS) < 0) {  /* writable */
+    if (dg_get_buffer(g, t, PyBUF_RECORDS) < 0) {  /* writable */
         PyErr_Clear();
         return 0;
     }
@@ -250,7 +250,7 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
         PyErr_Clear();
         return 0;
     }
-    if (PyObject_GetBuffer(g0, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (dg_get_buffer(g0, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         return 0;
     }

@@ -7,7 +7,7 @@ scatter() and _defer_weight_grads() are the references: every case not done here
 static int array_view(PyObject *ctx, PyObject *a, Py_buffer *v) {
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
         return 0;
-    if (PyObject_GetBuffer(a, v, PyBUF_RECORDS_RO) < 0) {
+    if (dg_get_buffer(a, v, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
         return 0;
     }
@@ -200,7 +200,7 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
     PyObject *block = PyList_GET_ITEM(blocks, b);
     Py_INCREF(block);
     int rc = 0;
-    if (PyObject_GetBuffer(block, &val, PyBUF_STRIDES) < 0) {
+    if (dg_get_buffer(block, &val, PyBUF_STRIDES) < 0) {
         PyErr_Clear();
         goto out;
     }
@@ -222,7 +222,7 @@ int dg_array_shape(PyObject *ctx, PyObject *a, int max_nd, Py_ssize_t *shape) {
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
         return -1;
     Py_buffer v;
-    if (PyObject_GetBuffer(a, &v, PyBUF_RECORDS_RO) < 0) {
+    if (dg_get_buffer(a, &v, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
         return -1;
     }

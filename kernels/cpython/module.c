@@ -42,6 +42,8 @@ static PyMethodDef functions[] = {
                         "latest later batch of its signature before its first user; see batch_merge.c."),
     FAST(users_split, "users_split(args, tainted, nodes): (run, left) of dy.phase's split; see phase_split.c."),
     FAST(needed_within, "needed_within(args, within, targets): graph.needed_within; see phase_split.c."),
+    FAST(array_view_state, "array_view_state(): 1 once a direct numpy view matched the buffer protocol, "
+                           "-1 when it did not (views go through the protocol), 0 before the first; see array_view.c."),
     {NULL, NULL, 0, NULL},
 };
 

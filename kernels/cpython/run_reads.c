@@ -15,7 +15,7 @@ typedef struct {
 
 /* Block b as a run reads it: `format` elements, C-contiguous, at least one row. */
 static int run_slot(RunSlot *s, PyObject *block, const char *format, Py_ssize_t itemsize) {
-    if (PyObject_GetBuffer(block, &s->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (dg_get_buffer(block, &s->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         return 0;
     }

@@ -29,7 +29,7 @@ PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         if (a == Py_None)
             continue;
         Py_buffer v;
-        if (PyObject_GetBuffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        if (dg_get_buffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
             Py_DECREF(out);
             return NULL;
         }
@@ -51,9 +51,9 @@ PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
    table computed from the value block are in range in its gradient block too. */
 static int64_t grad_address(PyObject *a, PyObject *value, const char *format, Py_ssize_t i, Py_ssize_t *len) {
     Py_buffer g, v;
-    if (PyObject_GetBuffer(a, &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+    if (dg_get_buffer(a, &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
         return -1;
-    if (PyObject_GetBuffer(value, &v, PyBUF_ND) < 0) {
+    if (dg_get_buffer(value, &v, PyBUF_ND) < 0) {
         PyBuffer_Release(&g);
         return -1;
     }
@@ -101,9 +101,9 @@ static PyObject *pair_addresses(PyObject *pair_slot, PyObject *pair_off, const i
                                 Py_ssize_t n) {
     Py_buffer ps, po;
     PyObject *out = NULL;
-    if (PyObject_GetBuffer(pair_slot, &ps, PyBUF_SIMPLE) < 0)
+    if (dg_get_buffer(pair_slot, &ps, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(pair_off, &po, PyBUF_SIMPLE) < 0) {
+    if (dg_get_buffer(pair_off, &po, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&ps);
         return NULL;
     }
@@ -181,7 +181,7 @@ static int avoid_span(PyObject *avoid, const char **lo, const char **hi) {
     if (avoid == Py_None)
         return 0;
     Py_buffer a;
-    if (PyObject_GetBuffer(avoid, &a, PyBUF_RECORDS_RO) < 0)
+    if (dg_get_buffer(avoid, &a, PyBUF_RECORDS_RO) < 0)
         return -1;
     const char *first = a.buf, *last = a.buf;
     int empty = 0;
@@ -234,7 +234,7 @@ PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs
         PyObject *arr = PyList_GET_ITEM(argv[0], k), *shape = PyTuple_GET_ITEM(argv[1], k);
         Py_buffer v;
         if (!PyTuple_CheckExact(shape)
-            || PyObject_GetBuffer(arr, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+            || dg_get_buffer(arr, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
             PyErr_Clear();
             Py_DECREF(out);
             Py_RETURN_NONE;

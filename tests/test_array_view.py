@@ -1,0 +1,71 @@
+"""The compiled steps' direct numpy views (kernels/cpython/array_view.c: dg_get_buffer).
+
+A plain float32/float64 array is read through numpy's struct fields instead of the buffer
+protocol. The first such view is compared with the protocol's export, field by field; these
+tests check that the comparison passed on the installed numpy (else every view silently takes
+the slower protocol path), and that inputs in other layouts (other byte orders, Fortran order,
+strided or read-only views, subclasses, other dtypes), which the graph normalizes or the direct
+path refuses, give the same values and gradients as plain ones.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dynagraph as dy
+from dynagraph import recording
+from refcheck import using
+
+NATIVE = recording.NATIVE
+needs_native = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "array_view_state"),
+                                  reason="dynagraph._bookkeeping is not built")
+
+
+def _run(x: np.ndarray, table: np.ndarray):
+    """Values and gradients of a small graph reading x as an input and `table` as lookup rows."""
+    pc = dy.ParameterCollection()
+    W = pc.add_parameters((4, 4), init=np.arange(16, dtype=np.float64).reshape(4, 4) / 16.0)
+    E = pc.add_lookup_parameters((3, 4), init=np.asarray(table, dtype=np.float64))
+    dy.renew_cg()
+    h = dy.inputTensor(x)
+    outs = [dy.tanh(dy.parameter(W) * h + dy.lookup(E, k)) for k in range(3)]
+    loss = dy.esum([dy.sum_elems(dy.cmult(o, o)) for o in outs])
+    value = loss.value()
+    loss.backward()
+    return value, [o.npvalue() for o in outs], W.grad_as_array(), E.grad_as_array()
+
+
+@needs_native
+def test_direct_views_match_the_buffer_protocol_on_this_numpy():
+    with using("float32"):
+        _run(np.linspace(-1, 1, 4), np.ones((3, 4)))
+    assert NATIVE.array_view_state() == 1, "numpy's array layout differs: every view takes the protocol path"
+
+
+class _Sub(np.ndarray):
+    pass
+
+
+PLAIN = np.linspace(-1.0, 1.0, 4)
+ODD_LAYOUTS = {
+    "big-endian": PLAIN.astype(">f8"),
+    "strided": np.repeat(PLAIN, 2)[::2],
+    "fortran 2-d column": np.asfortranarray(PLAIN.reshape(4, 1))[:, 0],
+    "read-only": np.frombuffer(PLAIN.tobytes(), dtype=np.float64),
+    "subclass": PLAIN.copy().view(_Sub),
+    "int": np.array([-1, 0, 1, 2]),
+    "float16": PLAIN.astype(np.float16),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", sorted(ODD_LAYOUTS))
+def test_arrays_the_direct_path_refuses_give_the_same_numbers(layout, dtype):
+    x = ODD_LAYOUTS[layout]
+    table = np.arange(12, dtype=np.float64).reshape(3, 4) / 12.0
+    with using(dtype):
+        want = _run(np.array(x, dtype=np.float64), table)
+        got = _run(x, table)
+    assert got[0] == want[0]
+    for a, b in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
