@@ -40,6 +40,15 @@
 
 #define DG_UNUSED(x) ((void)(x))
 
+/* Multiply-adds fused where the clone has the instruction: for kernels whose results need not
+ * match numpy's rounding because they are their op's reference on this backend (rowmm.inc's
+ * products). The elementwise kernels keep -ffp-contract=off. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define DG_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#else
+#define DG_CONTRACT
+#endif
+
 /* Helpers must be inlined into each clone to run with its instruction set. */
 #if defined(__GNUC__)
 #define DG_INLINE static inline __attribute__((always_inline))

@@ -369,6 +369,37 @@ def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, 
     _assert_same_grads(a, b)
 
 
+def _products_graph(pc, r: int, c: int, rows: int):
+    """rows products W x (+ b) per batch with W (r, c): matmul and affine, forward and backward
+    (x from a lookup table, so its gradient g @ W is needed)."""
+    W = dy.parameter(pc.add_parameters((r, c)))
+    b = dy.parameter(pc.add_parameters(r))
+    E = pc.add_lookup_parameters((rows, c))
+    xs = [dy.lookup(E, i) for i in range(rows)]
+    return [dy.tanh(W * x) for x in xs] + [dy.logistic(dy.affine_transform([b, W, x])) for x in xs]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("r,c,rows", [(256, 256, 1), (256, 257, 1), (16, 8, 4), (16, 8, 5)])
+def test_small_products_as_the_reference_at_their_bounds(monkeypatch, dtype, r, c, rows):
+    """A shared W's products and their input gradients take the small-rows kernels (direct_batch.c,
+    backward_ops.c) exactly where the backend's twins do (direct.PRODUCT_ROWS_MAX, PRODUCT_MACS_MAX;
+    the C side's MATVEC_ROWS_MAX, NB_PRODUCT_*): bit-identical values and gradients either side
+    of each bound, the compiled steps against the Python ones."""
+    from dynagraph.backends.cpu import direct
+    assert (r * c <= direct.PRODUCT_MACS_MAX) == (c == 256 or r == 16)
+    runs = []
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(dynagraph_config, "backend", "cpu")
+            if not native:
+                m.setattr(executor, "_run_batch_native", None)
+                m.setattr(autodiff, "_backward_native", None)
+            runs.append(run_graph("agenda", lambda pc: _products_graph(pc, r, c, rows), dtype=dtype))
+    _same(*runs)
+
+
 @needs_native
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_outer_product_is_numpys_and_checks_its_operands(dtype):

@@ -3,6 +3,7 @@
 #ifndef DG_BACKWARD_BATCH_H
 #define DG_BACKWARD_BATCH_H
 #include "bookkeeping.h"
+#include <stdint.h>
 
 enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_INFO_FN, B_XP, B_FULL, B_DEFER,
        B_ONE_ROW, B_SCATTER, B_LEAF_SUMS, B_NDARRAY, B_FORMAT, B_ACC, B_DEFERRED, B_PRODUCTS,
@@ -13,6 +14,10 @@ enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_
 /* NB_TANH, NB_LOGISTIC: batches of fewer elements than this take backward_ops.c's loop; the cpu
    adapter's threshold (overrides.UNARY_BWD_MIN), below which it runs the op's numpy code */
 #define NB_UNARY_MAX 16384
+/* backends/cpu/direct.py PRODUCT_ROWS_MAX and PRODUCT_MACS_MAX: a product's input gradient
+   g @ W[0] with at most these rows and multiply-adds takes dg_rows_matvec_tgrad */
+#define NB_PRODUCT_ROWS_MAX 4
+#define NB_PRODUCT_MACS_MAX 65536
 enum { ACC_KERNELS, ACC_BACKWARD, ACC_MEMORY, ACC_SCATTERS, ACC_SCATTER_BYTES, ACC_SIZE };
 enum { LEAF = 0, SLICE = 1, TAKE = 2, MANY = 3 };
 
@@ -33,5 +38,15 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
                           PyObject *need, PyObject *plans, PyObject *data);
 PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+/* ... and its helpers, shared with backward_products.c: an operand check (an exact ndarray of the
+   graph's dtype with ndim dims; with contiguous, C-contiguous and its address), a new (rows, cols)
+   block, slot i of the kernel table, reduce_to(g, x.shape) */
+int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf);
+PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf);
+uintptr_t dg_nb_kernel_address(PyObject *ctx, int i);
+PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x);
+
+/* backward_products.c: NB_MATMUL and NB_AFFINE (first: the first product's W; 1 for affine's b) */
+PyObject *dg_nb_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need, Py_ssize_t first);
 
 #endif

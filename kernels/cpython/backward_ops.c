@@ -7,9 +7,11 @@ code stays the reference and the fallback: each case here is the exact path that
 for these operands, so the gradients are bit-identical; any operand it does not expect
 (another type, dtype, layout or shape) returns "not ours" and the op's backward runs.
 
-    NB_MATMUL  ops/linalg.py MatMul.backward: W x with W a parameter's one row whose gradient
-               was deferred (autodiff._defer_weight_grads): dx = g @ W[0] (numpy's @)
-    NB_AFFINE  ops/linalg.py Affine.backward, the same per product, db = reduce_to(g, b.shape)
+    NB_MATMUL  backends/cpu/direct.py PRODUCT_BACKWARD["matmul"] (MatMul.backward, a small product's
+               input gradient by dg_rows_matvec_tgrad): W x with W a parameter's one row whose
+               gradient was deferred (autodiff._defer_weight_grads): dx = g @ W[0] (the kernel within
+               NB_PRODUCT_ROWS_MAX and NB_PRODUCT_MACS_MAX, numpy's @ beyond)
+    NB_AFFINE  the same for Affine.backward, per product; db = reduce_to(g, b.shape)
     NB_LSTM_C  backends/cpu/overrides.py _lstm_c_backward: the C kernel through its address
     NB_LSTM_H  backends/cpu/overrides.py _lstm_h_backward: likewise
     NB_ESUM    ops/elementwise.py ESum.backward: reduce_to(g, x.shape) per argument (g itself mostly)
@@ -34,11 +36,10 @@ typedef void (*lstmc_f64)(const double *, const double *, const double *, double
 typedef void (*lstmh_f32)(const float *, const float *, const float *, float *, float *, int64_t, int64_t);
 typedef void (*lstmh_f64)(const double *, const double *, const double *, double *, double *, int64_t, int64_t);
 
-static PyObject *reduced(PyObject *ctx, PyObject *g, PyObject *x);
 
 /* An exact ndarray of the graph's dtype with ndim dims (its shape into shape), else 0. With
    contiguous, also C-contiguous (its address into *buf). */
-static int operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
+int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
         return 0;
     Py_buffer v;
@@ -62,58 +63,8 @@ static int operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int 
     return ok;
 }
 
-/* x's gradient of the product W x: g @ W[0] (a new reference), or NULL (error set or not). */
-static PyObject *product_grad(PyObject *g, PyObject *W) {
-    PyObject *w0 = PySequence_GetItem(W, 0);
-    if (!w0)
-        return NULL;
-    PyObject *gx = PyNumber_MatrixMultiply(g, w0);
-    Py_DECREF(w0);
-    return gx;
-}
-
-/* Whether W (1, r, c) times x (n, c) fits g (n, r), W's gradient deferred (need False). */
-static int product_fits(PyObject *ctx, PyObject *W, PyObject *X, PyObject *need_w, const Py_ssize_t *gs) {
-    Py_ssize_t ws[3], xs[2];
-    return need_w == Py_False && operand(ctx, W, 3, ws, 0, NULL) && operand(ctx, X, 2, xs, 0, NULL) && ws[0] == 1
-           && ws[1] == gs[1] && xs[0] == gs[0] && xs[1] == ws[2];
-}
-
-/* NB_MATMUL and NB_AFFINE (first: the index of the first product's W; 1 for affine's b). */
-static PyObject *products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need, Py_ssize_t first) {
-    Py_ssize_t k = PyList_GET_SIZE(xs), gs[2];
-    if (k < first + 2 || (k - first) % 2 || PyTuple_GET_SIZE(need) != k || !operand(ctx, g, 2, gs, 0, NULL))
-        return NULL;
-    for (Py_ssize_t i = first; i < k; i += 2)
-        if (!product_fits(ctx, PyList_GET_ITEM(xs, i), PyList_GET_ITEM(xs, i + 1), PyTuple_GET_ITEM(need, i), gs))
-            return NULL;
-    PyObject *out = PyTuple_New(k);
-    if (!out)
-        return NULL;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        PyObject *gi = Py_None;
-        Py_INCREF(gi);
-        if (PyTuple_GET_ITEM(need, i) == Py_True) {
-            Py_DECREF(gi);
-            if (i < first) {  /* affine's b: reduce_to(g, b.shape), as the reference */
-                gi = reduced(ctx, g, PyList_GET_ITEM(xs, i));
-            } else {
-                gi = product_grad(g, PyList_GET_ITEM(xs, i - 1));
-            }
-            if (!gi) {
-                Py_DECREF(out);
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_RuntimeError, "backward_batch_native: a product's gradient failed");
-                return NULL;
-            }
-        }
-        PyTuple_SET_ITEM(out, i, gi);
-    }
-    return out;
-}
-
 /* A new (rows, cols) array of the graph's dtype (np.empty), or NULL with an exception set. */
-static PyObject *new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf) {
+PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf) {
     PyObject *shape = Py_BuildValue("(nn)", rows, cols);
     if (!shape)
         return NULL;
@@ -121,7 +72,7 @@ static PyObject *new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void
     PyObject *a = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
     Py_DECREF(shape);
     Py_ssize_t s[2];
-    if (a && !operand(ctx, a, 2, s, 1, buf)) {
+    if (a && !dg_nb_operand(ctx, a, 2, s, 1, buf)) {
         Py_DECREF(a);
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: empty() made an unexpected array");
         return NULL;
@@ -130,7 +81,7 @@ static PyObject *new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void
 }
 
 /* The kernel address of slot i of the context's table (0: none). */
-static uintptr_t kernel_address(PyObject *ctx, int i) {
+uintptr_t dg_nb_kernel_address(PyObject *ctx, int i) {
     PyObject *t = PyTuple_GET_ITEM(ctx, B_KERNELS);
     if (!PyBytes_CheckExact(t) || PyBytes_GET_SIZE(t) < (Py_ssize_t)((i + 1) * sizeof(uint64_t)))
         return 0;
@@ -168,16 +119,16 @@ static PyObject *lstm_c(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
     double fb;
     void *pre, *cp = NULL, *gp, *dpre, *dcp = NULL;
     if ((k != 1 && k != 2) || PyTuple_GET_SIZE(need) != k || !lstm_attrs(attrs, &H, &fb)
-        || !operand(ctx, PyList_GET_ITEM(xs, 0), 2, ps, 1, &pre) || !operand(ctx, g, 2, gs, 1, &gp)
+        || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, 0), 2, ps, 1, &pre) || !dg_nb_operand(ctx, g, 2, gs, 1, &gp)
         || ps[1] != 4 * H || gs[0] != ps[0] || gs[1] != H || !lstm_size_fits(ctx, ps[0], ps[1]))
         return NULL;
-    if (k == 2 && (!operand(ctx, PyList_GET_ITEM(xs, 1), 2, cs, 1, &cp) || cs[0] != ps[0] || cs[1] != H))
+    if (k == 2 && (!dg_nb_operand(ctx, PyList_GET_ITEM(xs, 1), 2, cs, 1, &cp) || cs[0] != ps[0] || cs[1] != H))
         return NULL;
-    uintptr_t fn = kernel_address(ctx, *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f' ? 0 : 1);
+    uintptr_t fn = dg_nb_kernel_address(ctx, *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f' ? 0 : 1);
     if (!fn)
         return NULL;
-    PyObject *dp = new_block(ctx, ps[0], 4 * H, &dpre), *dc = NULL;
-    if (!dp || (k == 2 && !(dc = new_block(ctx, ps[0], H, &dcp)))) {
+    PyObject *dp = dg_nb_new_block(ctx, ps[0], 4 * H, &dpre), *dc = NULL;
+    if (!dp || (k == 2 && !(dc = dg_nb_new_block(ctx, ps[0], H, &dcp)))) {
         Py_XDECREF(dp);
         return NULL;
     }
@@ -200,16 +151,16 @@ static PyObject *lstm_h(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
     Py_ssize_t H, ps[2], cs[2], gs[2];
     void *pre, *c, *gp, *dpre = NULL, *dcp = NULL;
     if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || !lstm_attrs(attrs, &H, NULL)
-        || !operand(ctx, PyList_GET_ITEM(xs, 0), 2, ps, 1, &pre) || !operand(ctx, PyList_GET_ITEM(xs, 1), 2, cs, 1, &c)
-        || !operand(ctx, g, 2, gs, 1, &gp) || ps[1] != 4 * H || cs[0] != ps[0] || cs[1] != H || gs[0] != ps[0]
+        || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, 0), 2, ps, 1, &pre) || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, 1), 2, cs, 1, &c)
+        || !dg_nb_operand(ctx, g, 2, gs, 1, &gp) || ps[1] != 4 * H || cs[0] != ps[0] || cs[1] != H || gs[0] != ps[0]
         || gs[1] != H || !lstm_size_fits(ctx, ps[0], ps[1]))
         return NULL;
     int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
-    uintptr_t fn = kernel_address(ctx, f32 ? 2 : 3);
+    uintptr_t fn = dg_nb_kernel_address(ctx, f32 ? 2 : 3);
     if (!fn)
         return NULL;
-    PyObject *dp = PyTuple_GET_ITEM(need, 0) == Py_True ? new_block(ctx, ps[0], 4 * H, &dpre) : Py_NewRef(Py_None);
-    PyObject *dc = PyTuple_GET_ITEM(need, 1) == Py_True ? new_block(ctx, ps[0], H, &dcp) : Py_NewRef(Py_None);
+    PyObject *dp = PyTuple_GET_ITEM(need, 0) == Py_True ? dg_nb_new_block(ctx, ps[0], 4 * H, &dpre) : Py_NewRef(Py_None);
+    PyObject *dc = PyTuple_GET_ITEM(need, 1) == Py_True ? dg_nb_new_block(ctx, ps[0], H, &dcp) : Py_NewRef(Py_None);
     if (!dp || !dc) {
         Py_XDECREF(dp);
         Py_XDECREF(dc);
@@ -226,7 +177,7 @@ static PyObject *lstm_h(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
 }
 
 /* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. */
-static PyObject *reduced(PyObject *ctx, PyObject *g, PyObject *x) {
+PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x) {
     PyObject *shape = PyObject_GetAttrString(x, "shape");
     if (!shape)
         return NULL;
@@ -258,7 +209,7 @@ static PyObject *pass_through(PyObject *ctx, PyObject *xs, PyObject *g, PyObject
             int same = nd == gnd;
             for (int d = 0; same && d < nd; d++)
                 same = s[d] == gs[d];
-            gi = same ? Py_NewRef(g) : reduced(ctx, g, x);
+            gi = same ? Py_NewRef(g) : dg_nb_reduced(ctx, g, x);
             if (!gi) {
                 Py_DECREF(out);
                 return NULL;
@@ -344,7 +295,7 @@ static PyObject *lookup(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *plan
     Py_ssize_t n = PyList_GET_SIZE(data);
     Py_ssize_t width = x.ndim >= 1 && x.shape[0] == n ? x.len / x.itemsize / (n ? n : 1) : -1;
     int f32 = x.itemsize == 4;
-    uintptr_t fn = kernel_address(ctx, f32 ? 4 : 5);
+    uintptr_t fn = dg_nb_kernel_address(ctx, f32 ? 4 : 5);
     PyObject *arrays = NULL, *out = NULL;
     Py_buffer gv, tv;
     int64_t *ids = NULL;
@@ -382,7 +333,7 @@ static PyObject *pnls(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *data) 
     Py_ssize_t xsh[2];
     void *xb, *gb, *gxb;
     if (PyList_GET_SIZE(xs) != 1 || !data || !PyList_CheckExact(data)
-        || !operand(ctx, PyList_GET_ITEM(xs, 0), 2, xsh, 1, &xb))
+        || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, 0), 2, xsh, 1, &xb))
         return NULL;
     Py_ssize_t rows = PyList_GET_SIZE(data), n = xsh[1];
     Py_buffer gv;
@@ -396,9 +347,9 @@ static PyObject *pnls(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *data) 
     gb = gv.buf;
     int fits = fmt && gv.format && !strcmp(gv.format, fmt) && gv.len == rows * gv.itemsize && n > 0
                && (xsh[0] == 1 || xsh[0] == rows) && (f32 ? n < 1000 : xsh[0] * n <= 1024);  /* _exp_worth */
-    uintptr_t fn = fits ? kernel_address(ctx, f32 ? 6 : 7) : 0;
+    uintptr_t fn = fits ? dg_nb_kernel_address(ctx, f32 ? 6 : 7) : 0;
     int64_t *labels = fn ? row_ids(data, n) : NULL;
-    PyObject *gx = labels ? new_block(ctx, xsh[0], n, &gxb) : NULL;
+    PyObject *gx = labels ? dg_nb_new_block(ctx, xsh[0], n, &gxb) : NULL;
     if (gx) {
         if (f32)
             ((pnls_f32)fn)(gxb, xb, xsh[0] == rows ? n : 0, labels, gb, rows, n);
@@ -435,10 +386,10 @@ static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyOb
     Py_ssize_t ys[2], gs[2];
     void *yp, *gp, *op;
     if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True
-        || !operand(ctx, y, 2, ys, 1, &yp) || !operand(ctx, g, 2, gs, 1, &gp) || ys[0] != gs[0] || ys[1] != gs[1]
+        || !dg_nb_operand(ctx, y, 2, ys, 1, &yp) || !dg_nb_operand(ctx, g, 2, gs, 1, &gp) || ys[0] != gs[0] || ys[1] != gs[1]
         || ys[0] * ys[1] >= NB_UNARY_MAX)
         return NULL;
-    PyObject *out = new_block(ctx, ys[0], ys[1], &op);
+    PyObject *out = dg_nb_new_block(ctx, ys[0], ys[1], &op);
     if (!out)
         return NULL;
     int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
@@ -465,9 +416,9 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
                           PyObject *need, PyObject *plans, PyObject *data) {
     switch (code) {
     case NB_MATMUL:
-        return products(ctx, xs, g, need, 0);
+        return dg_nb_products(ctx, xs, g, need, 0);
     case NB_AFFINE:
-        return products(ctx, xs, g, need, 1);
+        return dg_nb_products(ctx, xs, g, need, 1);
     case NB_LSTM_C:
         return lstm_c(ctx, attrs, xs, g, need);
     case NB_LSTM_H:

@@ -9,9 +9,10 @@ Each function here has a pure-Python twin that is the reference and the fallback
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py);
                schedule_cache._same_slice_py
   batch_run.c  executor.run_batch (run_batch_native: one batch per call); its direct kernels in
-               direct_batch.c (twins: backends/cpu/direct.py)
+               direct_batch.c and direct_products.c (twins: backends/cpu/direct.py)
   backward_batch.c  autodiff.backward's step for one batch (backward_batch_native); its scatters
-               and weight-product deferral in grad_scatter.c
+               and weight-product deferral in grad_scatter.c; the commonest ops' backward in
+               backward_ops.c and backward_products.c (twins: the ops' backward, backends/cpu)
   run_reads.c  dynagraph/runs.py's run_table (where a run reads every argument row)
   run_tables.c dynagraph/runs.py (addresses, grad_addresses); block_table and
                row_index_small for backends/cpu/rows.py (its Python paths are the twins)
@@ -199,6 +200,13 @@ typedef struct {
     int want_t;
     int *ready;                   /* set on success: whether the output is the batch's block as it is */
 } dg_direct_ctx;
+/* direct_batch.c's helpers for direct_products.c: numpy.empty(shape, dtype t); whether w is the batch's block */
+PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t);
+void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t);
+/* direct_products.c: affine (affine 1) or matmul of shared matrices (as dg_direct_batch: 1 with *y, 0, -1) */
+int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *bound, int t, PyObject *xs,
+                       const Py_buffer *v, PyObject **y);
+void dg_set_matvec_kernels(void *f32, void *f64);
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

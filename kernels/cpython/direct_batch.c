@@ -31,17 +31,18 @@ typedef void (*lstmh_f64)(const double *, const double *, double *, int64_t, int
 /* [kind - 1][0: float32, 1: float64]; NULL until set_direct_kernels */
 static void *direct_fn[DIRECT_KINDS][2];
 
-/* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., take_f64): the kernels' addresses
-   (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_*, dg_lstmc_fwd_*,
-   dg_lstmh_fwd_* of dynagraph._kernels), set once by backends/cpu/direct.py. */
+/* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., lstmh_f64, matvec_f32, matvec_f64): the
+   kernels' addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_*,
+   dg_lstmc_fwd_*, dg_lstmh_fwd_*, dg_rows_matvec_* of dynagraph._kernels), set once by
+   backends/cpu/direct.py. */
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2 * DIRECT_KINDS) {
-        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 14 kernel addresses");
+    if (nargs != 2 * DIRECT_KINDS + 2) {
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 16 kernel addresses");
         return NULL;
     }
-    void *got[2 * DIRECT_KINDS];
-    for (int i = 0; i < 2 * DIRECT_KINDS; i++) {
+    void *got[2 * DIRECT_KINDS + 2];
+    for (int i = 0; i < 2 * DIRECT_KINDS + 2; i++) {
         got[i] = PyLong_AsVoidPtr(argv[i]);
         if (!got[i]) {
             if (!PyErr_Occurred())
@@ -51,6 +52,7 @@ PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_
     }
     for (int i = 0; i < 2 * DIRECT_KINDS; i++)
         direct_fn[i / 2][i % 2] = got[i];
+    dg_set_matvec_kernels(got[2 * DIRECT_KINDS], got[2 * DIRECT_KINDS + 1]);
     Py_RETURN_NONE;
 }
 
@@ -134,7 +136,7 @@ static int64_t *index_array(PyObject *data, Py_ssize_t bound) {
 /* *ctx->ready: whether the output w (of dtype t) is already the batch's block, as batch_run.c's
    ready() would find (the graph's dtype, shape (B,) + the node's shape), so that it need not
    export the output's buffer again to ask. */
-static void mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t) {
+void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t) {
     PyObject *shape = ctx->shape;
     int ok = t == ctx->want_t && PyTuple_CheckExact(shape) && w->ndim == PyTuple_GET_SIZE(shape) + 1
              && w->shape[0] == ctx->rows;
@@ -146,7 +148,7 @@ static void mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t) {
 
 /* numpy.empty(shape, dtype t) (0 float32, 1 float64): a kernel's output. numpy.empty is C;
    numpy.empty_like goes through a Python dispatcher first (~0.5 us, as much as a small kernel). */
-static PyObject *empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t) {
+PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t) {
     PyObject *argv[2] = {shape, ctx->dtypes[t]};
     return PyObject_Vectorcall(ctx->empty, argv, 2, NULL);
 }
@@ -164,7 +166,7 @@ static PyObject *empty_like_buffer(const dg_direct_ctx *ctx, const Py_buffer *v,
         }
         PyTuple_SET_ITEM(shape, d, e);
     }
-    PyObject *out = empty_of(ctx, shape, t);
+    PyObject *out = dg_direct_empty_of(ctx, shape, t);
     Py_DECREF(shape);
     return out;
 }
@@ -205,7 +207,7 @@ static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t 
     for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); d++)
         if (!PyTuple_GET_ITEM(shape, d))
             goto out;
-    PyObject *made = empty_of(ctx, shape, t);
+    PyObject *made = dg_direct_empty_of(ctx, shape, t);
     Py_buffer w;
     if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_XDECREF(made);
@@ -237,7 +239,7 @@ static int direct_indexed(const dg_direct_ctx *ctx, long kind, const Py_ssize_t 
     } else {
         ((take_f64)fn)(w.buf, v->buf, idx, (int64_t)B, (int64_t)n);
     }
-    mark_ready(ctx, &w, t);
+    dg_direct_mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = made;
     rc = 1;
@@ -270,7 +272,7 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
         if (v[i].ndim != 2 || v[i].shape[0] != B || v[i].shape[1] != H)
             return 0;
     PyObject *shape = Py_BuildValue("(nn)", B, H);
-    PyObject *made = shape ? empty_of(ctx, shape, t) : NULL;
+    PyObject *made = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
     Py_XDECREF(shape);
     if (!made)
         return -1;
@@ -297,7 +299,7 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
     } else {
         ((lstmh_f64)fn)(v[0].buf, c, w.buf, (int64_t)B, (int64_t)H);
     }
-    mark_ready(ctx, &w, t);
+    dg_direct_mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = made;
     return 1;
@@ -350,7 +352,7 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
         Py_INCREF(PyTuple_GET_ITEM(shape, d));
         PyTuple_SET_ITEM(full, d + 1, PyTuple_GET_ITEM(shape, d));
     }
-    PyObject *made = empty_of(ctx, full, t);
+    PyObject *made = dg_direct_empty_of(ctx, full, t);
     Py_DECREF(full);
     Py_buffer w;
     if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -372,54 +374,12 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
             dst += part;
         }
     }
-    mark_ready(ctx, &w, t);
+    dg_direct_mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = made;
     return 1;
 }
 
-
-/* affine (DIRECT_AFFINE: b, W1, x1, W2, x2, ...) and matmul (DIRECT_MATMUL: W, x) with every W a
-   shared matrix (1, r, c) and every x a batch of vectors (n, c): the op's own numpy code
-   (ops/linalg.py: y = x1 @ W1[0].T; y += x2 @ W2[0].T ...; y += b) made through numpy's number
-   protocol, without its Python frames: the same calls on the same operands, so the same
-   values. b: (1 or n, r) with every x of n rows. As direct_batch: 1 with *y, 0, -1. */
-static int direct_products(long kind, PyObject *xs, const Py_buffer *v, PyObject **y) {
-    Py_ssize_t k = PyList_GET_SIZE(xs), first = kind == DIRECT_AFFINE ? 1 : 0;
-    if (kind == DIRECT_AFFINE ? (k < 3 || k % 2 == 0) : k != 2)
-        return 0;
-    Py_ssize_t r = v[first].ndim == 3 ? v[first].shape[1] : -1, n = v[first + 1].shape[0];
-    for (Py_ssize_t i = first; i < k; i += 2)
-        if (v[i].ndim != 3 || v[i].shape[0] != 1 || v[i].shape[1] != r || v[i + 1].ndim != 2
-            || v[i + 1].shape[0] != n || v[i + 1].shape[1] != v[i].shape[2])
-            return 0;
-    if (kind == DIRECT_AFFINE && (v[0].ndim != 2 || v[0].shape[1] != r || (v[0].shape[0] != 1 && v[0].shape[0] != n)))
-        return 0;
-    PyObject *out = NULL;
-    for (Py_ssize_t i = first; i < k; i += 2) {
-        PyObject *w0 = PySequence_GetItem(PyList_GET_ITEM(xs, i), 0);
-        PyObject *wt = w0 ? PyObject_GetAttrString(w0, "T") : NULL;
-        PyObject *p = wt ? PyNumber_MatrixMultiply(PyList_GET_ITEM(xs, i + 1), wt) : NULL;
-        Py_XDECREF(w0);
-        Py_XDECREF(wt);
-        if (p && out)
-            Py_SETREF(out, PyNumber_InPlaceAdd(out, p));  /* y += p: a fresh product, as the op's code */
-        else if (p)
-            out = Py_NewRef(p);
-        Py_XDECREF(p);
-        if (!p || !out) {
-            Py_XDECREF(out);
-            return -1;
-        }
-    }
-    if (kind == DIRECT_AFFINE) {
-        Py_SETREF(out, PyNumber_InPlaceAdd(out, PyList_GET_ITEM(xs, 0)));
-        if (!out)
-            return -1;
-    }
-    *y = out;
-    return 1;
-}
 
 /* Calls the kernel of `desc` for the batch's arguments xs: 1 with *y its output (a new array),
    0 when the batch does not fit the kernel (nothing done, no error), -1 on error. */
@@ -460,7 +420,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         goto out;
     }
     if (kind == DIRECT_AFFINE || kind == DIRECT_MATMUL) {
-        rc = direct_products(kind, xs, v, y);
+        rc = dg_direct_products(ctx, kind == DIRECT_AFFINE, bound, t, xs, v, y);
         goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;
@@ -517,7 +477,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
         PyMem_Free(args);
         PyMem_Free(strides);
     }
-    mark_ready(ctx, &w, t);
+    dg_direct_mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = out;
     rc = 1;

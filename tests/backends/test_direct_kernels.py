@@ -143,12 +143,60 @@ def test_twins_match_the_ops_numpy_code():
                                    rtol=tol)
 
 
+@pytest.mark.parametrize("dt,tol", [(np.float32, 2e-6), (np.float64, 1e-13)])
+@pytest.mark.parametrize("n,r,c", [(1, 8, 5), (2, 16, 9), (4, 64, 128), (1, 256, 128), (5, 8, 5), (1, 512, 128)])
+def test_small_products_match_the_ops_numpy_code(dt, tol, n, r, c):
+    """affine (two products, b of 1 or n rows) and matmul through the small-rows kernel where
+    n <= PRODUCT_ROWS_MAX and the multiply-adds fit PRODUCT_MACS_MAX, the op's numpy code beyond;
+    forward and the input gradients of the backward override against the op's own code."""
+    from dynagraph.ops.base import OPS
+    rng = np.random.default_rng(n * 1000 + r + c)
+    W1, W2 = (rng.uniform(-1, 1, (1, r, c)).astype(dt) for _ in range(2))
+    x1, x2 = (rng.uniform(-1, 1, (n, c)).astype(dt) for _ in range(2))
+    g = rng.uniform(-1, 1, (n, r)).astype(dt)
+    rows_fit = n <= direct.PRODUCT_ROWS_MAX
+    assert direct._small_products((W1, x1), 0) == (n if rows_fit and n * r * c <= direct.PRODUCT_MACS_MAX else 0)
+    assert direct._small_products((g, W1, x1, W2, x2), 1) == (n if rows_fit and 2 * n * r * c <= direct.PRODUCT_MACS_MAX
+                                                              else 0)
+    dk = direct.DirectKernels({})
+    for b in (rng.uniform(-1, 1, (1, r)).astype(dt), rng.uniform(-1, 1, (n, r)).astype(dt)):
+        args = (b, W1, x1, W2, x2)
+        np.testing.assert_allclose(dk.get("affine")[1](np, (), None, *args), OPS["affine"].forward(np, (), None, *args),
+                                   rtol=tol, atol=tol * c)
+        need = (True, False, True, False, True)
+        got = direct.PRODUCT_BACKWARD["affine"](np, (), None, args, None, g, need)
+        want = OPS["affine"].backward(np, (), None, args, None, g, need)
+        for a, w in zip(got, want):
+            assert (a is None) == (w is None)
+            if a is not None:
+                np.testing.assert_allclose(a, w, rtol=tol, atol=tol * r)
+    np.testing.assert_allclose(dk.get("matmul")[1](np, (), None, W1, x1), OPS["matmul"].forward(np, (), None, W1, x1),
+                               rtol=tol, atol=tol * c)
+    got = direct.PRODUCT_BACKWARD["matmul"](np, (), None, (W1, x1), None, g, (True, True))
+    want = OPS["matmul"].backward(np, (), None, (W1, x1), None, g, (True, True))
+    for a, w in zip(got, want):
+        np.testing.assert_allclose(a, w, rtol=tol, atol=tol * max(r, c))
+
+
+def test_small_products_refuse_what_the_kernel_does_not_take():
+    W = np.ones((1, 4, 3))
+    x = np.ones((2, 3))
+    assert direct._small_products((W, x), 0) == 2
+    assert direct._small_products((W, np.ones((2, 6))[:, ::2]), 0) == 0          # not contiguous
+    assert direct._small_products((W, x.astype(np.float32)), 0) == 0             # mixed dtypes
+    assert direct._small_products((np.ones((2, 4, 3)), x), 0) == 0               # per-sample matrices
+    assert direct._small_products((np.ones((3, 4)), W, x), 1) == 0               # b of neither 1 nor n rows
+    assert direct._small_products((W, np.ones((direct.PRODUCT_ROWS_MAX + 1, 3))), 0) == 0
+
+
 def test_set_direct_kernels_checks_its_arguments():
     native = pytest.importorskip("dynagraph._bookkeeping")
     with pytest.raises(TypeError):
         native.set_direct_kernels(1, 2)
+    with pytest.raises(TypeError):
+        native.set_direct_kernels(*[1] * 14)  # the two small-product kernels missing
     with pytest.raises(ValueError):
-        native.set_direct_kernels(*[0] * 14)
+        native.set_direct_kernels(*[0] * 16)
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -74,6 +74,7 @@ class CpuBackend(NumpyBackend):
             fwd, bwd = installed_kernels()
             self.forward_kernels.update(fwd)
             self.backward_kernels.update(bwd)
+            self.backward_kernels.update(direct.PRODUCT_BACKWARD)  # small products' input gradients
         # small elementwise batches called from the compiled batch step (direct.py), where it is built
         self.direct_kernels = DirectKernels(self.forward_kernels) if install and direct.register() else None
         self.native_backward = NATIVE_BACKWARD

@@ -8,7 +8,7 @@ them. Here the step may
     against the shapes it records, and each target gradient block is checked to have that
     shape before a row is written), so a gathered argument's gradient is scattered in C;
   * run the commonest ops' backward without a Python frame (kernels/cpython/backward_ops.c):
-    a product's input gradient by numpy's @, the LSTM gates and pickneglogsoftmax through the
+    a product's input gradient by the small-rows kernel or numpy's @ (direct.PRODUCT_BACKWARD), the LSTM gates and pickneglogsoftmax through the
     C kernels' addresses, esum's and add's (the output gradient, shared), a lookup's rows
     added into its table's gradient by the embedding kernel (embedding_backward's), tanh's and
     logistic's by a loop of the numpy code's float operations (below the adapter's threshold).
@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 
 from ...ops.base import OPS
 from .ffi import ffi, lib
+from .direct import PRODUCT_BACKWARD
 from .overrides import LSTM_F64_MAX, _lstm_c_backward, _lstm_h_backward, _pnls_backward
 from .rows import RowIndex
 
 # backward_ops.c's op codes (its NB_* enum) and the overrides they stand for (None: the op's own)
 _UNARY = "unary adapter"  # the op's own backward, or overrides._unary_backward with NB_UNARY_MAX
-_CODES = {"matmul": (1, None), "affine": (2, None), "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
+_CODES = {"matmul": (1, PRODUCT_BACKWARD["matmul"]), "affine": (2, PRODUCT_BACKWARD["affine"]),
+          "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
           "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward),
           "tanh": (9, _UNARY), "logistic": (10, _UNARY)}
 # backward_batch.h's NB_UNARY_MAX: smaller tanh/logistic batches take backward_ops.c's loop, which is
@@ -38,7 +40,8 @@ NB_UNARY_MAX = 16384
 _OWN_BACKWARD = {name: OPS[name].backward for name in ("tanh", "logistic")}
 # backward_ops.c's kernel table, in its slot order
 _KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
-            "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64")
+            "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64",
+            "dg_rows_matvec_tgrad_f32", "dg_rows_matvec_tgrad_f64")
 
 
 def _addresses() -> bytes:

@@ -28,7 +28,7 @@ import numpy as np
 from ..._kernels import ffi, lib
 from ...ops.base import OPS
 from .elementwise import binary_forward, pickneglogsoftmax_forward, sum_args
-from .ffi import BINARY, F32, F64, UNARY, _fn, _p
+from .ffi import BINARY, F32, F64, UNARY, _fn, _p, _pi
 from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
@@ -117,6 +117,117 @@ def _pnls_twin(fallback):
     return forward
 
 
+# Products of a shared matrix with at most PRODUCT_ROWS_MAX rows and PRODUCT_MACS_MAX
+# multiply-adds in all take dg_rows_matvec (rowmm.inc: 8-lane dots, four rows at a time)
+# instead of numpy's matmul, whose ufunc machinery, operand views and bias add cost ~20k
+# instructions a call: per sentence most products have one row and a small W. Beyond these
+# bounds BLAS wins or ties (the dots read W once per row; at one row and 2048 x 512 they tie).
+PRODUCT_ROWS_MAX = 4          # direct_batch.c's MATVEC_ROWS_MAX
+PRODUCT_MACS_MAX = 1 << 16    # e.g. one row against a 256 x 256 W
+_ZERO_ROWS = np.zeros(PRODUCT_ROWS_MAX, np.int64)  # every row reads matrix 0, row 0 (direct_batch.c's ZERO_ROWS)
+
+
+def _small_products(args: tuple, first: int) -> int:
+    """Rows n when every argument is an exact C-contiguous ndarray of one real dtype, every product
+    is W (1, r, c) times x (n, c) with one n and r, affine's b is (1 or n, r), n <= PRODUCT_ROWS_MAX
+    and the products' multiply-adds <= PRODUCT_MACS_MAX (direct_batch.c's direct_products decides
+    the same); 0 otherwise."""
+    k = len(args)
+    if k < first + 2 or (k - first) % 2:
+        return 0
+    dt = args[0].dtype if type(args[0]) is np.ndarray else None
+    if dt != F32 and dt != F64:
+        return 0
+    for x in args:
+        if type(x) is not np.ndarray or x.dtype != dt or not x.flags.c_contiguous:
+            return 0
+    W, X = args[first], args[first + 1]
+    if W.ndim != 3 or X.ndim != 2:
+        return 0
+    r, n = W.shape[1], X.shape[0]
+    for i in range(first, k, 2):
+        W, X = args[i], args[i + 1]
+        if W.ndim != 3 or W.shape[0] != 1 or W.shape[1] != r or X.ndim != 2 or X.shape[0] != n \
+                or X.shape[1] != W.shape[2]:
+            return 0
+    if first and (args[0].ndim != 2 or args[0].shape[1] != r or args[0].shape[0] not in (1, n)):
+        return 0
+    macs = sum(n * r * args[i].shape[2] for i in range(first, k, 2))
+    return n if 1 <= n <= PRODUCT_ROWS_MAX and macs <= PRODUCT_MACS_MAX else 0
+
+
+def _products_twin(name: str, first: int):
+    """affine (first 1: b, W1, x1, ...) and matmul (first 0: W, x): the small-rows kernel where
+    _small_products says so, else the op's own numpy code (which direct_products makes from C)."""
+    own = OPS[name].forward
+
+    def forward(xp, a, data, *args):
+        n = _small_products(args, first)
+        if not n:
+            return own(xp, a, data, *args)
+        dt, r = args[first].dtype, args[first].shape[1]
+        fn, y = _fn("dg_rows_matvec", dt), None
+        for i in range(first, len(args), 2):
+            W, X = args[i], args[i + 1]
+            p = np.empty((n, r), dt)
+            c = W.shape[2]
+            fn(_p(p), ffi.new(_BASES[dt], [_p(W)]), _pi(_ZERO_ROWS), _pi(_ZERO_ROWS), _p(X), c, n, r, c)
+            if y is None:
+                y = p
+            else:
+                y += p
+        if first:
+            y += args[0]
+        return y
+    return forward
+
+
+_BASES = {F32: "float *[1]", F64: "double *[1]"}
+
+
+def _tgrad_fits(W, g) -> bool:
+    """g @ W[0] by the small-rows kernel: both exact C-contiguous arrays of one real dtype, W (1, r, c),
+    g (n, r), n <= PRODUCT_ROWS_MAX and n*r*c <= PRODUCT_MACS_MAX (backward_ops.c's small_product_grad)."""
+    if type(W) is not np.ndarray or type(g) is not np.ndarray or W.dtype != g.dtype or (W.dtype != F32 and W.dtype != F64):
+        return False
+    if W.ndim != 3 or g.ndim != 2 or W.shape[0] != 1 or W.shape[1] != g.shape[1]:
+        return False
+    if not (W.flags.c_contiguous and g.flags.c_contiguous):
+        return False
+    n = g.shape[0]
+    return 1 <= n <= PRODUCT_ROWS_MAX and n * W.shape[1] * W.shape[2] <= PRODUCT_MACS_MAX
+
+
+def _products_backward(name: str, first: int):
+    """The op's own backward, with each fitting product's input gradient g @ W[0] made by
+    dg_rows_matvec_tgrad (rowmm.inc: the rows of W added in order) instead of numpy's matmul;
+    backward_ops.c's NB_MATMUL/NB_AFFINE make the same decision with the same kernel."""
+    own = OPS[name].backward
+
+    def backward(xp, a, data, xs, y, g, need):
+        fit = [i for i in range(first, len(xs), 2)
+               if need[i + 1] and xs[i + 1].ndim == 2 and xs[i + 1].shape[0] == g.shape[0] and _tgrad_fits(xs[i], g)]
+        if not fit:
+            return own(xp, a, data, xs, y, g, need)
+        rest = list(need)
+        for i in fit:
+            rest[i + 1] = False
+        out = list(own(xp, a, data, xs, y, g, tuple(rest)))
+        for i in fit:
+            W = xs[i]
+            n, r, c = g.shape[0], W.shape[1], W.shape[2]
+            gx = np.empty((n, c), W.dtype)
+            _fn("dg_rows_matvec_tgrad", W.dtype)(_p(gx), ffi.new(_BASES[W.dtype], [_p(W)]), _pi(_ZERO_ROWS),
+                                                 _pi(_ZERO_ROWS), _p(g), n, r, c)
+            out[i + 1] = gx
+        return tuple(out)
+    return backward
+
+
+# installed by CpuBackend; backend/cpu/backward.py offers NB_MATMUL/NB_AFFINE only where these are in place
+PRODUCT_BACKWARD = {"matmul": _products_backward("matmul", 0), "affine": _products_backward("affine", 1)}
+
+
 def _address(name: str) -> int:
     return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
@@ -137,7 +248,7 @@ def register() -> bool:
         return False
     if not _REGISTERED:
         setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows",
-                                                    "lstmc_fwd", "lstmh_fwd") for t in ("f32", "f64")))
+                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec") for t in ("f32", "f64")))
         _REGISTERED = True
     return True
 
@@ -171,7 +282,9 @@ class DirectKernels(dict):
         # concatenate along the first per-node axis: copied in C, as exact as the op's own code
         self["concatenate"] = ((DIRECT_CONCAT, 0, TAKE_MAX, TAKE_MAX),
                                lambda xp, a, data, *xs: fallback("concatenate")(xp, a, data, *xs), 2)
-        # products with shared weights: the op's own numpy calls, made from C without its Python
-        # frames (the same calls, so the same values); its own code is the twin
-        self["affine"] = ((DIRECT_AFFINE, 0, TAKE_MAX, TAKE_MAX), OPS["affine"].forward, 1)
-        self["matmul"] = ((DIRECT_MATMUL, 0, TAKE_MAX, TAKE_MAX), OPS["matmul"].forward, 0)
+        # products with shared weights: up to PRODUCT_ROWS_MAX rows the small-rows kernel, above it
+        # the op's own numpy calls made from C without its Python frames (the same calls, so the same
+        # values); the twin decides and computes the same way
+        rows = (DIRECT_AFFINE, 0, PRODUCT_MACS_MAX, PRODUCT_MACS_MAX)
+        self["affine"] = (rows, _products_twin("affine", 1), 1)
+        self["matmul"] = ((DIRECT_MATMUL,) + rows[1:], _products_twin("matmul", 0), 0)
