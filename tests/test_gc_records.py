@@ -35,11 +35,15 @@ def _graph(spec, pc):
     return rg.record(pc, spec)
 
 
-@needs_native
-@pytest.mark.parametrize("name", SCHEDULERS)
-@settings(deadline=None, derandomize=True, database=None, max_examples=10,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(spec=rg.graph_spec)
+def _every_scheduler_on_random_graphs(test):
+    """The test(name, spec) under each compiled scheduler, on hypothesis-drawn random graphs."""
+    test = given(spec=rg.graph_spec)(test)
+    test = settings(deadline=None, derandomize=True, database=None, max_examples=10,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])(test)
+    return needs_native(pytest.mark.parametrize("name", SCHEDULERS)(test))
+
+
+@_every_scheduler_on_random_graphs
 def test_scheduled_batches_are_untracked(name, spec):
     pc = dy.ParameterCollection()
     _graph(spec, pc)
@@ -50,11 +54,7 @@ def test_scheduled_batches_are_untracked(name, spec):
     assert sorted(n for b in batches for n in b) == sorted(pending)  # untracked lists still hold their nodes
 
 
-@needs_native
-@pytest.mark.parametrize("name", SCHEDULERS)
-@settings(deadline=None, derandomize=True, database=None, max_examples=10,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(spec=rg.graph_spec)
+@_every_scheduler_on_random_graphs
 def test_executed_batches_are_untracked(name, spec):
     run = run_graph(name, lambda pc: rg.record(pc, spec))  # forward and backward read them as before
     records = [r for r in run.cg.executed if isinstance(r, executor.ExecutedBatch)]

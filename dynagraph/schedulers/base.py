@@ -12,6 +12,7 @@ from typing import Callable, Protocol, Sequence
 from ..errors import DynagraphError
 
 _REGISTRY: dict[str, Callable[[], "Scheduler"]] = {}
+_POST_PASSES: dict[str, Callable[["Scheduler"], "Scheduler"]] = {}  # "NAME" + suffix -> wrap(NAME's scheduler)
 
 
 class Scheduler(Protocol):
@@ -26,8 +27,19 @@ def register(name: str, factory: Callable[[], Scheduler]) -> None:
     _REGISTRY[name] = factory
 
 
+def register_post_pass(suffix: str, wrap: Callable[[Scheduler], Scheduler]) -> None:
+    """Make "NAME<suffix>" mean NAME's schedule followed by a post-pass: wrap(NAME's scheduler)
+    (schedulers/merge.py registers "+merge")."""
+    _POST_PASSES[suffix] = wrap
+
+
 def available() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def batchable_by_sig(cg) -> list:
+    """op.batchable per signature id (the op is a signature's first part): the compiled paths' table."""
+    return [key[0].batchable for key in cg.signatures]
 
 
 def get(spec) -> Scheduler:
@@ -35,9 +47,10 @@ def get(spec) -> Scheduler:
     by the batch-merging post-pass (schedulers/merge.py)."""
     if hasattr(spec, "schedule"):
         return spec
-    if isinstance(spec, str) and spec.endswith("+merge"):  # any scheduler, then the merging post-pass
-        from .merge import Merged
-        return Merged(get(spec[:-len("+merge")]))
+    if isinstance(spec, str):
+        for suffix, wrap in _POST_PASSES.items():  # any scheduler, then a post-pass
+            if spec.endswith(suffix):
+                return wrap(get(spec[:-len(suffix)]))
     name, sep, arg = spec.partition(":")  # "fsm:policy.json" passes an argument to the factory
     factory = _REGISTRY.get(name)
     if factory is None:

@@ -49,8 +49,8 @@ import os
 from typing import Sequence
 
 from ..recording import NATIVE
-from .base import get, register
-from .typewise import Simulation, base_key, batchable_by_sig, param_names, stable_keys
+from .base import batchable_by_sig, get, register
+from .typewise import Simulation, base_key, param_names, stable_keys
 
 ENCODINGS = ("base", "max", "sort", "ratio", "chain")
 FORMAT = "dynagraph.fsm.policy"

@@ -21,12 +21,12 @@ import bisect
 from typing import Sequence
 
 from ..recording import NATIVE
-from .typewise import batchable_by_sig
+from .base import batchable_by_sig, register_post_pass
 
 
 def merge_batches_py(cg, batches: Sequence[Sequence[int]], batchable: Sequence[bool]) -> list:
     """The pass in Python (module docstring). batchable[s]: whether signature s may batch
-    (typewise.batchable_by_sig). Unchanged batches are returned as they came; merged ones sorted."""
+    (base.batchable_by_sig). Unchanged batches are returned as they came; merged ones sorted."""
     B = len(batches)
     if B < 2:
         return list(batches)
@@ -100,3 +100,6 @@ class Merged:
 
     def schedule(self, cg, nodes: Sequence[int]) -> list[list[int]]:
         return merge_batches(cg, self.inner.schedule(cg, nodes))
+
+
+register_post_pass("+merge", Merged)  # "NAME+merge": NAME, then this pass

@@ -46,7 +46,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..recording import NATIVE
-from .base import register, users_of
+from .base import batchable_by_sig, register, users_of
 
 
 # ----------------------------------------------------------------- stable keys
@@ -483,11 +483,6 @@ def _children(nodes, base, pset) -> tuple[list, list]:
 
 
 # ------------------------------------------------------------------ heuristic
-def batchable_by_sig(cg) -> list:
-    """op.batchable per signature id (the op is a signature's first part): the compiled path's table."""
-    return [key[0].batchable for key in cg.signatures]
-
-
 class TypewiseBatching:
     """Greedy ED-Batch heuristic: run the ready type with the highest |ready| / |F_a|.
 

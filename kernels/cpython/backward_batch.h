@@ -38,7 +38,7 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
                           PyObject *need, PyObject *plans, PyObject *data);
 PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
-/* ... and its helpers, shared with backward_products.c: an operand check (an exact ndarray of the
+/* backward_operands.c (backward_ops.c, backward_products.c): an operand check (an exact ndarray of the
    graph's dtype with ndim dims; with contiguous, C-contiguous and its address), a new (rows, cols)
    block, slot i of the kernel table, reduce_to(g, x.shape) */
 int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf);

@@ -37,58 +37,7 @@ typedef void (*lstmh_f32)(const float *, const float *, const float *, float *, 
 typedef void (*lstmh_f64)(const double *, const double *, const double *, double *, double *, int64_t, int64_t);
 
 
-/* An exact ndarray of the graph's dtype with ndim dims (its shape into shape), else 0. With
-   contiguous, also C-contiguous (its address into *buf). */
-int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
-    if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
-        return 0;
-    Py_buffer v;
-    if (dg_get_buffer(a, &v, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
-    int ok = want && v.format && !strcmp(v.format, want) && v.ndim == ndim;
-    Py_ssize_t step = v.itemsize;
-    for (int i = ndim - 1; ok && i >= 0; i--) {
-        shape[i] = v.shape[i];
-        if (contiguous && v.shape[i] > 1 && v.strides[i] != step)
-            ok = 0;
-        step *= v.shape[i];
-    }
-    if (ok && buf)
-        *buf = v.buf;  /* the array stays alive: the caller holds it */
-    PyBuffer_Release(&v);
-    PyErr_Clear();
-    return ok;
-}
 
-/* A new (rows, cols) array of the graph's dtype (np.empty), or NULL with an exception set. */
-PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf) {
-    PyObject *shape = Py_BuildValue("(nn)", rows, cols);
-    if (!shape)
-        return NULL;
-    PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};
-    PyObject *a = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
-    Py_DECREF(shape);
-    Py_ssize_t s[2];
-    if (a && !dg_nb_operand(ctx, a, 2, s, 1, buf)) {
-        Py_DECREF(a);
-        PyErr_SetString(PyExc_TypeError, "backward_batch_native: empty() made an unexpected array");
-        return NULL;
-    }
-    return a;
-}
-
-/* The kernel address of slot i of the context's table (0: none). */
-uintptr_t dg_nb_kernel_address(PyObject *ctx, int i) {
-    PyObject *t = PyTuple_GET_ITEM(ctx, B_KERNELS);
-    if (!PyBytes_CheckExact(t) || PyBytes_GET_SIZE(t) < (Py_ssize_t)((i + 1) * sizeof(uint64_t)))
-        return 0;
-    uint64_t a;
-    memcpy(&a, PyBytes_AS_STRING(t) + i * sizeof(uint64_t), sizeof a);
-    return (uintptr_t)a;
-}
 
 /* (H, forget_bias) of an lstm_c node, H of an lstm_h node; 0 when the attributes are not those. */
 static int lstm_attrs(PyObject *attrs, Py_ssize_t *H, double *fb) {
@@ -176,16 +125,6 @@ static PyObject *lstm_h(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
     return out;
 }
 
-/* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. */
-PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x) {
-    PyObject *shape = PyObject_GetAttrString(x, "shape");
-    if (!shape)
-        return NULL;
-    PyObject *argv[2] = {g, shape};
-    PyObject *r = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_REDUCE_TO), argv, 2, NULL);
-    Py_DECREF(shape);
-    return r;
-}
 
 /* NB_ESUM, NB_ADD: ops/elementwise.py ESum.backward and add's backward: reduce_to(g, x.shape) for
    each needed argument (g itself where x has g's shape, the common case, decided here). */

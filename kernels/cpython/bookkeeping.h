@@ -9,7 +9,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   executor.c   dynagraph/executor.py (_columns_py, _place_py, _locate_py, _any_true_py);
                schedule_cache._same_slice_py
   batch_run.c  executor.run_batch (run_batch_native: one batch per call); its direct kernels in
-               direct_batch.c and direct_products.c (twins: backends/cpu/direct.py)
+               direct_batch.c and direct_products.c, their outputs made in direct_output.c (twins:
+               backends/cpu/direct.py)
   backward_batch.c  autodiff.backward's step for one batch (backward_batch_native); its scatters
                and weight-product deferral in grad_scatter.c; the commonest ops' backward in
                backward_ops.c and backward_products.c (twins: the ops' backward, backends/cpu)
@@ -200,7 +201,7 @@ typedef struct {
     int want_t;
     int *ready;                   /* set on success: whether the output is the batch's block as it is */
 } dg_direct_ctx;
-/* direct_batch.c's helpers for direct_products.c: numpy.empty(shape, dtype t); whether w is the batch's block */
+/* direct_output.c (direct_batch.c, direct_products.c): numpy.empty(shape, dtype t); whether w is the batch's block */
 PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t);
 void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t);
 /* direct_products.c: affine (affine 1) or matmul of shared matrices (as dg_direct_batch: 1 with *y, 0, -1) */

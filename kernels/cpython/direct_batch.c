@@ -133,26 +133,6 @@ static int64_t *index_array(PyObject *data, Py_ssize_t bound) {
     return out;
 }
 
-/* *ctx->ready: whether the output w (of dtype t) is already the batch's block, as batch_run.c's
-   ready() would find (the graph's dtype, shape (B,) + the node's shape), so that it need not
-   export the output's buffer again to ask. */
-void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t) {
-    PyObject *shape = ctx->shape;
-    int ok = t == ctx->want_t && PyTuple_CheckExact(shape) && w->ndim == PyTuple_GET_SIZE(shape) + 1
-             && w->shape[0] == ctx->rows;
-    for (int d = 0; ok && d < w->ndim - 1; d++)
-        ok = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)) == w->shape[d + 1];
-    PyErr_Clear();
-    *ctx->ready = ok;
-}
-
-/* numpy.empty(shape, dtype t) (0 float32, 1 float64): a kernel's output. numpy.empty is C;
-   numpy.empty_like goes through a Python dispatcher first (~0.5 us, as much as a small kernel). */
-PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t) {
-    PyObject *argv[2] = {shape, ctx->dtypes[t]};
-    return PyObject_Vectorcall(ctx->empty, argv, 2, NULL);
-}
-
 /* numpy.empty(v's shape, dtype t). */
 static PyObject *empty_like_buffer(const dg_direct_ctx *ctx, const Py_buffer *v, int t) {
     PyObject *shape = PyTuple_New(v->ndim);

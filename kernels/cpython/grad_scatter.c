@@ -30,6 +30,47 @@ static int c_contiguous(const Py_buffer *v) {
     return 1;
 }
 
+/* g + gx as a new C-contiguous array, for g (viewed as d) and gx (x) both C-contiguous of the graph's
+   dtype and one shape: numpy's g + gx (one IEEE add per element, and a C-contiguous result for such
+   operands) without its ufunc call, ~3.8k instructions a call on the per-sentence path. NULL with
+   an exception set on failure. */
+static PyObject *contiguous_sum(PyObject *ctx, const Py_buffer *d, const Py_buffer *x) {
+    PyObject *shape = PyTuple_New(d->ndim);
+    for (int i = 0; shape && i < d->ndim; i++) {
+        PyObject *e = PyLong_FromSsize_t(d->shape[i]);
+        if (!e) {
+            Py_CLEAR(shape);
+            break;
+        }
+        PyTuple_SET_ITEM(shape, i, e);
+    }
+    if (!shape)
+        return NULL;
+    PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};
+    PyObject *out = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
+    Py_DECREF(shape);
+    Py_buffer w;
+    if (!out || dg_get_buffer(out, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    if (w.len != d->len || w.itemsize != d->itemsize) {
+        PyBuffer_Release(&w);
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "backward_batch_native: empty() made an unexpected array");
+        return NULL;
+    }
+    Py_ssize_t n = d->len / d->itemsize;
+    if (d->itemsize == 4)
+        for (Py_ssize_t i = 0; i < n; i++)
+            ((float *)w.buf)[i] = ((const float *)d->buf)[i] + ((const float *)x->buf)[i];
+    else
+        for (Py_ssize_t i = 0; i < n; i++)
+            ((double *)w.buf)[i] = ((const double *)d->buf)[i] + ((const double *)x->buf)[i];
+    PyBuffer_Release(&w);
+    return out;
+}
+
 /* Block b's borrowed gradient g plus gx, as the block's own new array, where gx covers the whole
    block with g's exact shape; 1: done, 0: not this case, -1: error. */
 static int borrowed_add(PyObject *ctx, Py_ssize_t b, PyObject *g, PyObject *gx, const Py_buffer *x, Py_ssize_t r0,
@@ -38,14 +79,18 @@ static int borrowed_add(PyObject *ctx, Py_ssize_t b, PyObject *g, PyObject *gx, 
         return 0;
     Py_INCREF(g);
     Py_buffer d;
+    PyObject *sum = NULL;
     int fits = array_view(ctx, g, &d);
     if (fits) {
-        fits = d.ndim == x->ndim;
+        fits = d.ndim == x->ndim && d.itemsize == x->itemsize;
         for (int i = 0; fits && i < d.ndim; i++)
             fits = d.shape[i] == x->shape[i];
+        if (fits)
+            sum = c_contiguous(&d) && c_contiguous(x) && (d.itemsize == 4 || d.itemsize == 8) && x->format
+                          && !strcmp(x->format, d.format)
+                      ? contiguous_sum(ctx, &d, x) : PyNumber_Add(g, gx);
         PyBuffer_Release(&d);
     }
-    PyObject *sum = fits ? PyNumber_Add(g, gx) : NULL;
     Py_DECREF(g);
     if (!fits)
         return 0;

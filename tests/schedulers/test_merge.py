@@ -10,7 +10,7 @@ import dynagraph as dy
 from dynagraph import schedulers
 from dynagraph.recording import NATIVE
 from dynagraph.schedulers.merge import Merged, merge_batches, merge_batches_py
-from dynagraph.schedulers.typewise import batchable_by_sig
+from dynagraph.schedulers.base import batchable_by_sig
 
 from . import _random_graph as rg
 from ._util import compare_with_none
