@@ -33,7 +33,7 @@ int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int c
 
 /* A new (rows, cols) array of the graph's dtype (np.empty), or NULL with an exception set. */
 PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf) {
-    PyObject *shape = Py_BuildValue("(nn)", rows, cols);
+    PyObject *shape = dg_tuple_nn(rows, cols);
     if (!shape)
         return NULL;
     PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};

@@ -85,7 +85,7 @@ static void leaf_column(PyObject *ctx, Py_ssize_t first, PyObject **x, PyObject 
         return;
     *x = PyList_GET_ITEM(blocks, bi);
     Py_INCREF(*x);
-    *plan = Py_BuildValue("(iOO)", 0, b, Py_None);
+    *plan = dg_tuple_kab(0, b, Py_None);
 }
 
 /* SLICE (loc = (1, b, r0)): rows r0 .. r0+B-1 of block b, read in place as a view:
@@ -105,7 +105,7 @@ static void slice_column(PyObject *ctx, PyObject *loc, Py_ssize_t B, PyObject **
     *x = sl ? PyObject_GetItem(blk_b, sl) : NULL;
     Py_DECREF(blk_b);
     Py_XDECREF(sl);
-    *plan = *x ? Py_BuildValue("(iOO)", 1, b, r0) : NULL;
+    *plan = *x ? dg_tuple_kab(1, b, r0) : NULL;
 }
 
 /* Anything else: gather_fn(ids, c, op) -> (x, plan). Left NULL on error. */
@@ -401,7 +401,7 @@ static int place_and_record(PyObject *ctx, PyObject *info, PyObject *nodes, PyOb
     Py_DECREF(rec);
     PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
     if (PyList_CheckExact(log) && PyList_GET_SIZE(log) < 100000) {
-        PyObject *entry = Py_BuildValue("(On)", PyTuple_GET_ITEM(info, 5), PyTuple_GET_SIZE(nodes));
+        PyObject *entry = dg_tuple_on(PyTuple_GET_ITEM(info, 5), PyTuple_GET_SIZE(nodes));
         if (entry)
             dg_untrack_record(entry);
         int bad = !entry || PyList_Append(log, entry) < 0;

@@ -62,6 +62,47 @@ static inline Py_ssize_t dg_index_in(PyObject *v, Py_ssize_t n) {
     return i;
 }
 
+/* Small tuples made per batch (a plan (kind, a, b), a shape (n, m), a log entry (o, n)) without
+   Py_BuildValue, whose format parsing was ~500 instructions a call: ~3% of a per-sentence epoch
+   (callgrind). New references; NULL with an exception set. */
+static inline PyObject *dg_tuple_kab(long k, PyObject *a, PyObject *b) {
+    PyObject *t = PyTuple_New(3), *kk = t ? PyLong_FromLong(k) : NULL;
+    if (!kk) {
+        Py_XDECREF(t);
+        return NULL;
+    }
+    Py_INCREF(a);
+    Py_INCREF(b);
+    PyTuple_SET_ITEM(t, 0, kk);
+    PyTuple_SET_ITEM(t, 1, a);
+    PyTuple_SET_ITEM(t, 2, b);
+    return t;
+}
+
+static inline PyObject *dg_tuple_on(PyObject *o, Py_ssize_t n) {
+    PyObject *t = PyTuple_New(2), *nn = t ? PyLong_FromSsize_t(n) : NULL;
+    if (!nn) {
+        Py_XDECREF(t);
+        return NULL;
+    }
+    Py_INCREF(o);
+    PyTuple_SET_ITEM(t, 0, o);
+    PyTuple_SET_ITEM(t, 1, nn);
+    return t;
+}
+
+static inline PyObject *dg_tuple_nn(Py_ssize_t n, Py_ssize_t m) {
+    PyObject *t = PyTuple_New(2), *a = t ? PyLong_FromSsize_t(n) : NULL, *b = a ? PyLong_FromSsize_t(m) : NULL;
+    if (!b) {
+        Py_XDECREF(a);
+        Py_XDECREF(t);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    return t;
+}
+
 /* Records that live as long as their graph (the scheduler's batches, a batch's gathered
    arguments and plans, ExecutedBatch) hold only ints, None, str, arrays and other such records,
    so they can never be part of a reference cycle. Left tracked, ~15k of them per step on a

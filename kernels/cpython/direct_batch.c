@@ -251,7 +251,7 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
     for (Py_ssize_t i = 1; i < k; i++)
         if (v[i].ndim != 2 || v[i].shape[0] != B || v[i].shape[1] != H)
             return 0;
-    PyObject *shape = Py_BuildValue("(nn)", B, H);
+    PyObject *shape = dg_tuple_nn(B, H);
     PyObject *made = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
     Py_XDECREF(shape);
     if (!made)

@@ -84,7 +84,7 @@ int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *b
 static int small_products(const dg_direct_ctx *ctx, int affine, int t, Py_ssize_t k, const Py_buffer *v,
                           Py_ssize_t n, Py_ssize_t r, PyObject **y) {
     Py_ssize_t first = affine ? 1 : 0, size = t ? 8 : 4;
-    PyObject *shape = Py_BuildValue("(nn)", n, r);
+    PyObject *shape = dg_tuple_nn(n, r);
     PyObject *out = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
     Py_XDECREF(shape);
     Py_buffer w;

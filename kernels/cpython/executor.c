@@ -214,7 +214,7 @@ static PyObject *locate_rows(PyObject *blk, PyObject *row, PyObject **ids, Py_ss
             PyTuple_SET_ITEM(blks, j, b);
         }
     }
-    res = same ? Py_BuildValue("(iOO)", 2, b0, rows) : Py_BuildValue("(iOO)", 3, blks, rows);
+    res = same ? dg_tuple_kab(2, b0, rows) : dg_tuple_kab(3, blks, rows);
 done:
     Py_XDECREF(rows);
     Py_XDECREF(blks);
@@ -256,7 +256,7 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, b0, start, &same, &consecutive) < 0)
         goto done;
     if (same && consecutive)
-        res = Py_BuildValue("(iOO)", 1, b0, r0);
+        res = dg_tuple_kab(1, b0, r0);
     else
         res = locate_rows(blk, row, ids, B, same, b0);
 done:

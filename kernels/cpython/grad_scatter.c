@@ -283,7 +283,7 @@ enum { MAXP = 8 };  /* the most weight products of one op that are deferred here
 /* products_fn(k) as a tuple of (w, x) argument pairs, cached per (products_fn, k). A new
    reference, or NULL with an exception set. */
 static PyObject *product_pairs(PyObject *ctx, PyObject *products_fn, Py_ssize_t k) {
-    PyObject *cache = PyTuple_GET_ITEM(ctx, B_PRODUCTS), *key = Py_BuildValue("(On)", products_fn, k);
+    PyObject *cache = PyTuple_GET_ITEM(ctx, B_PRODUCTS), *key = dg_tuple_on(products_fn, k);
     if (!key)
         return NULL;
     PyObject *pairs = PyDict_GetItemWithError(cache, key);
