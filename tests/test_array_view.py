@@ -5,7 +5,10 @@ protocol. The first such view is compared with the protocol's export, field by f
 tests check that the comparison passed on the installed numpy (else every view silently takes
 the slower protocol path), and that inputs in other layouts (other byte orders, Fortran order,
 strided or read-only views, subclasses, other dtypes), which the graph normalizes or the direct
-path refuses, give the same values and gradients as plain ones.
+path refuses, give the same values and gradients as plain ones; and, through a compiled
+entry point that reads its arguments' buffers directly (`_bookkeeping.add_arrays`), that
+arrays the direct path must refuse are read as the buffer protocol exports them: a
+byte-swapped, strided, read-only or half-precision operand is refused, not misread.
 """
 from __future__ import annotations
 
@@ -69,3 +72,34 @@ def test_arrays_the_direct_path_refuses_give_the_same_numbers(layout, dtype):
     assert got[0] == want[0]
     for a, b in zip(got[1:], want[1:]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_reads_refuse_what_the_protocol_refuses(dtype):
+    """add_arrays takes C-contiguous, writable float pairs of one dtype: plain operands (the
+    direct path) and a subclass (the protocol path) are added exactly; every other layout
+    raises and leaves the destination as it was, as numpy's own export makes it do."""
+    add = NATIVE.add_arrays
+    src = np.linspace(-1.0, 1.0, 6).astype(dtype)
+    dst = np.arange(6, dtype=dtype)
+    want = dst + src
+    add([dst], [src])
+    np.testing.assert_array_equal(dst, want)
+    sub = np.arange(6, dtype=dtype).view(_Sub)
+    add([sub], [src])
+    np.testing.assert_array_equal(np.asarray(sub), np.arange(6, dtype=dtype) + src)
+    read_only = np.arange(6, dtype=dtype)
+    read_only.flags.writeable = False
+    refused = {
+        "byte-swapped source": ([np.zeros(6, dtype)], [src.astype(src.dtype.newbyteorder(">"))]),
+        "strided source": ([np.zeros(6, dtype)], [np.repeat(src, 2)[::2]]),
+        "read-only destination": ([read_only], [src]),
+        "float16 source": ([np.zeros(6, dtype)], [src.astype(np.float16)]),
+    }
+    for what, (dsts, srcs) in refused.items():
+        before = [d.copy() for d in dsts]
+        with pytest.raises(TypeError):
+            add(dsts, srcs)
+        for d, b in zip(dsts, before):
+            np.testing.assert_array_equal(d, b, err_msg=what)

@@ -56,17 +56,16 @@ static int direct_view(PyObject *o, Py_buffer *v, int flags) {
     Py_ssize_t itemsize = d->type_num == NPY_FLOAT_NUM ? 4 : d->type_num == NPY_DOUBLE_NUM ? 8 : 0;
     if (!itemsize || ((flags & PyBUF_WRITABLE) && !(a->flags & WRITEABLE_FLAG)))
         return 0;
-    Py_ssize_t n = 1, stride = itemsize;
+    Py_ssize_t stride = itemsize;  /* ends as the array's length in bytes */
     for (int k = a->nd - 1; k >= 0; k--) {  /* canonical C strides only: numpy may rewrite others on export */
         if (a->strides[k] != stride)
             return 0;
         stride *= a->dimensions[k];
-        n *= a->dimensions[k];
     }
     Py_INCREF(o);
     v->obj = o;
     v->buf = a->data;
-    v->len = n * itemsize;
+    v->len = stride;
     v->itemsize = itemsize;
     v->readonly = !(a->flags & WRITEABLE_FLAG);
     v->ndim = a->nd;

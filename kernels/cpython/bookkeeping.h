@@ -103,6 +103,20 @@ static inline PyObject *dg_tuple_nn(Py_ssize_t n, Py_ssize_t m) {
     return t;
 }
 
+/* v's shape as a tuple (for numpy.empty of an array like v). A new reference, or NULL with an
+   exception set. */
+static inline PyObject *dg_shape_of(const Py_buffer *v) {
+    PyObject *shape = PyTuple_New(v->ndim);
+    for (int d = 0; shape && d < v->ndim; d++) {
+        PyObject *e = PyLong_FromSsize_t(v->shape[d]);
+        if (!e)
+            Py_CLEAR(shape);
+        else
+            PyTuple_SET_ITEM(shape, d, e);
+    }
+    return shape;
+}
+
 /* Records that live as long as their graph (the scheduler's batches, a batch's gathered
    arguments and plans, ExecutedBatch) hold only ints, None, str, arrays and other such records,
    so they can never be part of a reference cycle. Left tracked, ~15k of them per step on a

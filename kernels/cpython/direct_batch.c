@@ -135,17 +135,9 @@ static int64_t *index_array(PyObject *data, Py_ssize_t bound) {
 
 /* numpy.empty(v's shape, dtype t). */
 static PyObject *empty_like_buffer(const dg_direct_ctx *ctx, const Py_buffer *v, int t) {
-    PyObject *shape = PyTuple_New(v->ndim);
+    PyObject *shape = dg_shape_of(v);
     if (!shape)
         return NULL;
-    for (int d = 0; d < v->ndim; d++) {
-        PyObject *e = PyLong_FromSsize_t(v->shape[d]);
-        if (!e) {
-            Py_DECREF(shape);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(shape, d, e);
-    }
     PyObject *out = dg_direct_empty_of(ctx, shape, t);
     Py_DECREF(shape);
     return out;

@@ -79,6 +79,24 @@ int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *b
     return 1;
 }
 
+/* dst (rows, width) += src rows, src row j at src + j * step (step 0: one row for all); t 0 float32,
+   1 float64. One IEEE add per element, as numpy's in-place add. */
+static void add_rows(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssize_t width, Py_ssize_t step) {
+    for (Py_ssize_t j = 0; j < rows; j++) {
+        if (t == 0) {
+            float *d = (float *)dst + j * width;
+            const float *s = (const float *)src + j * step;
+            for (Py_ssize_t e = 0; e < width; e++)
+                d[e] += s[e];
+        } else {
+            double *d = (double *)dst + j * width;
+            const double *s = (const double *)src + j * step;
+            for (Py_ssize_t e = 0; e < width; e++)
+                d[e] += s[e];
+        }
+    }
+}
+
 /* The products of direct_products for n <= bound rows: y = x1 W1^T, then y += xi Wi^T (each made
    into tmp first, as the twin's y += p) and y += b, every element one IEEE add in the twin's order. */
 static int small_products(const dg_direct_ctx *ctx, int affine, int t, Py_ssize_t k, const Py_buffer *v,
@@ -108,24 +126,11 @@ static int small_products(const dg_direct_ctx *ctx, int affine, int t, Py_ssize_
         else
             ((matvec_f64)matvec_fn[1])(dst, (const double *const *)&base, ZERO_ROWS, ZERO_ROWS, v[i + 1].buf, c, n, r, c);
         if (i != first)
-            for (Py_ssize_t e = 0; e < n * r; e++) {
-                if (t == 0)
-                    ((float *)w.buf)[e] += ((const float *)tmp)[e];
-                else
-                    ((double *)w.buf)[e] += ((const double *)tmp)[e];
-            }
+            add_rows(t, w.buf, tmp, n, r, r);
     }
     PyMem_Free(tmp);
-    if (affine) {
-        Py_ssize_t bstep = v[0].shape[0] == 1 ? 0 : r;
-        for (Py_ssize_t j = 0; j < n; j++)
-            for (Py_ssize_t e = 0; e < r; e++) {
-                if (t == 0)
-                    ((float *)w.buf)[j * r + e] += ((const float *)v[0].buf)[j * bstep + e];
-                else
-                    ((double *)w.buf)[j * r + e] += ((const double *)v[0].buf)[j * bstep + e];
-            }
-    }
+    if (affine)
+        add_rows(t, w.buf, v[0].buf, n, r, v[0].shape[0] == 1 ? 0 : r);  /* + b, one row or n */
     dg_direct_mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = out;

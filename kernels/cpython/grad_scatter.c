@@ -35,15 +35,7 @@ static int c_contiguous(const Py_buffer *v) {
    operands) without its ufunc call, ~3.8k instructions a call on the per-sentence path. NULL with
    an exception set on failure. */
 static PyObject *contiguous_sum(PyObject *ctx, const Py_buffer *d, const Py_buffer *x) {
-    PyObject *shape = PyTuple_New(d->ndim);
-    for (int i = 0; shape && i < d->ndim; i++) {
-        PyObject *e = PyLong_FromSsize_t(d->shape[i]);
-        if (!e) {
-            Py_CLEAR(shape);
-            break;
-        }
-        PyTuple_SET_ITEM(shape, i, e);
-    }
+    PyObject *shape = dg_shape_of(d);
     if (!shape)
         return NULL;
     PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};

@@ -122,15 +122,15 @@ def _pnls_twin(fallback):
 # instead of numpy's matmul, whose ufunc machinery, operand views and bias add cost ~20k
 # instructions a call: per sentence most products have one row and a small W. Beyond these
 # bounds BLAS wins or ties (the dots read W once per row; at one row and 2048 x 512 they tie).
-PRODUCT_ROWS_MAX = 4          # direct_batch.c's MATVEC_ROWS_MAX
-PRODUCT_MACS_MAX = 1 << 16    # e.g. one row against a 256 x 256 W
-_ZERO_ROWS = np.zeros(PRODUCT_ROWS_MAX, np.int64)  # every row reads matrix 0, row 0 (direct_batch.c's ZERO_ROWS)
+PRODUCT_ROWS_MAX = 4          # direct_products.c's MATVEC_ROWS_MAX, backward_batch.h's NB_PRODUCT_ROWS_MAX
+PRODUCT_MACS_MAX = 1 << 16    # e.g. one row against a 256 x 256 W; backward_batch.h's NB_PRODUCT_MACS_MAX
+_ZERO_ROWS = np.zeros(PRODUCT_ROWS_MAX, np.int64)  # every row reads matrix 0, row 0 (direct_products.c's ZERO_ROWS)
 
 
 def _small_products(args: tuple, first: int) -> int:
     """Rows n when every argument is an exact C-contiguous ndarray of one real dtype, every product
     is W (1, r, c) times x (n, c) with one n and r, affine's b is (1 or n, r), n <= PRODUCT_ROWS_MAX
-    and the products' multiply-adds <= PRODUCT_MACS_MAX (direct_batch.c's direct_products decides
+    and the products' multiply-adds <= PRODUCT_MACS_MAX (direct_products.c's dg_direct_products decides
     the same); 0 otherwise."""
     k = len(args)
     if k < first + 2 or (k - first) % 2:
