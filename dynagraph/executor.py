@@ -224,17 +224,26 @@ def _splittable(op, direct) -> int:
 
 def _op_info(be, op) -> tuple:
     """What run_batch reads from an op, for run_batch_native (one tuple per op and evaluation);
-    the 7th item is the direct kernel's descriptor (batch_run.c) or None, the 8th _splittable."""
+    the 7th item is the direct kernel's descriptor (batch_run.c) or None, the 8th _splittable,
+    the 9th the columns it may take in place (_in_place_args)."""
     direct = _direct_of(be, op)
     return (op.leaf, op.uses_data, op.saves_ctx, op.inner_kernels, _kernel_of(be, op, direct), op.name,
-            direct[0] if direct is not None else None, _splittable(op, direct))
+            direct[0] if direct is not None else None, _splittable(op, direct), _in_place_args(be, op))
+
+
+def _in_place_args(be, op) -> tuple | bool:
+    """OpDef.rows_args where the backend reads rows in place (its rows_operand), else ()."""
+    return op.rows_args if be.rows_operand is not None else ()
 
 
 def _gather_arg(cg, be, ids: Sequence[int], k: int, op, stats) -> tuple:
-    """gather() of argument k of a batch of `op`, as run_batch does it (rows in place where the
-    backend reads them so and the op takes them: OpDef.rows_args)."""
-    in_place = op.rows_args if be.rows_operand is not None else ()
-    return gather(cg, be, ids, stats, in_place is True or k in in_place) if in_place else gather(cg, be, ids, stats)
+    """gather() of argument k of a batch of `op`, as run_batch does it: rows in place where the
+    backend reads them so, the op takes them (OpDef.rows_args) and they are matrices (per-sample
+    matrices; a vector's copy is the cheap part). batch_run.c's in_place_column is the twin."""
+    in_place = _in_place_args(be, op)
+    if in_place and (in_place is True or k in in_place) and len(cg.shape[ids[0]]) >= 2:
+        return gather(cg, be, ids, stats, True)
+    return gather(cg, be, ids, stats)
 
 
 def _finish(cg, be, y, nodes: Sequence[int]):
@@ -246,8 +255,8 @@ def _finish(cg, be, y, nodes: Sequence[int]):
     return xp.ascontiguousarray(y.reshape((B,) + cg.shape[nodes[0]]), dtype=cg.dtype)
 
 
-_ACC = ("kernel_calls", "batches", "nodes", "t_memory", "t_execute")  # run_batch_native's accumulator
-_UNPACK_ACC = struct.Struct("5d").unpack  # its five doubles, in _ACC's order
+_ACC = ("kernel_calls", "batches", "nodes", "t_memory", "t_execute", "gathers", "gather_bytes")  # run_batch_native's
+_UNPACK_ACC = struct.Struct("7d").unpack  # accumulator: its seven doubles, in _ACC's order
 
 
 class _NativeBatches:
@@ -263,12 +272,12 @@ class _NativeBatches:
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
                     _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, _EMPTY, SPLIT_MAX,
-                    GROUP_MAX)
+                    GROUP_MAX, getattr(getattr(be, "direct_kernels", None), "row_index_maker", None))
         self.stats = stats
 
     def close(self) -> None:
         """stats.add_accumulated, unrolled: this runs once per evaluation of every small graph."""
-        kernels, batches, nodes, t_memory, t_execute = _UNPACK_ACC(self.acc)
+        kernels, batches, nodes, t_memory, t_execute, gathers, gather_bytes = _UNPACK_ACC(self.acc)
         if batches:
             stats = self.stats
             stats.kernel_calls += int(kernels)
@@ -276,6 +285,9 @@ class _NativeBatches:
             stats.nodes += int(nodes)
             stats.t_memory += t_memory
             stats.t_execute += t_execute
+            if gathers:
+                stats.gathers += int(gathers)
+                stats.gather_bytes += int(gather_bytes)
 
 
 _INFOS: dict = {}  # backend -> (its forward_kernels and direct_kernels when made, {op: its info})

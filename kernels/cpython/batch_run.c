@@ -17,29 +17,34 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   13 finish_fn(y, nodes) -> the output block
   14 ExecutedBatch (a tuple subclass)    15 ndarray (the exact type of a ready output)
   16 format of the graph's dtype ('f' or 'd')    17 batch_log (list or None)
-  18 acc: bytearray of 5 doubles the caller adds to stats at the end (kernel_calls,
-     batches, nodes, t_memory, t_execute)
+  18 acc: bytearray of 7 doubles the caller adds to stats at the end (kernel_calls,
+     batches, nodes, t_memory, t_execute, gathers, gather_bytes)
   19 dtypes: (numpy.dtype float32, float64), 20 numpy.empty (the output of a direct kernel)
   21 split_max (executor.SPLIT_MAX): a batch of at most this many nodes whose op has a direct
      kernel runs node by node when one of its argument columns would need a gather
   22 group_max (executor.GROUP_MAX): a larger one runs as one batch per source block when such a
      column's rows come from at most this many blocks (executor._block_groups)
+  23 index_of: (row index type, numpy.frombuffer, numpy int64 dtype), what column_gather.c makes
+     the backend's checked row index from (its direct kernels' row_index_maker), or None: every
+     gather is gather_fn's
 
-An op's info may carry a 7th and 8th item: a direct kernel's descriptor (kind, opcode, bound for
+An op's info may carry a 7th, 8th and 9th item: a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
 checks of direct_batch below, the kernel registered by set_direct_kernels is called
 through its pointer instead of the op's Python kernel (info[4], which is the same
 decision and the same kernel through cffi: both paths leave identical values); the kinds
 are in direct_batch.c. The 8th (0, 1 or 2: never, always, for vectors): whether a small batch of
-the op may run node by node (split_max below).
+the op may run node by node (split_max below). The 9th: the op's OpDef.rows_args where the
+backend reads rows in place (else ()): such a column of per-node matrices goes to gather_fn, which
+leaves it in place; every other TAKE or MANY column is gathered here (column_gather.c).
 */
 #include <time.h>
 
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_GROUP_MAX, C_SIZE };
-enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_GROUP_MAX, C_INDEX_OF, C_SIZE };
+enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_GATHERS, ACC_GATHER_BYTES, ACC_SIZE };
 
 static double now(void) {
     struct timespec t;
@@ -56,10 +61,10 @@ static PyObject *op_info(PyObject *ctx, PyObject *op) {
     PyObject *made = PyObject_CallOneArg(PyTuple_GET_ITEM(ctx, C_INFO_FN), op);
     if (!made)
         return NULL;
-    int ok = PyTuple_CheckExact(made) && (PyTuple_GET_SIZE(made) == 6 || PyTuple_GET_SIZE(made) == 8)
+    int ok = PyTuple_CheckExact(made) && (PyTuple_GET_SIZE(made) == 6 || PyTuple_GET_SIZE(made) >= 8)
              && PyDict_SetItem(infos, op, made) == 0;
     if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6- or 8-tuple");
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: info_fn must return a 6-, 8- or 9-tuple");
     Py_DECREF(made);
     return ok ? PyDict_GetItemWithError(infos, op) : NULL;
 }
@@ -183,13 +188,49 @@ done:
     return out;
 }
 
+/* Whether column c of a batch of the op (info) is left in place by gather_fn: the op reads it so
+   (info[8], OpDef.rows_args) and its nodes' values are matrices (a vector gains nothing: its
+   copy is the cheap part). executor._gather_arg is the twin. 1, 0, -1 on error. */
+static int in_place_column(PyObject *ctx, PyObject *info, Py_ssize_t c, Py_ssize_t first) {
+    if (PyTuple_GET_SIZE(info) < 9)
+        return 0;
+    PyObject *rows_args = PyTuple_GET_ITEM(info, 8);
+    int reads = rows_args == Py_True;
+    if (!reads && PyTuple_CheckExact(rows_args))
+        for (Py_ssize_t i = 0; !reads && i < PyTuple_GET_SIZE(rows_args); i++)
+            reads = PyLong_AsSsize_t(PyTuple_GET_ITEM(rows_args, i)) == c;
+    if (PyErr_Occurred())
+        return -1;
+    if (!reads)
+        return 0;
+    PyObject *shape = list_item(ctx, C_SHAPE, first);
+    if (!shape)
+        return -1;
+    return !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) >= 2;
+}
+
+/* A TAKE or MANY column gathered in C (column_gather.c): 1 made, 0 not taken, -1 error. */
+static int native_gather(PyObject *ctx, PyObject *loc, PyObject **x, PyObject **plan) {
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, C_FORMAT));
+    if (!fmt)
+        return -1;
+    int t = !strcmp(fmt, "f") ? 0 : !strcmp(fmt, "d") ? 1 : -1;
+    if (t < 0)
+        return 0;
+    dg_gather_ctx g = {PyTuple_GET_ITEM(ctx, C_BLOCKS), (PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY),
+                       PyTuple_GET_ITEM(ctx, C_EMPTY), PyTuple_GET_ITEM(PyTuple_GET_ITEM(ctx, C_DTYPES), t), fmt,
+                       PyTuple_GET_ITEM(ctx, C_INDEX_OF),
+                       (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, C_ACC)) + ACC_GATHERS};
+    return dg_gather_column(&g, loc, x, plan);
+}
+
 /* Argument column `ids` of the batch: appends its value and plan to xs and plans, 0.
-   A parameter's block and a slice of one block are made here; anything else is gather_fn's,
+   A parameter's block, a slice of one block and a gather not left in place are made here; anything else is gather_fn's,
    except with may_split (the op's direct kernel allows it): then 1, nothing appended, when the
    batch has at most split_max nodes (it runs node by node), or 2 with *groups when the rows come
    from a few blocks (it runs one batch per block). -1 on error. */
-static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *xs, PyObject *plans,
-                  int may_split, PyObject *nodes, PyObject **groups) {
+static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *opinfo, PyObject *xs,
+                  PyObject *plans, int may_split, PyObject *nodes, PyObject **groups) {
     Py_ssize_t B = PyTuple_GET_SIZE(ids);
     Py_ssize_t first = dg_index_in(PyTuple_GET_ITEM(ids, 0), PyList_GET_SIZE(PyTuple_GET_ITEM(ctx, C_OP)));
     if (first < 0)
@@ -224,11 +265,18 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
                 Py_DECREF(g);
             }
         }
-        if (kind == 1)
+        int made = 0;
+        if (kind == 1) {
             slice_column(ctx, loc, B, &x, &plan);
-        else
-            gather_column(ctx, ids, c, op, &x, &plan);
+        } else {
+            int in_place = in_place_column(ctx, opinfo, c, first);
+            made = in_place < 0 ? -1 : in_place ? 0 : native_gather(ctx, loc, &x, &plan);
+            if (made == 0)
+                gather_column(ctx, ids, c, op, &x, &plan);
+        }
         Py_DECREF(loc);
+        if (made < 0)
+            return -1;
     }
     if (plan)
         dg_untrack_record(plan);  /* ints, None and row tuples: kept with the record (bookkeeping.h) */
@@ -276,6 +324,12 @@ static PyObject *record(PyObject *cls, PyObject **items, Py_ssize_t n) {
     return r;
 }
 
+/* Whether o is (a type, a callable, anything): the context's index_of. */
+static int index_maker(PyObject *o) {
+    return PyTuple_CheckExact(o) && PyTuple_GET_SIZE(o) == 3 && PyType_Check(PyTuple_GET_ITEM(o, 0))
+           && PyCallable_Check(PyTuple_GET_ITEM(o, 1));
+}
+
 /* The arguments are (ctx, nodes) with ctx shaped as the top of this file says. 0, or -1
    with a TypeError set. */
 static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
@@ -297,7 +351,8 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyType_Check(PyTuple_GET_ITEM(ctx, C_NDARRAY))
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(ctx, C_DTYPES)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, C_DTYPES)) != 2
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))
-        || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_GROUP_MAX))) {
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_GROUP_MAX))
+        || (PyTuple_GET_ITEM(ctx, C_INDEX_OF) != Py_None && !index_maker(PyTuple_GET_ITEM(ctx, C_INDEX_OF)))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
     }
@@ -430,7 +485,7 @@ static int account(PyObject *ctx, PyObject *info, Py_ssize_t B, double t0, doubl
 /* Whether the batch may run in parts (info[7]: 0 never, 1 always, 2 when the op's per-node
    value is a vector; executor._splittable): 1 or 0, -1 on error. */
 static int batch_splittable(PyObject *ctx, PyObject *info, Py_ssize_t n0) {
-    long splittable = PyTuple_GET_SIZE(info) == 8 ? PyLong_AsLong(PyTuple_GET_ITEM(info, 7)) : 0;
+    long splittable = PyTuple_GET_SIZE(info) >= 8 ? PyLong_AsLong(PyTuple_GET_ITEM(info, 7)) : 0;
     if (splittable == 2) {
         PyObject *shape0 = list_item(ctx, C_SHAPE, n0);
         if (!shape0)
@@ -462,11 +517,11 @@ static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *group
 
 /* Read the batch's argument columns into xs and plans: 0, 1 when a column asked for the batch
    to run in parts (and it ran so), -1 on error. */
-static int read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *xs, PyObject *plans, int may_split,
-                        PyObject *nodes) {
+static int read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *info, PyObject *xs, PyObject *plans,
+                        int may_split, PyObject *nodes) {
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
         PyObject *groups = NULL;
-        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, xs, plans, may_split, nodes, &groups);
+        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, info, xs, plans, may_split, nodes, &groups);
         if (got < 0)
             return -1;
         if (got > 0) {
@@ -482,7 +537,7 @@ static int read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *x
    1 when it ran, 0 when the op has none (or declined), -1 on error. */
 static int run_direct(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *data, PyObject *attrs, Py_ssize_t n0,
                       Py_ssize_t B, PyObject **y, int *is_block, double *t1) {
-    if (PyTuple_GET_SIZE(info) != 8 || PyTuple_GET_ITEM(info, 6) == Py_None)
+    if (PyTuple_GET_SIZE(info) < 8 || PyTuple_GET_ITEM(info, 6) == Py_None)
         return 0;
     *t1 = now();
     PyObject *shape = list_item(ctx, C_SHAPE, n0);
@@ -557,7 +612,7 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     int splittable = batch_splittable(ctx, info, n0);
     if (splittable < 0)
         goto done_info;
-    int got = read_columns(ctx, cols, op, xs, plans, B > 1 && splittable, nodes);
+    int got = read_columns(ctx, cols, op, info, xs, plans, B > 1 && splittable, nodes);
     if (got < 0 || (got == 0 && run_kernel(ctx, info, nodes, n0, cols, &xs, &plans, &data, &kctx, &y, t0) < 0))
         goto done_info;
     res = Py_None;  /* run here, or in parts */

@@ -256,6 +256,18 @@ typedef struct {
     int want_t;
     int *ready;                   /* set on success: whether the output is the batch's block as it is */
 } dg_direct_ctx;
+/* column_gather.c (batch_run.c): an argument column's TAKE or MANY gather (executor.gather's) */
+typedef struct {
+    PyObject *blocks;             /* the graph's block list */
+    PyTypeObject *ndarray;        /* numpy.ndarray: only exact arrays are read */
+    PyObject *empty;              /* numpy.empty */
+    PyObject *dtype;              /* the graph's dtype */
+    const char *format;           /* its buffer format, 'f' or 'd' */
+    PyObject *index_of;           /* (row index type, numpy.frombuffer, int64): the backend's; None: no gathers here */
+    double *acc;                  /* [gathers, bytes gathered], added to */
+} dg_gather_ctx;
+/* 1 with *x and *plan made, 0 not taken (nothing made, no error), -1 with an error set */
+int dg_gather_column(const dg_gather_ctx *g, PyObject *loc, PyObject **x, PyObject **plan);
 /* direct_output.c (direct_batch.c, direct_products.c): numpy.empty(shape, dtype t); whether w is the batch's block */
 PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t);
 void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t);

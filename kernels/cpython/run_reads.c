@@ -275,8 +275,11 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     Py_ssize_t bytes = total * (Py_ssize_t)sizeof(int64_t);
     PyObject *src = PyByteArray_FromStringAndSize(NULL, bytes), *pslot = PyByteArray_FromStringAndSize(NULL, bytes);
     PyObject *poff = PyByteArray_FromStringAndSize(NULL, bytes);
+    /* a slot per distinct block read: at most one per pair. Sized by the graph's blocks, a tree
+       mini-batch's thousands of blocks made each run zero ~300 KB, most of its table's cost */
+    Py_ssize_t cap = total < t.nblocks ? total : t.nblocks;
     t.slot_of = PyMem_Malloc((size_t)(t.nblocks ? t.nblocks : 1) * sizeof(int));
-    t.sl = PyMem_Calloc((size_t)(t.nblocks ? t.nblocks : 1), sizeof(RunSlot));
+    t.sl = PyMem_Calloc((size_t)(cap ? cap : 1), sizeof(RunSlot));
     PyObject **arow = PyMem_Malloc((size_t)maxB * sizeof(PyObject *));
     if (!t.slots || !need || !src || !pslot || !poff || !t.slot_of || !t.sl || !arow) {
         if (!PyErr_Occurred())

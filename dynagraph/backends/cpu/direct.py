@@ -30,6 +30,7 @@ from ...ops.base import OPS
 from .elementwise import binary_forward, pickneglogsoftmax_forward, sum_args
 from .ffi import BINARY, F32, F64, UNARY, _fn, _p, _pi
 from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
+from .rows import RowIndex
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
 (DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH, DIRECT_CONCAT,
@@ -266,6 +267,9 @@ class DirectKernels(dict):
         def fallback(name: str):  # the backend's usual kernel for the op, looked up per call
             return forward_kernels.get(name, OPS[name].forward)
         super().__init__()
+        # what batch_run.c's gathers (column_gather.c) make this backend's checked row index from, so
+        # that a gathered column's backward scatters through it as through row_index's own
+        self.row_index_maker = (RowIndex, np.frombuffer, np.dtype(np.int64))
         for name, code in UNARY.items():
             self[name] = ((DIRECT_UNARY, code) + _bounds(name), _unary_twin(name, fallback), 1)
         for name, code in BINARY.items():

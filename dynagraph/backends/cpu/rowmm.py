@@ -17,7 +17,7 @@ import numpy as np
 
 from ..._kernels import ffi
 from .ffi import _PTRS, _fn, _in, _p, _pi
-from .rows import RowIndex, _used, gather_indexed
+from .rows import _PTR, RowIndex, _table, _used, gather_indexed
 
 
 class RowsOperand:
@@ -27,25 +27,40 @@ class RowsOperand:
 
     Has the shape and dtype of the array it stands for; ops ask `reads_in_place` and
     either call `matvec`/`matvec_grads` or take `dense()`."""
-    __slots__ = ("bases", "index", "shape", "dtype", "ndim")
+    __slots__ = ("bases", "index", "shape", "dtype", "ndim", "table")
     reads_in_place = True
 
     def __init__(self, blocks: list, index: RowIndex):
         if type(index) is not RowIndex:  # the kernels trust its rows: only a checked index
             raise TypeError(f"RowsOperand needs a cpu.RowIndex from cpu.row_index, got {type(index).__name__}")
-        bases = tuple(blocks[b] for b in index.ids)
-        dt = bases[0].dtype if type(bases[0]) is np.ndarray else None
-        for u in bases:
-            if type(u) is not np.ndarray or u.dtype != dt or dt not in _PTRS or not u.flags.c_contiguous:
-                raise ValueError("rows operand: blocks must be C-contiguous float32/float64 numpy arrays of one dtype")
-        _used(bases, index, "rows operand")
-        self.bases, self.index, self.dtype = bases, index, dt
+        bases = [blocks[b] for b in index.ids]
+        # the block addresses in one C call, checked there (C-contiguous, one dtype, the index's shapes):
+        # a tree's batch reads rows of a dozen blocks or more, and a pointer per block per call was
+        # most of a small batch's time
+        fast = _table(bases, index, False) if all(type(u) is np.ndarray for u in bases) else None
+        if fast is None:
+            dt = bases[0].dtype if type(bases[0]) is np.ndarray else None
+            for u in bases:
+                if type(u) is not np.ndarray or u.dtype != dt or dt not in _PTRS or not u.flags.c_contiguous:
+                    raise ValueError("rows operand: blocks must be C-contiguous float32/float64 numpy arrays of one dtype")
+            _used(bases, index, "rows operand")
+            self.table = None
+        else:
+            dt, self.table = fast[0], fast[1]
+        self.bases, self.index, self.dtype = tuple(bases), index, dt
         self.shape = (len(index.rows),) + index.shapes[0][1:]
         self.ndim = len(self.shape)
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def _pointers(self):
+        """The blocks' addresses as the kernels' pointer table; the caller holds self (and so the
+        blocks) while C reads them."""
+        if self.table is not None:
+            return ffi.cast(_PTR[self.dtype], ffi.from_buffer(self.table))
+        return ffi.new(_PTRS[self.dtype], [_p(u) for u in self.bases])
 
     def dense(self) -> np.ndarray:
         """The gathered copy (what the executor would have passed)."""
@@ -73,8 +88,7 @@ class RowsOperand:
         if span is None:
             out[...] = self.dense()
             return
-        bufs = [_p(u) for u in self.bases]
-        _fn("dg_rows_copy_into", dt)(_p(span), stride, ffi.new(_PTRS[dt], bufs), _pi(self.index.local),
+        _fn("dg_rows_copy_into", dt)(_p(span), stride, self._pointers(), _pi(self.index.local),
                                      _pi(self.index.rows), n, width)
 
     def _fits(self, X) -> bool:
@@ -90,8 +104,7 @@ class RowsOperand:
         dt = self.dtype
         x = _in(X, dt)
         y = np.empty((n, r), dt)
-        bufs = [_p(u) for u in self.bases]  # kept alive until the call returns
-        _fn("dg_rows_matvec", dt)(_p(y), ffi.new(_PTRS[dt], bufs), _pi(self.index.local), _pi(self.index.rows),
+        _fn("dg_rows_matvec", dt)(_p(y), self._pointers(), _pi(self.index.local), _pi(self.index.rows),
                                   _p(x), 0 if x.shape[0] == 1 and n > 1 else c, n, r, c)
         return y
 
@@ -107,8 +120,7 @@ class RowsOperand:
         gX = None
         if need[1]:
             gX = np.empty((n, c), dt)
-            bufs = [_p(u) for u in self.bases]
-            _fn("dg_rows_matvec_tgrad", dt)(_p(gX), ffi.new(_PTRS[dt], bufs), _pi(self.index.local),
+            _fn("dg_rows_matvec_tgrad", dt)(_p(gX), self._pointers(), _pi(self.index.local),
                                             _pi(self.index.rows), _p(g), n, r, c)
             if X.shape[0] == 1 and n > 1:
                 gX = gX.sum(axis=0, keepdims=True)
