@@ -38,7 +38,7 @@ def bookkeeping_extension() -> Extension:
     src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/columns.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c", "kernels/cpython/graph_leaves.c", "kernels/cpython/sig_cache.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
-           "kernels/cpython/batch_run.c", "kernels/cpython/direct_batch.c", "kernels/cpython/direct_products.c", "kernels/cpython/direct_output.c",
+           "kernels/cpython/batch_run.c", "kernels/cpython/batch_columns.c", "kernels/cpython/direct_batch.c", "kernels/cpython/direct_products.c", "kernels/cpython/direct_output.c",
            "kernels/cpython/column_gather.c",
            "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c", "kernels/cpython/grad_rows.c",
            "kernels/cpython/backward_ops.c", "kernels/cpython/backward_products.c", "kernels/cpython/backward_operands.c",
@@ -46,7 +46,7 @@ def bookkeeping_extension() -> Extension:
            "kernels/cpython/typewise_graph.c", "kernels/cpython/typewise_chain.c", "kernels/cpython/batch_merge.c",
            "kernels/cpython/phase_split.c", "kernels/cpython/array_view.c"]
     return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",
-                                                                 "kernels/cpython/backward_batch.h", "kernels/cpython/row_layout.h",
+                                                                 "kernels/cpython/backward_batch.h", "kernels/cpython/batch_run.h", "kernels/cpython/row_layout.h",
                                                                  "kernels/cpython/typewise.h"],
                      include_dirs=["kernels/cpython"], extra_compile_args=flags)
 
