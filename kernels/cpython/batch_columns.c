@@ -4,7 +4,8 @@ batch_run.c documents the context and is the caller).
 Each column is a parameter's block, a slice of one block read in place, a gather made in C
 (column_gather.c) or one left to the context's gather_fn; or, for an op whose direct kernel
 allows it, the batch runs in parts (node by node, or one batch per source block) instead of
-gathering. executor.run_batch and executor._gather_arg are the reference.
+gathering (batch_run.c runs the parts). executor.run_batch and executor._gather_arg are the
+reference.
 */
 #include "batch_run.h"
 
@@ -242,39 +243,15 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
     return rc;
 }
 
-/* Run the batch node by node (got == 1) or block by block (got == 2, the node groups in
-   `groups`): each part reads its inputs in place (executor.run_batch). 0 or -1. */
-static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *groups) {
-    Py_ssize_t parts = got == 1 ? PyTuple_GET_SIZE(nodes) : PyTuple_GET_SIZE(groups);
-    for (Py_ssize_t j = 0; j < parts; j++) {
-        PyObject *part = got == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j)) : PyTuple_GET_ITEM(groups, j);
-        if (got == 2)
-            Py_INCREF(part);
-        PyObject *oargv[2] = {ctx, part};
-        PyObject *r = part ? dg_run_batch_native(NULL, oargv, 2) : NULL;
-        Py_XDECREF(part);
-        if (!r)
-            return -1;
-        Py_DECREF(r);
-    }
-    return 0;
-}
-
-/* Read the batch's argument columns into xs and plans: 0, 1 when a column asked for the batch
-   to run in parts (and it ran so), -1 on error. */
+/* Read the batch's argument columns into xs and plans: 0; 1 (node by node) or 2 (one batch per
+   block, the node groups in *groups, a new reference) when a column asks for the batch to run in
+   parts instead (batch_run.c runs them); -1 on error. */
 int dg_read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *info, PyObject *xs, PyObject *plans,
-                    int may_split, PyObject *nodes) {
+                    int may_split, PyObject *nodes, PyObject **groups) {
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(cols); c++) {
-        PyObject *groups = NULL;
-        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, info, xs, plans, may_split, nodes, &groups);
-        if (got < 0)
-            return -1;
-        if (got > 0) {
-            int bad = run_in_parts(ctx, nodes, got, groups) < 0;
-            Py_XDECREF(groups);
-            return bad ? -1 : 1;
-        }
+        int got = column(ctx, PyTuple_GET_ITEM(cols, c), c, op, info, xs, plans, may_split, nodes, groups);
+        if (got != 0)
+            return got;
     }
     return 0;
 }
-

@@ -259,6 +259,24 @@ static int batch_splittable(PyObject *ctx, PyObject *info, Py_ssize_t n0) {
     return splittable == 1;
 }
 
+/* Run the batch node by node (got == 1) or block by block (got == 2, the node groups in
+   `groups`): each part reads its inputs in place (executor.run_batch). 0 or -1. */
+static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *groups) {
+    Py_ssize_t parts = got == 1 ? PyTuple_GET_SIZE(nodes) : PyTuple_GET_SIZE(groups);
+    for (Py_ssize_t j = 0; j < parts; j++) {
+        PyObject *part = got == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j)) : PyTuple_GET_ITEM(groups, j);
+        if (got == 2)
+            Py_INCREF(part);
+        PyObject *oargv[2] = {ctx, part};
+        PyObject *r = part ? dg_run_batch_native(NULL, oargv, 2) : NULL;
+        Py_XDECREF(part);
+        if (!r)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
 /* The op's direct kernel (info[6]), where it has one, into *y; *t1 the kernel's start.
    1 when it ran, 0 when the op has none (or declined), -1 on error. */
 static int run_direct(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *data, PyObject *attrs, Py_ssize_t n0,
@@ -338,7 +356,12 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
     int splittable = batch_splittable(ctx, info, n0);
     if (splittable < 0)
         goto done_info;
-    int got = dg_read_columns(ctx, cols, op, info, xs, plans, B > 1 && splittable, nodes);
+    PyObject *groups = NULL;
+    int got = dg_read_columns(ctx, cols, op, info, xs, plans, B > 1 && splittable, nodes, &groups);
+    if (got > 0) {
+        got = run_in_parts(ctx, nodes, got, groups) < 0 ? -1 : 1;
+        Py_XDECREF(groups);
+    }
     if (got < 0 || (got == 0 && run_kernel(ctx, info, nodes, n0, cols, &xs, &plans, &data, &kctx, &y, t0) < 0))
         goto done_info;
     res = Py_None;  /* run here, or in parts */

@@ -12,9 +12,9 @@ enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_GATHERS
    list `which` (borrowed; NULL with an IndexError when out of range) */
 PyObject *dg_batch_op_info(PyObject *ctx, PyObject *op);
 PyObject *dg_batch_list_item(PyObject *ctx, int which, Py_ssize_t i);
-/* the batch's argument columns into xs and plans: 0, 1 when a column asked for the batch to run
-   in parts (and it ran so), -1 on error */
+/* the batch's argument columns into xs and plans: 0; 1 (node by node) or 2 (per block, the groups
+   in *groups) when a column asks for the batch to run in parts instead; -1 on error */
 int dg_read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *info, PyObject *xs, PyObject *plans,
-                    int may_split, PyObject *nodes);
+                    int may_split, PyObject *nodes, PyObject **groups);
 
 #endif
