@@ -15,10 +15,12 @@ the policy never saw. Columns:
     x LB         batches / lower bound (schedulers.lower_bound)
     sched ms     one schedule() call on the recorded graph, CPU time (best of --reps); "x agenda" per node
     record/forward/backward/step ms
-                 one training step (renew_cg + record, forward, backward), CPU time (process_time:
-                 stable under load, where wall time measures the neighbours), best of --reps
-                 rounds interleaved across schedulers; "step x agenda" is the ratio; "wall ms" the
-                 same step's wall time
+                 one training step (renew_cg + record, forward, backward, then freeing its graph,
+                 counted in step), CPU time (process_time: stable under load, where wall time
+                 measures the neighbours), best of --reps rounds interleaved across schedulers;
+                 "step x agenda" is the ratio; "wall ms" the same step's wall time. Python's cycle
+                 collector runs between steps, untimed: where its full passes fell (10+ ms on
+                 a lattice graph) had moved one scheduler's record time by 2x within a run
     NAME+merge   NAME followed by the batch-merging post-pass (schedulers/merge.py); fsm-ENC+merge with --merge
     fsm-ENC      the learned policy itself; "fsm-ENC>agenda" (or >depth, >agenda+merge) is the FSM scheduler as
                  a user gets it when dy.fsm.train measured the policy's step slower than that
@@ -32,6 +34,7 @@ Prints a Markdown table and writes bench/results/compare_schedulers.{md,json}.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -87,18 +90,25 @@ def schedule_stats(w, xs, name, sched, reps: int) -> dict:
 
 
 def step_times(w, xs, sched) -> dict:
-    """One training step: record (renew_cg + record), forward, backward; CPU milliseconds of each
-    (time.process_time: on a shared machine wall time mostly measures the neighbours; with one BLAS
-    thread the step is single-threaded) and the wall milliseconds of the whole step."""
+    """One training step: record (renew_cg + record), forward, backward and freeing the step's
+    graph; CPU milliseconds of each (time.process_time: on a shared machine wall time mostly
+    measures the neighbours; with one BLAS thread the step is single-threaded) and the wall
+    milliseconds of the whole step. The graph is freed inside the step that made it (not in the
+    next scheduler's record) and the cycle collector runs before the step, untimed, so that where
+    its passes fall does not decide which scheduler looks faster."""
+    gc.collect()
     c0, w0 = time.process_time(), time.perf_counter()
     w.graph(xs, scheduler=sched)
     c1 = time.process_time()
     w.last_loss.value()
     c2 = time.process_time()
     w.last_loss.backward()
-    c3, w3 = time.process_time(), time.perf_counter()
+    c3 = time.process_time()
+    w.last_loss = None
+    dy.renew_cg()  # drops the step's graph: its blocks, records and gradients are freed here
+    c4, w4 = time.process_time(), time.perf_counter()
     return {"record_ms": 1e3 * (c1 - c0), "forward_ms": 1e3 * (c2 - c1), "backward_ms": 1e3 * (c3 - c2),
-            "e2e_ms": 1e3 * (c3 - c0), "wall_ms": 1e3 * (w3 - w0)}
+            "free_ms": 1e3 * (c4 - c3), "e2e_ms": 1e3 * (c4 - c0), "wall_ms": 1e3 * (w4 - w0)}
 
 
 def measure_steps(w, xs, scheds: list, reps: int) -> dict:

@@ -130,7 +130,10 @@ def gather(cg, be, ids: Sequence[int], stats, in_place: bool = False) -> tuple:
         return cg.blocks[b], (LEAF, b, None)  # the signature guarantees every node shares it
     kind, b, rows = locate(cg.blk, cg.row, ids)
     if kind == SLICE:
-        return cg.blocks[b][rows:rows + len(ids)], (SLICE, b, rows)
+        block = cg.blocks[b]
+        if rows == 0 and len(block) == len(ids):  # all of it (per sentence, the batch before's output)
+            return block, (SLICE, b, rows)
+        return block[rows:rows + len(ids)], (SLICE, b, rows)
     if kind == TAKE and not in_place:
         out, plan = be.take_rows(cg.blocks[b], rows), (TAKE, b, rows)
     else:

@@ -50,23 +50,44 @@ static void leaf_column(PyObject *ctx, Py_ssize_t first, PyObject **x, PyObject 
     *plan = dg_tuple_kab(0, b, Py_None);
 }
 
-/* SLICE (loc = (1, b, r0)): rows r0 .. r0+B-1 of block b, read in place as a view:
-   *x the view, *plan (SLICE, b, r0). Left NULL on error. */
+/* The number of rows of a block (its first axis), or -1 with no error set when it has none. */
+static Py_ssize_t block_rows(PyObject *block) {
+    Py_buffer v;
+    if (dg_get_buffer(block, &v, PyBUF_STRIDES) == 0) {
+        Py_ssize_t n = v.ndim >= 1 ? v.shape[0] : -1;
+        PyBuffer_Release(&v);
+        return n;
+    }
+    PyErr_Clear();
+    Py_ssize_t n = PyObject_Length(block);  /* a device array: its len() */
+    if (n < 0)
+        PyErr_Clear();
+    return n;
+}
+
+/* SLICE (loc = (1, b, r0)): rows r0 .. r0+B-1 of block b, read in place: the block itself when
+   that is all of it (per sentence, nearly every argument is the one-row output of the batch
+   before: the view cost more than the kernel), else a view. *x, *plan (SLICE, b, r0). Left NULL
+   on error. executor.gather is the twin. */
 static void slice_column(PyObject *ctx, PyObject *loc, Py_ssize_t B, PyObject **x, PyObject **plan) {
     PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
     PyObject *b = PyTuple_GET_ITEM(loc, 1), *r0 = PyTuple_GET_ITEM(loc, 2);
     Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks)), start = PyLong_AsSsize_t(r0);
     if (bi < 0 || (start == -1 && PyErr_Occurred()))
         return;
-    PyObject *lo = dg_int(start), *hi = dg_int(start + B);
-    PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
-    Py_XDECREF(lo);
-    Py_XDECREF(hi);
     PyObject *blk_b = PyList_GET_ITEM(blocks, bi);
     Py_INCREF(blk_b);
-    *x = sl ? PyObject_GetItem(blk_b, sl) : NULL;
-    Py_DECREF(blk_b);
-    Py_XDECREF(sl);
+    if (start == 0 && block_rows(blk_b) == B) {
+        *x = blk_b;  /* the reference taken above */
+    } else {
+        PyObject *lo = dg_int(start), *hi = dg_int(start + B);
+        PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        *x = sl ? PyObject_GetItem(blk_b, sl) : NULL;
+        Py_DECREF(blk_b);
+        Py_XDECREF(sl);
+    }
     *plan = *x ? dg_tuple_kab(1, b, r0) : NULL;
 }
 
