@@ -117,9 +117,9 @@ def test_matrices_read_in_place_still_take_the_python_gather(monkeypatch):
         x, plan = gather_arg(cg, be, ids, k, op, stats)
         seen.append(type(x))
         return x, plan
-    monkeypatch.setattr(executor, "_gather_arg", spy)
-    got = run_graph("agenda", _matrix_concatenations)
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(executor, "_gather_arg", spy)
+        got = run_graph("agenda", _matrix_concatenations)
     assert RowsOperand in seen
     with monkeypatch.context() as m:
         m.setattr(executor, "_run_batch_native", None)
