@@ -36,6 +36,8 @@ The context (autodiff._NativeBackward builds it once per backward pass) is a tup
 
 #include "backward_batch.h"
 
+static PyObject *NAME_BACKWARD;  /* "backward", interned (dg_attr) */
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);  /* time.perf_counter's clock on Linux */
@@ -47,7 +49,7 @@ static PyObject *op_info(PyObject *ctx, PyObject *op) {
     PyObject *infos = PyTuple_GET_ITEM(ctx, B_INFOS);
     PyObject *info = PyDict_GetItemWithError(infos, op);
     if (info) {  /* kept across passes (autodiff._op_infos): still the op's backward? */
-        PyObject *bw = PyObject_GetAttrString(op, "backward");
+        PyObject *bw = dg_attr(op, &NAME_BACKWARD, "backward");
         Py_XDECREF(bw);  /* the op holds it */
         if (bw == PyTuple_GET_ITEM(info, 7))
             return info;

@@ -58,9 +58,11 @@ uintptr_t dg_nb_kernel_address(PyObject *ctx, int i) {
     return (uintptr_t)a;
 }
 
+static PyObject *NAME_SHAPE;  /* "shape", interned (dg_attr) */
+
 /* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. */
 PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x) {
-    PyObject *shape = PyObject_GetAttrString(x, "shape");
+    PyObject *shape = dg_attr(x, &NAME_SHAPE, "shape");
     if (!shape)
         return NULL;
     PyObject *argv[2] = {g, shape};

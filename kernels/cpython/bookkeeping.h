@@ -62,6 +62,14 @@ static inline Py_ssize_t dg_index_in(PyObject *v, Py_ssize_t n) {
     return i;
 }
 
+/* o.<s> through a name interned once (*name caches it): PyObject_GetAttrString makes and hashes a
+   new string on every call (~1000 instructions), which the backward step paid once per batch. */
+static inline PyObject *dg_attr(PyObject *o, PyObject **name, const char *s) {
+    if (!*name && !(*name = PyUnicode_InternFromString(s)))
+        return NULL;
+    return PyObject_GetAttr(o, *name);
+}
+
 /* Small tuples made per batch (a plan (kind, a, b), a shape (n, m), a log entry (o, n)) without
    Py_BuildValue, whose format parsing was ~500 instructions a call: ~3% of a per-sentence epoch
    (callgrind). New references; NULL with an exception set. */

@@ -7,6 +7,8 @@ op's own numpy calls; backends/cpu/direct.py's _products_twin is the Python twin
 */
 #include "bookkeeping.h"
 
+static PyObject *NAME_T;  /* "T", interned (dg_attr) */
+
 #include <stdint.h>
 
 /* dg_rows_matvec_f32/f64: products of a shared matrix with a few rows */
@@ -56,7 +58,7 @@ int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *b
     PyObject *out = NULL;
     for (Py_ssize_t i = first; i < k; i += 2) {
         PyObject *w0 = PySequence_GetItem(PyList_GET_ITEM(xs, i), 0);
-        PyObject *wt = w0 ? PyObject_GetAttrString(w0, "T") : NULL;
+        PyObject *wt = w0 ? dg_attr(w0, &NAME_T, "T") : NULL;
         PyObject *p = wt ? PyNumber_MatrixMultiply(PyList_GET_ITEM(xs, i + 1), wt) : NULL;
         Py_XDECREF(w0);
         Py_XDECREF(wt);

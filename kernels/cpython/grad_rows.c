@@ -15,6 +15,8 @@ Python): its rows were checked against the shapes it keeps, and each target bloc
 to have that shape before a row is written. */
 #include "backward_batch.h"
 
+static PyObject *NAME_SHAPE, *NAME_IDS, *NAME_SHAPES, *NAME_LOCAL, *NAME_ROWS;  /* interned (dg_attr) */
+
 /* Block b's gradient, writable (a new reference), or NULL with an exception set. The owned
    case is read here; a missing or borrowed one is made by grad_block (Python). */
 PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b) {
@@ -33,7 +35,7 @@ PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b) {
         Py_INCREF(out);
     } else if (g == Py_None) {  /* _grad_block's zero block, xp.zeros(block.shape, dtype), with no frame */
         PyObject *blocks = PyTuple_GET_ITEM(ctx, B_BLOCKS);
-        PyObject *shape = b < PyList_GET_SIZE(blocks) ? PyObject_GetAttrString(PyList_GET_ITEM(blocks, b), "shape")
+        PyObject *shape = b < PyList_GET_SIZE(blocks) ? dg_attr(PyList_GET_ITEM(blocks, b), &NAME_SHAPE, "shape")
                                                       : NULL;
         if (shape) {
             PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};
@@ -52,8 +54,8 @@ PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b) {
 }
 
 /* An int64 vector attribute of the row index (its buffer held in v), or 0 when it is not one. */
-static int int64_vector(PyObject *ix, const char *name, Py_buffer *v) {
-    PyObject *a = PyObject_GetAttrString(ix, name);
+static int int64_vector(PyObject *ix, PyObject **interned, const char *name, Py_buffer *v) {
+    PyObject *a = dg_attr(ix, interned, name);
     if (!a) {
         PyErr_Clear();
         return 0;
@@ -163,15 +165,15 @@ int dg_scatter_many(PyObject *ctx, PyObject *ix, Py_ssize_t B, const Py_buffer *
     if (ix_type == Py_None || Py_TYPE(ix) != (PyTypeObject *)ix_type || x->shape[0] != B
         || !dg_row_layout(x, &stride, &xwidth, &estride))
         return 0;
-    PyObject *ids = PyObject_GetAttrString(ix, "ids"), *shapes = PyObject_GetAttrString(ix, "shapes");
+    PyObject *ids = dg_attr(ix, &NAME_IDS, "ids"), *shapes = dg_attr(ix, &NAME_SHAPES, "shapes");
     Py_buffer local, rows, t[MAX_TARGETS];
     int rc = 0, have_local = 0, have_rows = 0;
     if (!ids || !shapes || !PyTuple_CheckExact(ids) || !PyTuple_CheckExact(shapes)
         || PyTuple_GET_SIZE(ids) != PyTuple_GET_SIZE(shapes) || PyTuple_GET_SIZE(ids) == 0
         || PyTuple_GET_SIZE(ids) > MAX_TARGETS)
         goto out;
-    have_local = int64_vector(ix, "local", &local);
-    have_rows = have_local && int64_vector(ix, "rows", &rows);
+    have_local = int64_vector(ix, &NAME_LOCAL, "local", &local);
+    have_rows = have_local && int64_vector(ix, &NAME_ROWS, "rows", &rows);
     if (!have_rows)
         goto out;
     Py_ssize_t n = rows.shape[0], width = 1;
@@ -254,7 +256,7 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
         PyErr_Clear();
         return 0;
     }
-    PyObject *shape = PyObject_GetAttrString(PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_BLOCKS), b), "shape");
+    PyObject *shape = dg_attr(PyList_GET_ITEM(PyTuple_GET_ITEM(ctx, B_BLOCKS), b), &NAME_SHAPE, "shape");
     int rc = 0;
     Py_buffer t;
     /* g0 is one row shaped like the block's rows: x.shape == (1,) + block.shape[1:] */

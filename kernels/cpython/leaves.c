@@ -11,6 +11,8 @@ graph) takes no Python frame; every other case, and every error, goes to the Pyt
 with the same arguments, so messages exist once. */
 #include "recorder.h"
 
+static PyObject *NAME_CHECK;  /* "check", interned (dg_attr) */
+
 static PyObject *LeafFallback = NULL, *GraphState = NULL, *LookupOp = NULL;
 static PyObject *LookupCheck = NULL;  /* the lookup op's row check, which checked_lookup does in C */
 /* configure_entries(): the exact classes the entries accept, numpy's integer base class,
@@ -232,7 +234,7 @@ PyObject *dg_configure_leaves(PyObject *self, PyObject *args) {
     Py_XSETREF(LeafFallback, fallback);
     Py_XSETREF(GraphState, state);
     Py_XSETREF(LookupOp, op);
-    PyObject *check = PyObject_GetAttrString(op, "check");  /* as configured: a replaced check runs */
+    PyObject *check = dg_attr(op, &NAME_CHECK, "check");  /* as configured: a replaced check runs */
     if (!check)
         return NULL;
     Py_XSETREF(LookupCheck, check);

@@ -6,6 +6,8 @@ built here, every block checked for dtype, contiguity and size (the twins are in
 */
 #include "bookkeeping.h"
 
+static PyObject *NAME_SHAPE;  /* "shape", interned (dg_attr) */
+
 /* addresses(arrays, format): bytearray of int64, the data address of each array (0 for
    None). Each must be a C-contiguous buffer of `format` ('f' or 'd') elements, else
    ValueError: the caller hands these to a kernel that writes through them. */
@@ -315,7 +317,7 @@ static int small_shapes(PyObject *blocks, const int64_t *ids, Py_ssize_t nid, Py
             return 0;
         PyObject *blk = PyList_GET_ITEM(blocks, ids[k]);
         Py_INCREF(blk);
-        PyObject *sh = PyObject_GetAttrString(blk, "shape");
+        PyObject *sh = dg_attr(blk, &NAME_SHAPE, "shape");
         Py_DECREF(blk);
         if (!sh) {
             PyErr_Clear();
