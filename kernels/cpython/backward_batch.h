@@ -10,7 +10,7 @@ enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_IN
        B_GRAD_BLOCK, B_ROWINDEX, B_REDUCE_TO, B_EMPTY, B_DTYPE, B_KERNELS, B_LSTM_F64_MAX,
        B_TABLE_ARRAYS, B_ZEROS, B_SIZE };
 /* backward_ops.c's op codes (info[6]; backends/cpu/backward.py names them) */
-enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS, NB_TANH, NB_LOGISTIC };
+enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS, NB_TANH, NB_LOGISTIC, NB_CONCAT };
 /* NB_TANH, NB_LOGISTIC: batches of fewer elements than this take backward_ops.c's loop; the cpu
    adapter's threshold (overrides.UNARY_BWD_MIN), below which it runs the op's numpy code */
 #define NB_UNARY_MAX 16384

@@ -23,6 +23,8 @@ for these operands, so the gradients are bit-identical; any operand it does not 
     NB_TANH, NB_LOGISTIC  backends/cpu/overrides.py _unary_backward below its threshold, i.e.
                ops/elementwise.py _tanh_grad / _logistic_grad: the same float operations in the same
                order, one loop instead of three numpy calls and the adapter's Python frames
+    NB_CONCAT  ops/shape.py Concatenate.backward for per-node vectors: each needed argument's
+               gradient is its columns of g (copied here; the op hands views of the same values)
 
 The codes and kernel addresses come from the backend's native_backward capability
 (backends/cpu/backward.py), which offers a case only where the backend runs that reference. */
@@ -351,6 +353,52 @@ static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyOb
 
 /* The gradients of one batch by op code (a new reference), or NULL: with an exception set on
    error, without one when the operands are not a case of ours (the op's backward runs). */
+/* NB_CONCAT: Concatenate.backward where g is (B, W) and every argument a (B, w_k) array of the
+   graph's dtype with the w_k adding up to W, along the first per-node axis (attrs (0,)): the
+   argument's columns of g, row by row, into a new (B, w_k) block. Anything else (matrices,
+   shared or broadcast arguments, in-place operands) returns NULL with no exception: the op's
+   own backward runs. */
+static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[2], s[2], total = 0;
+    void *gbuf;
+    if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
+        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || PyTuple_GET_SIZE(need) != k
+        || !dg_nb_operand(ctx, g, 2, gs, 1, &gbuf)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (!dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), 2, s, 0, NULL) || s[0] != gs[0])
+            return NULL;
+        total += s[1];
+    }
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    if (!fmt || total != gs[1]) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_ssize_t item = !strcmp(fmt, "f") ? 4 : 8, B = gs[0], W = gs[1], off = 0;
+    PyObject *out = PyTuple_New(k);
+    for (Py_ssize_t i = 0; out && i < k; i++) {
+        dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), 2, s, 0, NULL);
+        Py_ssize_t w = s[1];
+        PyObject *gi;
+        void *dst;
+        if (PyTuple_GET_ITEM(need, i) != Py_True) {
+            gi = Py_NewRef(Py_None);
+        } else if ((gi = dg_nb_new_block(ctx, B, w, &dst)) != NULL) {
+            for (Py_ssize_t r = 0; r < B; r++)
+                memcpy((char *)dst + r * w * item, (const char *)gbuf + (r * W + off) * item, (size_t)(w * item));
+        } else {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, gi);
+        off += w;
+    }
+    return out;
+}
+
 PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                           PyObject *need, PyObject *plans, PyObject *data) {
     switch (code) {
@@ -372,6 +420,8 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
     case NB_TANH:
     case NB_LOGISTIC:
         return unary(ctx, code, xs, y, g, need);
+    case NB_CONCAT:
+        return concat(ctx, attrs, xs, g, need);
     default:
         return NULL;
     }

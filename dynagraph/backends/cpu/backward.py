@@ -32,7 +32,7 @@ _UNARY = "unary adapter"  # the op's own backward, or overrides._unary_backward 
 _CODES = {"matmul": (1, PRODUCT_BACKWARD["matmul"]), "affine": (2, PRODUCT_BACKWARD["affine"]),
           "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
           "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward),
-          "tanh": (9, _UNARY), "logistic": (10, _UNARY)}
+          "tanh": (9, _UNARY), "logistic": (10, _UNARY), "concatenate": (11, None)}
 # backward_batch.h's NB_UNARY_MAX: smaller tanh/logistic batches take backward_ops.c's loop, which is
 # the op's numpy code; the adapter runs that code below its threshold, so it must be this one
 NB_UNARY_MAX = 16384
