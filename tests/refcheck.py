@@ -13,13 +13,16 @@ against its own op code would check nothing.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 import dynagraph as dy
+from dynagraph import autodiff
 from dynagraph.config import config
 
 VALUE_RTOL, VALUE_ATOL = 1e-9, 1e-12
@@ -255,3 +258,40 @@ def memory_growth(round_: Callable[[], None], rounds: int = 3) -> tuple[int, int
     finally:
         tracemalloc.stop()
     return first, last
+
+
+def native_and_python_runs(monkeypatch, build, dtype: str, watched: set, **settings) -> tuple[list, list]:
+    """The graph run on the cpu backend with autodiff's compiled backward step and without it
+    (each op's Python backward): both runs, and per run a Counter of the Python calls of the
+    functions named in watched (by qualified name). settings: config values for both runs."""
+    runs, called = [], []
+    for native in (True, False):
+        seen = collections.Counter()
+
+        def profile(frame, event, arg):
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            if event == "call" and name in watched:
+                seen[name] += 1
+        with monkeypatch.context() as m:
+            m.setattr(config, "backend", "cpu")
+            for key, value in settings.items():
+                m.setattr(config, key, value)
+            if not native:
+                m.setattr(autodiff, "_backward_native", None)
+            sys.setprofile(profile)
+            try:
+                runs.append(run_graph("agenda", build, dtype=dtype))
+            finally:
+                sys.setprofile(None)
+        called.append(seen)
+    return runs, called
+
+
+def assert_same_grads_and_blocks(a: Run, b: Run) -> None:
+    """Two runs' parameter gradients and gradient blocks are bit-identical."""
+    for k in a.grads:
+        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
+    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_array_equal(x, y)

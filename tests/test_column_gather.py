@@ -16,7 +16,7 @@ from dynagraph import autodiff, executor, recording
 from dynagraph.backends import get_backend
 from dynagraph.backends.cpu import RowIndex, RowsOperand
 from dynagraph.config import config as dynagraph_config
-from refcheck import run_graph
+from refcheck import assert_same_grads_and_blocks, native_and_python_runs, run_graph
 
 NATIVE = recording.NATIVE
 needs_native = pytest.mark.skipif(NATIVE is None or not hasattr(NATIVE, "run_batch_native"),
@@ -165,28 +165,7 @@ def test_a_block_the_c_gather_cannot_read_goes_to_python(monkeypatch):
 def test_concatenation_backward_runs_in_c_as_the_reference(monkeypatch, dtype):
     """Concatenations of vectors take backward_ops.c's NB_CONCAT (no Python frame of the op's
     backward) and leave the gradients and gradient blocks the op's own backward leaves."""
-    import sys
-    runs, calls = [], []
-    for native in (True, False):
-        seen = []
-
-        def profile(frame, event, arg):
-            if event == "call" and getattr(frame.f_code, "co_qualname", "") == "Concatenate.backward":
-                seen.append(1)
-        with monkeypatch.context() as m:
-            if not native:
-                m.setattr(autodiff, "_backward_native", None)
-            sys.setprofile(profile)
-            try:
-                runs.append(run_graph("agenda", _concatenations, dtype=dtype))
-            finally:
-                sys.setprofile(None)
-        calls.append(len(seen))
+    runs, called = native_and_python_runs(monkeypatch, _concatenations, dtype, {"Concatenate.backward"})
+    calls = [c["Concatenate.backward"] for c in called]
     assert calls[0] == 0 and calls[1] > 0
-    a, b = runs
-    for k in a.grads:
-        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
-    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
-        assert (x is None) == (y is None)
-        if x is not None:
-            np.testing.assert_array_equal(x, y)
+    assert_same_grads_and_blocks(*runs)

@@ -7,7 +7,6 @@ under every built-in scheduler, float32 and float64, with and without runs.
 """
 from __future__ import annotations
 
-import collections
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from dynagraph import autodiff, executor, recording
 from dynagraph.backends import to_numpy
 from dynagraph.config import config as dynagraph_config
 from backend_params import BACKENDS, use_backend
-from refcheck import run_graph, using
+from refcheck import assert_same_grads_and_blocks, native_and_python_runs, run_graph, using
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
 import _random_graph as rg  # noqa: E402
@@ -276,44 +275,6 @@ _NATIVE_OPS = {"_lstm_c_backward", "_lstm_h_backward", "mm_grads", "ESum.backwar
                "Lookup.backward", "embedding_backward", "_pnls_backward", "_binary.<locals>.backward"}
 
 
-@needs_native
-def _assert_same_grads(a, b) -> None:
-    """Two runs' parameter gradients and gradient blocks are bit-identical."""
-    for k in a.grads:
-        np.testing.assert_array_equal(a.grads[k], b.grads[k], err_msg=k)
-    for x, y in zip(a.cg.grad_blocks, b.cg.grad_blocks):
-        assert (x is None) == (y is None)
-        if x is not None:
-            np.testing.assert_array_equal(x, y)
-
-
-def _native_and_python_runs(monkeypatch, build, dtype: str, watched: set, **config) -> tuple[list, list]:
-    """The graph run on the cpu backend with autodiff's compiled backward step and without it
-    (each op's Python backward): both runs, and per run a Counter of the Python calls of the
-    functions named in watched (by qualified name)."""
-    runs, called = [], []
-    for native in (True, False):
-        seen = collections.Counter()
-
-        def profile(frame, event, arg):
-            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-            if event == "call" and name in watched:
-                seen[name] += 1
-        with monkeypatch.context() as m:
-            m.setattr(dynagraph_config, "backend", "cpu")
-            for key, value in config.items():
-                m.setattr(dynagraph_config, key, value)
-            if not native:
-                m.setattr(autodiff, "_backward_native", None)
-            sys.setprofile(profile)
-            try:
-                runs.append(run_graph("agenda", build, dtype=dtype))
-            finally:
-                sys.setprofile(None)
-        called.append(seen)
-    return runs, called
-
-
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("H", [4, 200])
 def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H):
@@ -324,7 +285,7 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
     LSTM_F64_MAX: the gates take the op's numpy code there, in both runs."""
     from dynagraph.backends import get_backend
     assert get_backend("cpu").native_backward is not None
-    runs, called = _native_and_python_runs(monkeypatch, lambda pc: _gathered_graph(pc, H), dtype, _NATIVE_OPS)
+    runs, called = native_and_python_runs(monkeypatch, lambda pc: _gathered_graph(pc, H), dtype, _NATIVE_OPS)
     assert set(called[1]) == _NATIVE_OPS  # the reference ran each op's Python backward
     for name in ("mm_grads", "ESum.backward", "Lookup.backward", "embedding_backward", "_pnls_backward"):
         assert not called[0][name], name  # ... which the native step did not
@@ -336,7 +297,7 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
     assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
     assert a.cg.stats.scatters == b.cg.stats.scatters > 0
     assert a.cg.stats.scatter_bytes == b.cg.stats.scatter_bytes
-    _assert_same_grads(a, b)
+    assert_same_grads_and_blocks(a, b)
 
 
 def _squashed_graph(pc, n: int):
@@ -360,13 +321,13 @@ def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, 
     assert overrides.UNARY_BWD_MIN["tanh"] == overrides.UNARY_BWD_MIN["logistic"] == cpu_backward.NB_UNARY_MAX
     assert get_backend("cpu").native_backward is not None
     # fuse=False: batch by batch, not one elementwise run
-    runs, called = _native_and_python_runs(monkeypatch, lambda pc: _squashed_graph(pc, n), dtype,
-                                           {"_tanh_grad", "_logistic_grad"}, fuse=False)
+    runs, called = native_and_python_runs(monkeypatch, lambda pc: _squashed_graph(pc, n), dtype,
+                                          {"_tanh_grad", "_logistic_grad"}, fuse=False)
     small = n < cpu_backward.NB_UNARY_MAX
     assert called[1] == {"_tanh_grad": 1 + small, "_logistic_grad": 1 + small}
     assert not called[0]  # natively: backward_ops.c below the threshold, the adapter's kernel above
     a, b = runs
-    _assert_same_grads(a, b)
+    assert_same_grads_and_blocks(a, b)
 
 
 def _products_graph(pc, r: int, c: int, rows: int):
