@@ -43,8 +43,9 @@ class OpDef:
     # whose weight gradient is sum_b g_b x_b^T, which autodiff may defer and sum over all
     # batches of a graph as one GEMM (matmul, affine_transform)
     weight_products: Callable[[int], tuple] | None = None
-    # argument positions the op can read in place (True: every argument): gathered from
-    # several blocks, such an argument arrives as the backend's rows_operand (in_place())
+    # argument positions the op can read in place (True: every argument): a per-node matrix
+    # gathered from several blocks arrives as the backend's rows_operand (in_place()); a vector
+    # is copied (executor._gather_arg: its copy is the cheap part)
     rows_args: tuple | bool = ()
 
     def __repr__(self) -> str:

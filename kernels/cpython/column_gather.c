@@ -1,4 +1,4 @@
-/* An argument column's gather in C (part of dynagraph._bookkeeping; used by batch_run.c).
+/* An argument column's gather in C (part of dynagraph._bookkeeping; used by batch_columns.c).
 
 executor.gather is the reference for the two cases done here, a column whose rows are
   TAKE (2, b, rows)     other rows of one block: a copy of those rows, plan (TAKE, b, rows)
@@ -172,7 +172,11 @@ static PyObject *row_index(const dg_gather_ctx *g, const int64_t *ids, Py_ssize_
     PyTypeObject *type = (PyTypeObject *)PyTuple_GET_ITEM(g->index_of, 0);
     PyObject *vals[4] = {PyTuple_New(nid), frozen_int64(g, local, n), frozen_int64(g, r, n), PyTuple_New(nid)};
     static const char *names[4] = {"ids", "local", "rows", "shapes"};
+    static PyObject *interned[4];  /* the slot names, made once (a new string per gather cost as much as the copy) */
     PyObject *ix = NULL;
+    for (int k = 0; k < 4; k++)
+        if (!interned[k] && !(interned[k] = PyUnicode_InternFromString(names[k])))
+            goto done;
     if (!vals[0] || !vals[1] || !vals[2] || !vals[3])
         goto done;
     for (Py_ssize_t k = 0; k < nid; k++) {
@@ -187,15 +191,11 @@ static PyObject *row_index(const dg_gather_ctx *g, const int64_t *ids, Py_ssize_
     }
     if (!(ix = type->tp_alloc(type, 0)))
         goto done;
-    for (int k = 0; k < 4; k++) {
-        PyObject *name = PyUnicode_InternFromString(names[k]);
-        int bad = !name || PyObject_GenericSetAttr(ix, name, vals[k]) < 0;
-        Py_XDECREF(name);
-        if (bad) {
+    for (int k = 0; k < 4; k++)
+        if (PyObject_GenericSetAttr(ix, interned[k], vals[k]) < 0) {
             Py_CLEAR(ix);
             break;
         }
-    }
 done:
     for (int k = 0; k < 4; k++)
         Py_XDECREF(vals[k]);
