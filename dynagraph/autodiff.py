@@ -200,7 +200,7 @@ class _NativeBackward:
     itself comes back to the Python functions below, so both paths end in the same state."""
 
     def __init__(self, cg, be, gb: Grads, full: bool, deferred: dict, leaf_sums: dict):
-        xp, stats, nb = be.xp, cg.stats, be.native_backward
+        xp, stats, nb, pool = be.xp, cg.stats, be.native_backward, be.block_pool
         self.acc = bytearray(8 * len(_ACC))
         self.stats = stats
 
@@ -217,9 +217,9 @@ class _NativeBackward:
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
                     deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),
-                    nb.row_index_type if nb is not None else None, reduce_to, xp.empty, np.dtype(cg.dtype),
+                    nb.row_index_type if nb is not None else None, reduce_to, pool.empty if pool is not None else xp.empty, np.dtype(cg.dtype),
                     nb.kernels if nb is not None else b"", nb.lstm_f64_max if nb is not None else 0,
-                    lambda b: _table_arrays(cg.leaf_param(b)), xp.zeros)
+                    lambda b: _table_arrays(cg.leaf_param(b)), pool.zeros if pool is not None else xp.zeros)
 
     def close(self) -> None:
         add_accumulated(self.stats, _ACC, self.acc)

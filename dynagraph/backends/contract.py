@@ -15,6 +15,8 @@ so a new backend plugs in by filling in capabilities inside `backends/` alone.
     optimizer_rules     SGD / momentum / Adagrad / Adam, dense or rows  nn/trainers.py
     direct_kernels      small elementwise batches by kernel pointer     executor.py (batch_run.c)
     native_backward     the compiled backward step's scatters and ops    autodiff.py
+    block_pool          .empty / .zeros(shape, dtype) for the compiled    executor.py, autodiff.py
+                        steps' blocks, reusing arrays nothing else holds
 
 A lookup table's sparse gradient is the required `embedding_backward`. Parameters, their
 gradients and optimizer state are arrays of the backend's `xp`; `to_host` and `to_device`
@@ -130,7 +132,10 @@ class Backend(Protocol):
     # through a kernel pointer, and the same kernel in Python (cpu/direct.py), or None
     direct_kernels: Optional[Any]
     native_backward: Optional[NativeBackward]
+    # .empty(shape, dtype) and .zeros(shape, dtype), as xp's: the compiled steps' outputs and
+    # gradient blocks (cpu: _bookkeeping.BlockPool), or None (they call xp.empty and xp.zeros)
+    block_pool: Optional[Any]
 
 
 CAPABILITIES = ("elementwise_runs", "fused_chains", "fused_cells", "row_add", "optimizer_rules", "rows_operand",
-                "direct_kernels", "native_backward")
+                "direct_kernels", "native_backward", "block_pool")

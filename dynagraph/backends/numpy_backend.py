@@ -21,6 +21,7 @@ class NumpyBackend:
     rows_operand = None
     direct_kernels = None
     native_backward = None
+    block_pool = None
 
     def __init__(self, xp=np):
         self.xp = xp

@@ -236,6 +236,7 @@ static inline PyObject *dg_pick_list(PyObject *all, PyObject *ids) {
 }
 
 int dg_recorder_add_types(PyObject *module);
+int dg_block_pool_add_type(PyObject *module);  /* block_pool.c: BlockPool */
 int dg_graph_leaves_add(void);  /* graph_leaves.c: GraphBase.leaf, after dg_recorder_add_types */
 int dg_expr_add_types(PyObject *module);
 PyObject *dg_configure(PyObject *self, PyObject *args);

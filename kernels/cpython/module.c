@@ -57,7 +57,7 @@ PyMODINIT_FUNC PyInit__bookkeeping(void) {
     PyObject *m = PyModule_Create(&module);
     /* the recorder's types (GraphBase; ExprBase, Recorder), then leaves.c's expression_of, which uses them */
     if (m && (dg_recorder_add_types(m) < 0 || dg_graph_leaves_add() < 0 || dg_expr_add_types(m) < 0
-              || dg_leaves_add(m) < 0)) {
+              || dg_leaves_add(m) < 0 || dg_block_pool_add_type(m) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

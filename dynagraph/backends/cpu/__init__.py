@@ -44,6 +44,7 @@ from .heap import keep_freed_memory
 from . import direct
 from .direct import DirectKernels
 from .backward import NATIVE_BACKWARD
+from .pool import block_pool
 from .optim import (_rule_args, _rows_ptr, sgd_update, momentum_update, adagrad_update, adam_update)  # noqa: F401
 from .overrides import (_is_real, _exp_worth, UNARY_FWD_MIN, UNARY_FWD_F32_ONLY, UNARY_BWD_MIN, CMULT_SHARED_BWD_MIN,
     ROW_SUMS_MIN, SOFTMAX_BWD_MIN, _unary_forward, _unary_backward, _binary_fits, _binary_forward, _binary_backward,
@@ -78,6 +79,7 @@ class CpuBackend(NumpyBackend):
         # small elementwise batches called from the compiled batch step (direct.py), where it is built
         self.direct_kernels = DirectKernels(self.forward_kernels) if install and direct.register() else None
         self.native_backward = NATIVE_BACKWARD
+        self.block_pool = block_pool()
 
     # ------------------------------------------------------------ row movement
     # take_rows (one source block) stays numpy: a single fancy index beats the call.
