@@ -279,7 +279,7 @@ class _NativeBatches:
         self.stats = stats
 
     def close(self) -> None:
-        """stats.add_accumulated, unrolled: this runs once per evaluation of every small graph."""
+        """The accumulator into stats, unrolled: this runs once per evaluation of every small graph."""
         kernels, batches, nodes, t_memory, t_execute, gathers, gather_bytes = _UNPACK_ACC(self.acc)
         if batches:
             stats = self.stats

@@ -103,15 +103,6 @@ class Stats:
 ACTIVE: ContextVar["Stats | None"] = ContextVar("dynagraph_active_stats", default=None)
 
 
-def add_accumulated(stats, names: tuple, acc: bytearray) -> None:
-    """Add a compiled loop's float64 accumulator (one slot per name; t_* are seconds, the rest
-    counts) into `stats`, then zero it for the next evaluation."""
-    for name, v in zip(names, memoryview(acc).cast("d")):
-        if v:
-            setattr(stats, name, getattr(stats, name) + (v if name.startswith("t_") else int(v)))
-    acc[:] = bytes(len(acc))
-
-
 def count_block_copies(copies: int, nbytes: int, saved: tuple = (0, 0), stats=None) -> None:
     """Copies made inside a block plan or coarsened group, and (copies, bytes) its planned
     layout saved against the naive plan; into `stats`, or the active graph's."""

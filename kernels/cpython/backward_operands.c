@@ -60,8 +60,21 @@ uintptr_t dg_nb_kernel_address(PyObject *ctx, int i) {
 
 static PyObject *NAME_SHAPE;  /* "shape", interned (dg_attr) */
 
-/* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. */
+/* reduce_to(g, x.shape) (ops.base), a new reference or NULL with an exception set. Its first
+   case in C: g itself when both are exact ndarrays of one shape (an affine's bias gradient per
+   sentence: the Python call was ~2,900 instructions a product batch). */
 PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x) {
+    Py_ssize_t gs[4], xs[4];
+    int gn = dg_array_shape(ctx, g, 4, gs);
+    if (gn >= 0 && gn == dg_array_shape(ctx, x, 4, xs)) {
+        int same = 1;
+        for (int d = 0; d < gn && same; d++)
+            same = gs[d] == xs[d];
+        if (same) {
+            Py_INCREF(g);
+            return g;
+        }
+    }
     PyObject *shape = dg_attr(x, &NAME_SHAPE, "shape");
     if (!shape)
         return NULL;
