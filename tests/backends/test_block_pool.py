@@ -180,3 +180,12 @@ def test_repeated_sentences_do_not_grow_memory():
         pytest.skip("the backend has no block pool")
     first, last = memory_growth(lambda: _train(4, "float32"))
     assert last - first < 256 * 1024, (first, last)
+
+
+def test_the_environment_turns_the_pool_off(monkeypatch):
+    from dynagraph.backends.cpu import pool
+    monkeypatch.setenv("DYNAGRAPH_BLOCK_POOL", "0")
+    assert pool.block_pool() is None
+    monkeypatch.setenv("DYNAGRAPH_BLOCK_POOL", "1")
+    made = pool.block_pool()
+    assert made is None or made is pool.block_pool()  # one per process
