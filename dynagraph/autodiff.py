@@ -204,6 +204,7 @@ class _NativeBackward:
 
     def __init__(self, cg, be, gb: Grads, full: bool, deferred: dict, leaf_sums: dict):
         xp, stats, nb, pool = be.xp, cg.stats, be.native_backward, be.block_pool
+        empty, zeros = (pool.empty, pool.zeros) if pool is not None else (xp.empty, xp.zeros)
         self.acc = bytearray(8 * len(_ACC))
         self.stats = stats
 
@@ -220,9 +221,9 @@ class _NativeBackward:
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
                     deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),
-                    nb.row_index_type if nb is not None else None, reduce_to, pool.empty if pool is not None else xp.empty, np.dtype(cg.dtype),
+                    nb.row_index_type if nb is not None else None, reduce_to, empty, np.dtype(cg.dtype),
                     nb.kernels if nb is not None else b"", nb.lstm_f64_max if nb is not None else 0,
-                    lambda b: _table_arrays(cg.leaf_param(b)), pool.zeros if pool is not None else xp.zeros)
+                    lambda b: _table_arrays(cg.leaf_param(b)), zeros)
 
     def close(self) -> None:
         """The accumulator into stats, unrolled: this runs once per backward() of every small graph

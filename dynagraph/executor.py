@@ -271,10 +271,11 @@ class _NativeBatches:
         stats = cg.stats
         self.acc = bytearray(8 * len(_ACC))
         infos = _op_infos(be)
+        empty = be.block_pool.empty if be.block_pool is not None else _EMPTY  # outputs of the direct kernels
         self.ctx = (cg.op, cg.blk, cg.row, cg.args, cg.blocks, cg.attrs, cg.data, cg.shape, cg.executed, infos,
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
-                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, be.block_pool.empty if be.block_pool is not None else _EMPTY, SPLIT_MAX,
+                    _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, empty, SPLIT_MAX,
                     GROUP_MAX, getattr(getattr(be, "direct_kernels", None), "row_index_maker", None))
         self.stats = stats
 
