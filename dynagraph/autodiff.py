@@ -31,7 +31,7 @@ class Grads(list):
 
     __slots__ = ("borrowed", "zeros")
 
-    def __init__(self, n: int, zeros=None):
+    def __init__(self, n: int, zeros):
         super().__init__([None] * n)
         self.borrowed: set = set()
         self.zeros = zeros
@@ -49,7 +49,7 @@ class Grads(list):
 def _grad_block(cg, xp, gb, b):
     g = gb[b]
     if g is None:
-        g = gb[b] = (gb.zeros or xp.zeros)(cg.blocks[b].shape, cg.dtype)
+        g = gb[b] = gb.zeros(cg.blocks[b].shape, cg.dtype)
     elif b in gb.borrowed:
         g = gb[b] = g.copy()
         gb.borrowed.discard(b)
@@ -204,7 +204,6 @@ class _NativeBackward:
 
     def __init__(self, cg, be, gb: Grads, full: bool, deferred: dict, leaf_sums: dict):
         xp, stats, nb, pool = be.xp, cg.stats, be.native_backward, be.block_pool
-        empty, zeros = (pool.empty, pool.zeros) if pool is not None else (xp.empty, xp.zeros)
         self.acc = bytearray(8 * len(_ACC))
         self.stats = stats
 
@@ -221,9 +220,9 @@ class _NativeBackward:
                     xp, bool(full), lambda op, xs, plans, g, need: _defer_weight_grads(op, xs, plans, g, need, deferred),
                     one_row, scatter_one, leaf_sums, np.ndarray, _FORMAT.get(np.dtype(cg.dtype), ""), self.acc,
                     deferred, _PRODUCTS, lambda b: _grad_block(cg, xp, gb, b),
-                    nb.row_index_type if nb is not None else None, reduce_to, empty, np.dtype(cg.dtype),
+                    nb.row_index_type if nb is not None else None, reduce_to, pool.empty if pool is not None else xp.empty, np.dtype(cg.dtype),
                     nb.kernels if nb is not None else b"", nb.lstm_f64_max if nb is not None else 0,
-                    lambda b: _table_arrays(cg.leaf_param(b)), zeros)
+                    lambda b: _table_arrays(cg.leaf_param(b)), gb.zeros)
 
     def close(self) -> None:
         """The accumulator into stats, unrolled: this runs once per backward() of every small graph
@@ -278,7 +277,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     stats = cg.stats
     xp = be.xp
     pool = be.block_pool
-    gb = Grads(len(cg.blocks), pool.zeros if pool is not None else None)
+    gb = Grads(len(cg.blocks), pool.zeros if pool is not None else xp.zeros)
     seed = _grad_block(cg, xp, gb, cg.blk[nid])
     seed[cg.row[nid]] = 1
     grad_block = lambda b: _grad_block(cg, xp, gb, b)  # noqa: E731

@@ -193,7 +193,7 @@ def test_native_backward_rejects_malformed_input():
         cg = dy.cg()
         y.value()
         be = get_backend()
-        gb = autodiff.Grads(len(cg.blocks))
+        gb = autodiff.Grads(len(cg.blocks), be.xp.zeros)
         deferred, sums = {}, {}
         ctx = autodiff._NativeBackward(cg, be, gb, False, deferred, sums).ctx
         record = next(r for r in cg.executed if type(r) is executor.ExecutedBatch)

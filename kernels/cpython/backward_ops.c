@@ -356,12 +356,13 @@ static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyOb
 /* NB_CONCAT: Concatenate.backward where g is (B, W) and every argument a (B, w_k) array of the
    graph's dtype with the w_k adding up to W, along the first per-node axis (attrs (0,)): the
    argument's columns of g, row by row, into a new (B, w_k) block. Anything else (matrices,
-   shared or broadcast arguments, in-place operands) returns NULL with no exception: the op's
-   own backward runs. */
+   shared or broadcast arguments, in-place operands, more than CONCAT_MAX arguments) returns NULL
+   with no exception: the op's own backward runs. */
+#define CONCAT_MAX 16
 static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t k = PyList_GET_SIZE(xs), gs[2], s[2], total = 0;
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[2], s[2], width[CONCAT_MAX], total = 0;
     void *gbuf;
-    if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
+    if (k > CONCAT_MAX || !PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
         || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || PyTuple_GET_SIZE(need) != k
         || !dg_nb_operand(ctx, g, 2, gs, 1, &gbuf)) {
         PyErr_Clear();
@@ -370,7 +371,7 @@ static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
     for (Py_ssize_t i = 0; i < k; i++) {
         if (!dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), 2, s, 0, NULL) || s[0] != gs[0])
             return NULL;
-        total += s[1];
+        total += width[i] = s[1];
     }
     const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     if (!fmt || total != gs[1]) {
@@ -380,8 +381,7 @@ static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
     Py_ssize_t item = !strcmp(fmt, "f") ? 4 : 8, B = gs[0], W = gs[1], off = 0;
     PyObject *out = PyTuple_New(k);
     for (Py_ssize_t i = 0; out && i < k; i++) {
-        dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), 2, s, 0, NULL);
-        Py_ssize_t w = s[1];
+        Py_ssize_t w = width[i];
         PyObject *gi;
         void *dst;
         if (PyTuple_GET_ITEM(need, i) != Py_True) {

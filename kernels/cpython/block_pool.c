@@ -1,10 +1,12 @@
-/* BlockPool: numpy.empty for the small value and gradient blocks of the compiled steps, with
-arrays reused once nothing else holds them (part of dynagraph._bookkeeping; see bookkeeping.h).
+/* BlockPool: numpy.empty and numpy.zeros for the small value and gradient blocks of the compiled
+steps, with arrays reused once nothing else holds them (part of dynagraph._bookkeeping; see
+bookkeeping.h).
 
 A per-sentence program makes a new graph of the same shapes for every sentence: each batch's
 output and each gradient block is a new numpy array of one to a few rows, made by numpy.empty
 (~1,400 instructions: argument parsing, descriptor, allocation) and freed with its graph
-(~700 more). Per sentence of a BiRNN tagger that is ~640 arrays, about a tenth of its work.
+(several hundred more). Per sentence of a BiRNN tagger at H=64 that is ~980 arrays, about a
+tenth of its work (callgrind).
 
 The pool keeps a reference to every array it hands out (per dtype and exact shape, in a ring).
 An array whose only reference is the pool's (its refcount is 1) is no longer in any graph,
@@ -14,8 +16,9 @@ type, shape, dtype and layout, contents unspecified. Successive sentences alloca
 order, so the ring's cursor usually finds a free array at the first probe.
 
 Bounded: only arrays of at most max_array_bytes are kept, at most RING_CAP per shape and
-max_total_bytes in all; anything else is numpy.empty's own array, not kept. The twin is
-numpy.empty itself (the numpy backend has no pool). */
+max_total_bytes in all; anything else is numpy.empty's (numpy.zeros') own array, not kept. A
+new array is made by numpy.empty or numpy.zeros as asked, so only a reused one is cleared here.
+The twins are numpy.empty and numpy.zeros themselves (the numpy backend has no pool). */
 #include "bookkeeping.h"
 #include <structmember.h> /* PyMemberDef, T_PYSSIZET */
 
@@ -39,7 +42,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *empty;         /* numpy.empty */
+    PyObject *make[2];       /* numpy.empty, numpy.zeros: new arrays */
     PyObject *dtypes[2];     /* numpy.dtype(float32), numpy.dtype(float64): identity-compared */
     PyObject *rings[2];      /* per dtype: shape tuple -> capsule(Ring) */
     Py_ssize_t itemsize[2];
@@ -136,58 +139,66 @@ static int pool_keep(BlockPoolObject *p, int t, PyObject *shape, PyObject *a, Py
     return 0;
 }
 
-/* numpy.empty(shape, dtype), reusing a free kept array where one fits. */
-static PyObject *pool_empty(BlockPoolObject *p, PyObject *const *args, Py_ssize_t nargs, const char *what) {
+/* A free kept array of this shape and dtype (a new reference), or NULL: with an exception set on
+   error, else none was free (*t, *keep: the dtype index and whether a new array may be kept). */
+static PyObject *pool_take(BlockPoolObject *p, PyObject *shape, PyObject *dtype, int *t, int *keep) {
+    *t = dtype == p->dtypes[0] ? 0 : dtype == p->dtypes[1] ? 1 : -1;
+    *keep = *t >= 0 && PyTuple_CheckExact(shape);
+    if (!*keep)
+        return NULL;
+    Slot *slot = NULL;
+    Py_ssize_t nd = PyTuple_GET_SIZE(shape), d0 = 0, d1 = 0;
+    if (nd <= 2 && (nd < 1 || PyLong_CheckExact(PyTuple_GET_ITEM(shape, 0)))
+        && (nd < 2 || PyLong_CheckExact(PyTuple_GET_ITEM(shape, 1)))) {
+        d0 = nd >= 1 ? dg_as_ssize(PyTuple_GET_ITEM(shape, 0)) : 0;
+        d1 = nd >= 2 ? dg_as_ssize(PyTuple_GET_ITEM(shape, 1)) : 0;
+        if ((d0 == -1 || d1 == -1) && PyErr_Occurred())
+            return NULL;
+        slot = &p->slots[((size_t)d0 * 131u + (size_t)d1 * 7u + (size_t)nd * 3u + (size_t)*t) & (SLOTS - 1)];
+        if (slot->r && slot->t == *t && slot->nd == nd && slot->d0 == d0 && slot->d1 == d1)
+            return ring_take(slot->r);  /* the ring is known: NULL makes a new array, kept there */
+        slot->r = NULL;  /* refilled below from the dict, if it has this shape */
+        slot->t = *t, slot->nd = (int)nd, slot->d0 = d0, slot->d1 = d1;
+    } else if (nd <= 2) {
+        return NULL;  /* not ints: numpy.empty's business (shape_elements keeps none of these) */
+    }
+    PyObject *cap = PyDict_GetItemWithError(p->rings[*t], shape);
+    if (!cap)
+        return NULL;
+    Ring *r = PyCapsule_GetPointer(cap, NULL);
+    if (!r)
+        return NULL;
+    if (slot)
+        slot->r = r;
+    return ring_take(r);
+}
+
+/* numpy.empty / numpy.zeros (zero) of (shape, dtype), reusing a free kept array where one fits. */
+static PyObject *pool_get(BlockPoolObject *p, PyObject *const *args, Py_ssize_t nargs, int zero) {
     if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "BlockPool.%s(shape, dtype): two positional arguments", what);
+        PyErr_Format(PyExc_TypeError, "BlockPool.%s(shape, dtype): two positional arguments", zero ? "zeros" : "empty");
         return NULL;
     }
-    PyObject *shape = args[0], *dtype = args[1];
-    int t = dtype == p->dtypes[0] ? 0 : dtype == p->dtypes[1] ? 1 : -1;
-    Slot *slot = NULL;
-    if (t >= 0 && PyTuple_CheckExact(shape)) {
-        Py_ssize_t nd = PyTuple_GET_SIZE(shape), d0 = 0, d1 = 0;
-        if (nd <= 2 && (nd < 1 || PyLong_CheckExact(PyTuple_GET_ITEM(shape, 0)))
-            && (nd < 2 || PyLong_CheckExact(PyTuple_GET_ITEM(shape, 1)))) {
-            d0 = nd >= 1 ? dg_as_ssize(PyTuple_GET_ITEM(shape, 0)) : 0;
-            d1 = nd >= 2 ? dg_as_ssize(PyTuple_GET_ITEM(shape, 1)) : 0;
-            if ((d0 == -1 || d1 == -1) && PyErr_Occurred())
+    int t, keep;
+    PyObject *a = pool_take(p, args[0], args[1], &t, &keep);
+    if (a) {
+        p->hits++;
+        if (zero) {
+            Py_buffer v;
+            if (PyObject_GetBuffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+                Py_DECREF(a);
                 return NULL;
-            slot = &p->slots[((size_t)d0 * 131u + (size_t)d1 * 7u + (size_t)nd * 3u + (size_t)t) & (SLOTS - 1)];
-            if (slot->r && slot->t == t && slot->nd == nd && slot->d0 == d0 && slot->d1 == d1) {
-                PyObject *a = ring_take(slot->r);
-                if (a) {
-                    p->hits++;
-                    return a;
-                }
-                slot = NULL;  /* the ring is known: a new array is made and kept below */
-            } else {
-                slot->r = NULL;  /* refilled below from the dict, if it has this shape */
-                slot->t = t, slot->nd = (int)nd, slot->d0 = d0, slot->d1 = d1;
             }
+            memset(v.buf, 0, (size_t)v.len);
+            PyBuffer_Release(&v);
         }
-        PyObject *cap = slot || nd > 2 ? PyDict_GetItemWithError(p->rings[t], shape) : NULL;
-        if (cap) {
-            Ring *r = PyCapsule_GetPointer(cap, NULL);
-            if (!r)
-                return NULL;
-            if (slot)
-                slot->r = r;
-            PyObject *a = ring_take(r);
-            if (a) {
-                p->hits++;
-                return a;
-            }
-        } else if (PyErr_Occurred()) {
-            return NULL;
-        }
+        return a;
     }
-    PyObject *a = PyObject_Vectorcall(p->empty, args, 2, NULL);
-    if (!a || t < 0 || !PyTuple_CheckExact(shape))
+    if (PyErr_Occurred() || !(a = PyObject_Vectorcall(p->make[zero], args, 2, NULL)) || !keep)
         return a;
     p->misses++;
-    Py_ssize_t n = shape_elements(shape, p->max_array / p->itemsize[t]);
-    if (n >= 0 && pool_keep(p, t, shape, a, n * p->itemsize[t]) < 0) {
+    Py_ssize_t n = shape_elements(args[0], p->max_array / p->itemsize[t]);
+    if (n >= 0 && pool_keep(p, t, args[0], a, n * p->itemsize[t]) < 0) {
         Py_DECREF(a);
         return NULL;
     }
@@ -200,36 +211,28 @@ static PyObject *pool_call(PyObject *self, PyObject *const *args, size_t nargsf,
         PyErr_SetString(PyExc_TypeError, "BlockPool(shape, dtype): positional arguments only");
         return NULL;
     }
-    return pool_empty((BlockPoolObject *)self, args, PyVectorcall_NARGS(nargsf), "empty");
+    return pool_get((BlockPoolObject *)self, args, PyVectorcall_NARGS(nargsf), 0);
 }
 
 static PyObject *pool_empty_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return pool_empty((BlockPoolObject *)self, args, nargs, "empty");
+    return pool_get((BlockPoolObject *)self, args, nargs, 0);
 }
 
-/* pool.zeros(shape, dtype): as numpy.zeros (an empty array, then every byte cleared). */
+/* pool.zeros(shape, dtype): as numpy.zeros. */
 static PyObject *pool_zeros(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *a = pool_empty((BlockPoolObject *)self, args, nargs, "zeros");
-    if (!a)
-        return NULL;
-    Py_buffer v;
-    if (PyObject_GetBuffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_DECREF(a);
-        return NULL;
-    }
-    memset(v.buf, 0, (size_t)v.len);
-    PyBuffer_Release(&v);
-    return a;
+    return pool_get((BlockPoolObject *)self, args, nargs, 1);
 }
 
 static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    PyObject *empty, *f32, *f64;
+    PyObject *empty, *zeros, *f32, *f64;
     Py_ssize_t max_array, max_total;
-    static char *names[] = {"empty", "float32", "float64", "max_array_bytes", "max_total_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOnn:BlockPool", names, &empty, &f32, &f64, &max_array, &max_total))
+    static char *names[] = {"empty", "zeros", "float32", "float64", "max_array_bytes", "max_total_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOnn:BlockPool", names, &empty, &zeros, &f32, &f64, &max_array,
+                                     &max_total))
         return NULL;
-    if (!PyCallable_Check(empty) || max_array < 0 || max_total < 0) {
-        PyErr_SetString(PyExc_ValueError, "BlockPool(empty, float32, float64, max_array_bytes >= 0, max_total_bytes >= 0)");
+    if (!PyCallable_Check(empty) || !PyCallable_Check(zeros) || max_array < 0 || max_total < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "BlockPool(empty, zeros, float32, float64, max_array_bytes >= 0, max_total_bytes >= 0)");
         return NULL;
     }
     Py_ssize_t size[2];
@@ -249,7 +252,9 @@ static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     p->vectorcall = pool_call;
     Py_INCREF(empty);
-    p->empty = empty;
+    Py_INCREF(zeros);
+    p->make[0] = empty;
+    p->make[1] = zeros;
     for (int t = 0; t < 2; t++) {
         Py_INCREF(dt[t]);
         p->dtypes[t] = dt[t];
@@ -266,7 +271,8 @@ static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 
 static void pool_dealloc(PyObject *self) {
     BlockPoolObject *p = (BlockPoolObject *)self;
-    Py_XDECREF(p->empty);
+    Py_XDECREF(p->make[0]);
+    Py_XDECREF(p->make[1]);
     for (int t = 0; t < 2; t++) {
         Py_XDECREF(p->dtypes[t]);
         Py_XDECREF(p->rings[t]);
@@ -326,7 +332,7 @@ static PyGetSetDef pool_getset[] = {
 static PyTypeObject BlockPoolType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dynagraph._bookkeeping.BlockPool",
-    .tp_doc = "BlockPool(empty, float32, float64, max_array_bytes, max_total_bytes): numpy.empty(shape, dtype) "
+    .tp_doc = "BlockPool(empty, zeros, float32, float64, max_array_bytes, max_total_bytes): numpy.empty(shape, dtype) "
               "for small float blocks, reusing an array the pool alone still holds; see block_pool.c.",
     .tp_basicsize = sizeof(BlockPoolObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,

@@ -20,7 +20,7 @@ F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def new_pool(max_array: int = 1 << 16, max_total: int = 1 << 20):
-    return bk.BlockPool(np.empty, F32, F64, max_array, max_total)
+    return bk.BlockPool(np.empty, np.zeros, F32, F64, max_array, max_total)
 
 
 def test_arrays_are_numpy_empty_s():
@@ -62,6 +62,8 @@ def test_zeros_clears_a_reused_array():
     del a
     z = p.zeros((4, 16), F64)
     assert id(z) == first and not z.any()
+    big = p.zeros((300, 300), F64)  # too large to keep: numpy.zeros' own
+    assert not big.any() and p.kept == 1
 
 
 def test_other_dtypes_shapes_and_large_arrays_are_not_kept():
@@ -91,6 +93,11 @@ def test_a_full_ring_forgets_arrays_held_elsewhere():
         batch = [p((1, 4), F32) for _ in range(20)]
         del batch
     assert p.kept <= 512
+    hits = p.hits
+    for _ in range(10):  # once the cursor has gone round the held arrays, the rounds' own come back
+        batch = [p((1, 4), F32) for _ in range(20)]
+        del batch
+    assert p.hits > hits and p.kept <= 512
     reused = sum(id(p((1, 4), F32)) in {id(h) for h in held} for _ in range(20))
     assert reused == 0
     del held
@@ -107,9 +114,9 @@ def test_bad_calls_raise():
     with pytest.raises(ValueError):
         p((-1, 3), F32)
     with pytest.raises(ValueError):
-        bk.BlockPool(np.empty, F32, F64, -1, 10)
+        bk.BlockPool(np.empty, np.zeros, F32, F64, -1, 10)
     with pytest.raises(TypeError):
-        bk.BlockPool(np.empty, F32, F64)
+        bk.BlockPool(np.empty, np.zeros, F32, F64)
 
 
 def test_the_cpu_backend_offers_it_and_numpy_does_not():

@@ -1,9 +1,9 @@
 """The `block_pool` capability of backends/contract.py: numpy.empty and numpy.zeros for the
 compiled steps' small value and gradient blocks, reusing arrays that nothing holds any more.
 
-A per-sentence program makes the same small blocks for every sentence (a BiRNN tagger: ~640
-arrays of one or a few rows a sentence), and numpy.empty plus the array's later deallocation
-cost about 2,000 instructions each, about a tenth of the sentence's work. The pool
+A per-sentence program makes the same small blocks for every sentence (a BiRNN tagger at H=64:
+~980 arrays of one or a few rows a sentence), and numpy.empty (~1,400 instructions) plus the
+array's later deallocation were about a tenth of the sentence's work (callgrind). The pool
 (kernels/cpython/block_pool.c) keeps every small array it hands out and gives one out again
 once the pool's reference is its only one: no graph, view, buffer export or user variable
 holds it then. Its contents are unspecified, as numpy.empty's are.
@@ -33,5 +33,5 @@ def block_pool():
     if make is None or os.environ.get("DYNAGRAPH_BLOCK_POOL", "1") == "0":
         return None
     if not _POOL:
-        _POOL.append(make(np.empty, np.dtype(np.float32), np.dtype(np.float64), MAX_ARRAY_BYTES, MAX_TOTAL_BYTES))
+        _POOL.append(make(np.empty, np.zeros, np.dtype(np.float32), np.dtype(np.float64), MAX_ARRAY_BYTES, MAX_TOTAL_BYTES))
     return _POOL[0]
