@@ -287,6 +287,29 @@ def test_depth_agenda_and_node_arrays_match_python(spec):
 
 
 @needs_native
+@pytest.mark.parametrize("chains,longest", [(300, 7), (40, 3)])
+def test_buckets_filled_out_of_order_sort_like_python(chains, longest):
+    """Chains of 1-`longest` tanh steps, each ended by a logistic: the logistic bucket fills in
+    order of chain length, not of recording (dg_sort_ids' radix sort: 300 nodes over thousands of
+    ids take two byte passes, 40 over fewer than 256 ids one)."""
+    from dynagraph.schedulers import typewise
+    cg = dy.renew_cg()
+    ends = []
+    for i in range(chains):
+        x = dy.inputVector([0.1 * (i % 5), 0.2])
+        for _ in range(1 + (i * 37) % longest):
+            x = dy.tanh(x)
+        ends.append(dy.logistic(x))
+    dy.esum(ends)
+    cg._sync_values()
+    nodes = engine._pending_py(cg.blk, 0, len(cg.op))
+    for sched in (simple.AgendaBatching(), typewise.TypewiseBatching()):
+        got = sched.schedule(cg, nodes)
+        assert got == sched.schedule_py(cg, nodes)
+        assert any(len(b) == chains for b in got) and all(list(b) == sorted(b) for b in got)
+
+
+@needs_native
 def test_depth_batches_defers_unknown_signatures_to_python():
     assert NATIVE.depth_batches([1, 1], [0, -1], [True], [0, 1]) is None
     assert NATIVE.depth_batches([1, 1, 2], [0, 0, 0], [True], [0, 1, 2]) == [[0, 1], [2]]

@@ -280,34 +280,6 @@ static Entry heap_pop(Entry *h, Py_ssize_t *n) {
     return top;
 }
 
-static int cmp_ssize(const void *a, const void *b) {
-    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sort node ids ascending. A bucket mostly fills in recording order already (nodes become
-   ready as their arguments' batches run, in order), so one pass checks that first: qsort's
-   comparison calls were most of the agenda's time on a 28k-node mini-batch. */
-void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m) {
-    Py_ssize_t k = 1;
-    while (k < m && v[k - 1] <= v[k])
-        k++;
-    if (k >= m)
-        return;
-    if (m <= 32) {  /* insertion sort from the first descent */
-        for (; k < m; k++) {
-            Py_ssize_t x = v[k], j = k;
-            while (j > 0 && v[j - 1] > x) {
-                v[j] = v[j - 1];
-                j--;
-            }
-            v[j] = x;
-        }
-        return;
-    }
-    qsort(v, (size_t)m, sizeof(Py_ssize_t), cmp_ssize);
-}
-
 typedef struct {  /* every array the agenda needs, freed together */
     Py_ssize_t *local_sig, *indeg, *start, *users, *fill, *bucket_len, *bucket_start, *bucket, *ready, *first;
     Py_ssize_t *gid;    /* the node id of each local id (local ids: the nodes' ranks, ascending) */

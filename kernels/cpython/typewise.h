@@ -46,6 +46,6 @@ int tw_columns(TW *s, PyObject *args, PyObject *sig, PyObject *batchable, PyObje
                Py_ssize_t lo, Py_ssize_t *sig_type);
 int tw_type_graph(TW *s);
 int tw_chain_heights(TW *s); /* typewise_chain.c: after tw_type_graph */
-void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m); /* schedule.c: ascending, fast when nearly sorted */
+void dg_sort_ids(Py_ssize_t *v, Py_ssize_t m); /* sort_ids.c: ascending, fast when nearly sorted */
 
 #endif

@@ -297,67 +297,68 @@ static void type_masks(TW *s, uint64_t *above) {
 /* A node matters to type t when it lies between two type-t nodes, or has type t and one of
    them above or below: per type, the list of such nodes (CSR in *tstart, *tlist; recording order).
    A node with one pending argument and another type is left out: its near set for t is its
-   argument's, which near_pass finds by following `through` (about 60% of the entries on lattices). */
-static int type_lists(TW *s, const uint64_t *above, Py_ssize_t *tstart, Py_ssize_t **tlist) {
+   argument's, which near_pass finds by following `through` (about 60% of the entries on lattices).
+   The counting pass leaves each node's mask of such types in `above` (read no more after it), so
+   the filling pass only walks the bits. */
+static int type_lists(TW *s, uint64_t *above, Py_ssize_t *tstart, Py_ssize_t **tlist) {
     Py_ssize_t n = s->n, T = s->T, W = s->W;
-    for (int pass = 0; pass < 2; pass++) {
-        for (Py_ssize_t v = 0; v < n; v++) {
-            if (!s->pending[v])
-                continue;
-            Py_ssize_t tv = s->typ[v];
-            for (Py_ssize_t w = 0; w < W; w++) {
-                uint64_t a = above[v * W + w], b = s->below[v * W + w], m = a & b;
-                if (s->argstart[v + 1] - s->argstart[v] == 1)
-                    m = 0;  /* one argument: only its own type can need v (below) */
-                if (tv >= 0 && (tv >> 6) == w && ((a | b) >> (tv & 63) & 1))
-                    m |= (uint64_t)1 << (tv & 63);
-                while (m) {
-                    Py_ssize_t t = w * 64 + lowest_bit(m);
-                    m &= m - 1;
-                    if (pass == 0)
-                        tstart[t + 1]++;
-                    else
-                        (*tlist)[tstart[t + 1]++] = v;
-                }
+    for (Py_ssize_t v = 0; v < n; v++) {
+        if (!s->pending[v])
+            continue;
+        Py_ssize_t tv = s->typ[v];
+        int one_arg = s->argstart[v + 1] - s->argstart[v] == 1;
+        for (Py_ssize_t w = 0; w < W; w++) {
+            uint64_t a = above[v * W + w], b = s->below[v * W + w];
+            uint64_t m = one_arg ? 0 : a & b;  /* one argument: only its own type can need v (below) */
+            if (tv >= 0 && (tv >> 6) == w && ((a | b) >> (tv & 63) & 1))
+                m |= (uint64_t)1 << (tv & 63);
+            above[v * W + w] = m;
+            while (m) {
+                tstart[w * 64 + lowest_bit(m) + 1]++;
+                m &= m - 1;
             }
         }
-        if (pass == 0) {
-            for (Py_ssize_t t = 0; t < T; t++)
-                tstart[t + 1] += tstart[t];
-            if (!(*tlist = tw_alloc_raw(s, tstart[T]))) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            memmove(tstart + 1, tstart, (size_t)T * sizeof(Py_ssize_t));
-            tstart[0] = 0;
+    }
+    for (Py_ssize_t t = 0; t < T; t++)
+        tstart[t + 1] += tstart[t];
+    if (!(*tlist = tw_alloc_raw(s, tstart[T]))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memmove(tstart + 1, tstart, (size_t)T * sizeof(Py_ssize_t));
+    tstart[0] = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        if (!s->pending[v])
+            continue;
+        for (Py_ssize_t w = 0; w < W; w++) {
+            for (uint64_t m = above[v * W + w]; m; m &= m - 1)
+                (*tlist)[tstart[w * 64 + lowest_bit(m) + 1]++] = v;
         }
     }
     return 0;
 }
 
-/* What near_pass reads about an argument p, in one place (one cache line rather than five arrays):
-   its pending argument count, first argument, type, and for a one-argument node the top of its
-   chain and the types on it (one_arg_chains). */
+/* What near_pass reads and writes about a node p, in one place (one 64-byte line rather than six
+   arrays: the pass reads it for every argument of every listed node, type after type, across a
+   graph of megabytes): its pending argument count, first argument, type, and for a one-argument
+   node the top of its chain and the types on it (one_arg_chains); then its near set in the current
+   pass, tag == t + 1 when computed for type t, and the set's pool range. */
 typedef struct {
     Py_ssize_t nargs, arg0, typ, top;
     uint64_t types;
+    Py_ssize_t tag, off, len;
 } Hop;
 
-/* A node's near set in the current pass: tag == t + 1 when computed for type t, then the pool range. */
-typedef struct {
-    Py_ssize_t tag, off, len;
-} Near;
-
-/* near(v) for type t along its node list, and pset(v) of its type-t nodes. near[v].tag == t + 1
+/* near(v) for type t along its node list, and pset(v) of its type-t nodes. hop[v].tag == t + 1
    marks a near(v) computed in this pass; any other node has none for t. */
-static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, const Hop *hop, Near *near,
+static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len, Hop *hop,
                      Py_ssize_t *mark) {
     uint64_t bit = (uint64_t)1 << (t & 63);
     for (Py_ssize_t k = 0; k < len; k++) {
         Py_ssize_t v = list[k], uo = 0, ul = 0;
         for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++) {
             Py_ssize_t p = s->argv[e];
-            while (near[p].tag != t + 1 && hop[p].typ != t && hop[p].nargs == 1) {
+            while (hop[p].tag != t + 1 && hop[p].typ != t && hop[p].nargs == 1) {
                 /* a left-out node: its near set is its argument's; a chain without a type-t node
                    (none of it is tagged: one-argument nodes are listed only for their own type)
                    is crossed in one jump */
@@ -367,9 +368,9 @@ static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len
                 }
                 p = hop[p].arg0;
             }
-            if (near[p].tag != t + 1)
+            if (hop[p].tag != t + 1)
                 continue;
-            Py_ssize_t po = near[p].off, pl = near[p].len;
+            Py_ssize_t po = hop[p].off, pl = hop[p].len;
             if (pl == 0 || (po == uo && pl == ul))
                 continue;
             if (ul == 0) {
@@ -381,18 +382,18 @@ static int near_pass(TW *s, Py_ssize_t t, const Py_ssize_t *list, Py_ssize_t len
             if (near_union(s, uo, ul, po, pl, *mark, &uo, &ul) < 0)
                 return -1;
         }
-        near[v].tag = t + 1;
+        hop[v].tag = t + 1;
         if (hop[v].typ == t) {
             s->pset_off[v] = uo;
             s->pset_len[v] = ul;
             if (pool_reserve(s, 1) < 0)
                 return -1;
             s->pool[s->pool_len] = v;
-            near[v].off = s->pool_len++;
-            near[v].len = 1;
+            hop[v].off = s->pool_len++;
+            hop[v].len = 1;
         } else {
-            near[v].off = uo;
-            near[v].len = ul;
+            hop[v].off = uo;
+            hop[v].len = ul;
         }
     }
     return 0;
@@ -436,6 +437,7 @@ static void one_arg_chains(TW *s, Hop *hop) {
         h->arg0 = h->nargs ? s->argv[s->argstart[v]] : -1;
         h->top = -1;
         h->types = 0;
+        h->tag = 0;  /* no near set yet */
         if (h->nargs != 1)
             continue;
         Py_ssize_t a = h->arg0;
@@ -456,10 +458,9 @@ int tw_type_graph(TW *s) {
     uint64_t *above = tw_zalloc(s, ((size_t)(n * s->W) + 1) * sizeof(uint64_t));
     Py_ssize_t *tstart = tw_alloc(s, T + 1), *tlist = NULL;
     Hop *hop = tw_get_raw(s, ((size_t)n + 1) * sizeof(Hop));  /* every entry written by one_arg_chains */
-    Near *near = tw_zalloc(s, ((size_t)n + 1) * sizeof(Near));
     int rc = -1;
     s->walk = tw_alloc_raw(s, n);
-    if (!above || !tstart || !hop || !near || !s->walk) {
+    if (!above || !tstart || !hop || !s->walk) {
         PyErr_NoMemory();
         goto done;
     }
@@ -468,7 +469,7 @@ int tw_type_graph(TW *s) {
     if (type_lists(s, above, tstart, &tlist) < 0)
         goto done;
     for (Py_ssize_t t = 0; t < T; t++)
-        if (near_pass(s, t, tlist + tstart[t], tstart[t + 1] - tstart[t], hop, near, &mark) < 0)
+        if (near_pass(s, t, tlist + tstart[t], tstart[t + 1] - tstart[t], hop, &mark) < 0)
             goto done;
     rc = children(s);
 done:
@@ -480,15 +481,17 @@ done:
    signature outside the tables, -1 with an exception set. */
 static int pending_types(TW *s, PyObject *sig, PyObject *batchable, PyObject **ids, Py_ssize_t B, Py_ssize_t lo,
                          Py_ssize_t *sig_type) {
+    Py_ssize_t prev = lo - 1;
     for (Py_ssize_t j = 0; j < B; j++) {
-        Py_ssize_t i = PyLong_AsSsize_t(ids[j]);
+        Py_ssize_t i = dg_as_ssize(ids[j]);
         if (i == -1 && PyErr_Occurred())
             return -1;
-        if (i < lo || i >= lo + s->n || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
+        if (i <= prev || i >= lo + s->n) {
             PyErr_Format(PyExc_IndexError, "typewise_batches: node ids must increase, got %zd", i);
             return -1;
         }
-        long sg = PyLong_AsLong(PyList_GET_ITEM(sig, i));
+        prev = i;
+        Py_ssize_t sg = dg_as_ssize(PyList_GET_ITEM(sig, i));
         if (sg == -1 && PyErr_Occurred())
             return -1;
         if (sg < 0 || sg >= s->S)
@@ -508,48 +511,54 @@ static int pending_types(TW *s, PyObject *sig, PyObject *batchable, PyObject **i
 }
 
 /* The user and argument lists among the pending nodes (CSR, local ids, duplicates kept
-   like users_of) and in-degrees: pass 0 counts, pass 1 fills. 0, or -1 with an exception set. */
+   like users_of) and in-degrees. Each argument id is read from its Python int once, into argv in
+   node order (which is its CSR order), counting users as it goes; then the users are filled from
+   argv. 0, or -1 with an exception set. */
 static int pending_edges(TW *s, PyObject *args, Py_ssize_t lo) {
-    Py_ssize_t n = s->n;
-    for (int pass = 0; pass < 2; pass++) {
-        for (Py_ssize_t v = 0; v < n; v++) {
-            if (!s->pending[v])
-                continue;
-            PyObject *t = PyList_GET_ITEM(args, lo + v);
-            if (!PyTuple_CheckExact(t)) {
-                PyErr_SetString(PyExc_TypeError, "typewise_batches: argument lists must be tuples");
-                return -1;
-            }
-            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
-                Py_ssize_t u = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k)) - lo;
-                if (PyErr_Occurred())
-                    return -1;
-                if (u < 0 || u >= n || !s->pending[u])
-                    continue;
-                if (pass == 0) {
-                    s->ustart[u + 1]++;
-                    s->argstart[v + 1]++;
-                    s->indeg[v]++;
-                } else {
-                    s->users[s->ustart[u + 1]++] = v;  /* ustart shifted by one while filling */
-                    s->argv[s->argstart[v + 1]++] = u;
-                }
-            }
+    Py_ssize_t n = s->n, m = 0, cap = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {  /* room: every argument of a pending node */
+        if (!s->pending[v])
+            continue;
+        PyObject *t = PyList_GET_ITEM(args, lo + v);
+        if (!PyTuple_CheckExact(t)) {
+            PyErr_SetString(PyExc_TypeError, "typewise_batches: argument lists must be tuples");
+            return -1;
         }
-        if (pass == 0) {
-            for (Py_ssize_t v = 0; v < n; v++) {
-                s->ustart[v + 1] += s->ustart[v];
-                s->argstart[v + 1] += s->argstart[v];
-            }
-            if (!(s->users = tw_alloc_raw(s, s->ustart[n])) || !(s->argv = tw_alloc_raw(s, s->argstart[n]))) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            memmove(s->ustart + 1, s->ustart, (size_t)n * sizeof(Py_ssize_t));
-            memmove(s->argstart + 1, s->argstart, (size_t)n * sizeof(Py_ssize_t));
-            s->ustart[0] = s->argstart[0] = 0;
-        }
+        cap += PyTuple_GET_SIZE(t);
     }
+    if (!(s->argv = tw_alloc_raw(s, cap))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < n; v++) {
+        s->argstart[v] = m;
+        if (!s->pending[v])
+            continue;
+        PyObject *t = PyList_GET_ITEM(args, lo + v);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
+            Py_ssize_t u = dg_as_ssize(PyTuple_GET_ITEM(t, k)) - lo;
+            if (PyErr_Occurred())
+                return -1;
+            if (u < 0 || u >= n || !s->pending[u])
+                continue;
+            s->argv[m++] = u;
+            s->ustart[u + 1]++;
+        }
+        s->indeg[v] = m - s->argstart[v];
+    }
+    s->argstart[n] = m;
+    for (Py_ssize_t v = 0; v < n; v++)
+        s->ustart[v + 1] += s->ustart[v];
+    if (!(s->users = tw_alloc_raw(s, m))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* fill: ustart shifted by one while filling, as before */
+    memmove(s->ustart + 1, s->ustart, (size_t)n * sizeof(Py_ssize_t));
+    s->ustart[0] = 0;
+    for (Py_ssize_t v = 0; v < n; v++)
+        for (Py_ssize_t e = s->argstart[v]; e < s->argstart[v + 1]; e++)
+            s->users[s->ustart[s->argv[e] + 1]++] = v;
     return 0;
 }
 

@@ -91,6 +91,42 @@ def test_float32_without_clipping_is_bit_identical(kind):
         np.testing.assert_array_equal(v1[k], v0[k], err_msg=k)
 
 
+@pytest.mark.parametrize("clip", [0.0, 5.0])
+def test_many_tables_and_touched_rows(clip):
+    """The compiled step keeps the rows its norm pass found for the update: past its stack buffer
+    (512 rows: 1500 touched here, in rows across the 32-byte mask words) and with more parameters
+    than its stack offsets (70 tables), it still equals the per-parameter path."""
+    def run(compiled):
+        rng = np.random.default_rng(3)
+        pc = dy.ParameterCollection()
+        tables = [pc.add_lookup_parameters((2000 if k == 0 else 40, 3), init=rng.normal(size=(2000 if k == 0 else 40, 3)))
+                  for k in range(70)]
+        t = dy.AdagradTrainer(pc, 0.05)
+        t.set_clip_threshold(clip)
+        if not compiled:
+            t._collection_rule = None
+        for step in range(3):
+            for k, e in enumerate(tables):
+                n = e.values.shape[0]
+                rows = rng.choice(n, size=1500 if k == 0 else k % 7, replace=False)
+                if k == 0:
+                    rows[:2] = (n - 1, 31)  # a mask's last row and a 32-byte word's last byte
+                e.add_sparse_grad(rows, rng.normal(size=(rows.size, 3)) * (0.2 if step else 3.0))
+            t.update()
+        assert all(e.touched_rows().size == 0 and not e.grad.any() for e in tables)
+        return t, [e.values.copy() for e in tables]
+    with using(dtype="float64"):
+        t1, v1 = run(True)
+        t0, v0 = run(False)
+    assert t1._collection is not None and t1._collection[1] is not None, "the compiled step was used"
+    assert t1.clips == t0.clips
+    for a, b in zip(v1, v0):
+        if clip:
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
 def test_the_step_follows_changes_to_the_collection():
     pc = dy.ParameterCollection()
     a = pc.add_parameters(2, init=np.zeros(2))
