@@ -307,6 +307,21 @@ def test_faster_baseline_is_the_measured_rule():
                                 "depth": {"sched_ms": 0.4}}) is None  # steps not timed: no decision
 
 
+def test_a_baseline_with_no_more_batches_is_deferred_to():
+    """Within the margin the policy is kept only where it saves batches: a baseline whose schedule
+    has as few batches (a chain, a tree settled to the bound) and a step within the margin wins the
+    tie, the faster of such."""
+    def est(f, a, d, m, batches):
+        names = ("fsm", "agenda", "depth", "agenda+merge")
+        return {k: {"step_ms": ms, "batches": b} for k, ms, b in zip(names, (f, a, d, m), batches)}
+    assert fsm.faster_baseline(est(10.0, 10.2, 15.0, 9.9, (147, 147, 228, 147))) == "agenda+merge"
+    assert fsm.faster_baseline(est(10.0, 9.8, 15.0, 10.4, (147, 147, 228, 147))) == "agenda"
+    assert fsm.faster_baseline(est(10.0, 9.8, 15.0, 9.9, (1594, 3072, 7748, 1595))) is None  # it saves one
+    assert fsm.faster_baseline(est(10.0, 9.8, 15.0, 10.4, (169, 229, 183, 169))) == "agenda+merge"
+    assert fsm.faster_baseline(est(10.0, 9.8, 15.0, 11.0, (169, 229, 183, 169))) is None  # slower past the margin
+    assert fsm.faster_baseline(est(10.0, 12.0, 9.0, 11.0, (169, 229, 183, 169))) == "depth"  # the margin rule first
+
+
 def test_a_deferring_policy_schedules_like_its_baseline(trained, tmp_path):
     _, cg = two_type_graph(4, seed=2)
     nodes = pending(cg)
