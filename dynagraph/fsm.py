@@ -55,7 +55,8 @@ leaves nothing to decide. When `graph` is a callable, train ends by timing whole
 by the batch-merging post-pass, schedulers/merge.py), interleaved, best of 5 rounds, in CPU time
 (wall time on a loaded machine flipped the choice); if the best of the others is faster by more
 than DEFER_MARGIN (5%) of the policy's step, or some baseline's schedule has no more batches than
-the policy's (the policy then saves nothing and still pays for G_a: the fastest such baseline),
+the policy's and its step is within that margin (the policy then saves nothing and still pays for
+G_a: the fastest such baseline),
 the policy stores that one's name in `defer_to` and the FSM scheduler runs it instead, and train
 says so (faster_baseline). The rule is the measurement on this machine and model, not a fixed choice.
 
@@ -337,7 +338,7 @@ def faster_baseline(est: dict, margin: float = DEFER_MARGIN) -> str | None:
         return best
     if "batches" not in fsm:
         return None
-    level = [k for k in others if est[k].get("batches", fsm["batches"] + 1) <= fsm["batches"]
+    level = [k for k in others if "batches" in est[k] and est[k]["batches"] <= fsm["batches"]
              and est[k]["step_ms"] <= (1.0 + margin) * fsm["step_ms"]]
     return min(level, key=lambda k: est[k]["step_ms"]) if level else None
 

@@ -297,7 +297,7 @@ static void type_masks(TW *s, uint64_t *above) {
 /* A node matters to type t when it lies between two type-t nodes, or has type t and one of
    them above or below: per type, the list of such nodes (CSR in *tstart, *tlist; recording order).
    A node with one pending argument and another type is left out: its near set for t is its
-   argument's, which near_pass finds by following `through` (about 60% of the entries on lattices).
+   argument's, which near_pass finds by hopping up its chain (Hop; about 60% of the entries on lattices).
    The counting pass leaves each node's mask of such types in `above` (read no more after it), so
    the filling pass only walks the bits. */
 static int type_lists(TW *s, uint64_t *above, Py_ssize_t *tstart, Py_ssize_t **tlist) {
@@ -553,7 +553,7 @@ static int pending_edges(TW *s, PyObject *args, Py_ssize_t lo) {
         PyErr_NoMemory();
         return -1;
     }
-    /* fill: ustart shifted by one while filling, as before */
+    /* the users, ustart shifted by one while filling */
     memmove(s->ustart + 1, s->ustart, (size_t)n * sizeof(Py_ssize_t));
     s->ustart[0] = 0;
     for (Py_ssize_t v = 0; v < n; v++)
