@@ -139,11 +139,16 @@ def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dic
     return need if out is None else tuple(out)
 
 
-def _weight_grads(cg, xp, gb: Grads, deferred: dict) -> None:
-    """dW = G^T X over every deferred product of each parameter block: one GEMM each."""
+def _weight_grads(cg, xp, gb: Grads, deferred: dict, leaf_sums: dict | None = None) -> None:
+    """dW = G^T X over every deferred product of each parameter block: one GEMM each. Given the
+    pass's leaf_sums, a parameter whose only gradient is one one-row product (per sentence, most
+    weights) gets it added straight into its gradient (_add_outer)."""
     for b, pairs in deferred.items():
         if len(pairs) == 1:
             G, X = pairs[0]
+            if leaf_sums is not None and G.shape[0] == 1 and gb[b] is None and b not in leaf_sums \
+                    and _add_outer(cg, gb, b, G, X):
+                continue
         else:
             G = xp.concatenate([p[0] for p in pairs])
             X = xp.concatenate([p[1] for p in pairs])
@@ -156,6 +161,7 @@ def _weight_grads(cg, xp, gb: Grads, deferred: dict) -> None:
 
 
 _outer_product = getattr(NATIVE, "outer_product", None)
+_outer_add = getattr(NATIVE, "outer_add", None)
 
 
 def _outer(xp, G, X):
@@ -167,6 +173,39 @@ def _outer(xp, G, X):
         _outer_product(out, G, X)
         return out
     return (G.T * X)[None]
+
+
+class OuterBlock:
+    """The gradient block of a parameter whose gradient _add_outer added straight into the
+    parameter's: G^T X, computed again only if asked for (`gradient()` of the parameter's node
+    indexes its one row)."""
+
+    __slots__ = ("G", "X")
+
+    def __init__(self, G, X):
+        self.G, self.X = G, X
+
+    def __getitem__(self, row):
+        return (self.G.T * self.X)[None][row]
+
+
+def _add_outer(cg, gb: Grads, b: int, G, X) -> bool:
+    """p.grad += G^T X for the parameter of block b, in one C pass, where that is the whole of its
+    gradient: no (r, c) temporary, no adopting it as the block and no add of the block into
+    p.grad later (_finish skips an OuterBlock). Each entry is rounded as on that path (a rounded
+    product, then a rounded add). False, with nothing written, where the C loop cannot take the
+    arrays (a device array, a lookup table used densely, another dtype)."""
+    if _outer_add is None:
+        return False
+    p = cg.leaf_param(b)
+    if p.is_lookup:
+        return False
+    try:
+        _outer_add(p.grad, G, X)
+    except TypeError:
+        return False
+    gb[b] = OuterBlock(G, X)
+    return True
 
 
 _RUNNING_SUM_MIN = 1 << 14  # elements: smaller parts keep the concatenated sum (its rounding, as before)
@@ -298,7 +337,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     finally:
         if native is not None:
             native.close()
-    _finish(cg, be, gb, deferred, leaf_sums)
+    _finish(cg, be, gb, deferred, leaf_sums, full)
 
 
 def _other_record(cg, be, gb: Grads, record, full: bool, grad_block, deferred: dict) -> None:
@@ -349,19 +388,21 @@ def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: 
     stats.t_memory += time.perf_counter() - t1
 
 
-def _finish(cg, be, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
+def _finish(cg, be, gb: Grads, deferred: dict, leaf_sums: dict, full: bool) -> None:
     """The deferred parameter gradients, then every parameter's gradient from its block."""
     stats, xp = cg.stats, be.xp
     if deferred or leaf_sums:
         t0 = time.perf_counter()
-        _weight_grads(cg, xp, gb, deferred)
+        # straight into p.grad only where nothing else adds to the block; not with `full`, which
+        # defers products of parameters that take no gradient (dy.const_parameter)
+        _weight_grads(cg, xp, gb, deferred, None if full else leaf_sums)
         _leaf_grads(cg, xp, gb, leaf_sums)
         stats.t_backward += time.perf_counter() - t0
     needs_grad, blk = cg.needs_grad, cg.blk
     dsts, srcs = [], []
     for leaf in cg._leaves.values():
         g = gb[blk[leaf]]
-        if g is not None and needs_grad[leaf]:
+        if g is not None and needs_grad[leaf] and type(g) is not OuterBlock:
             p = cg.leaf_param(blk[leaf])
             dsts.append(p.grad)  # added in place: the same array, so not stored back through the attribute
             srcs.append(g)
@@ -379,12 +420,10 @@ def _add_grads(dsts: list, srcs: list) -> None:
     them all where every pair is a contiguous host array of one float dtype and shape (per
     sentence: about ten numpy adds of ~1 us each), else numpy's add per pair."""
     if _add_arrays is not None and dsts:
-        try:
-            if all(type(d) is np.ndarray and type(s) is np.ndarray and s.shape[1:] == d.shape
-                   for d, s in zip(dsts, srcs)):
-                _add_arrays(dsts, srcs)
-                return
-        except TypeError:  # another dtype or layout: checked before anything was added
+        try:  # it checks every pair (host buffer, layout, dtype, size) before it adds any
+            _add_arrays(dsts, srcs)
+            return
+        except TypeError:  # a device array, another dtype or layout: nothing was added
             pass
     for grad, g in zip(dsts, srcs):
         grad += g[0]

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dynagraph as dy
+from dynagraph import autodiff
+from refcheck import using
 from dynagraph.ops.base import OPS
 
 PRODUCTS = ("matmul", "affine")
@@ -107,3 +109,68 @@ def test_minibatched_lookup_batch(float64):
 
     for a, b in zip(_grads(Batched(), "agenda", True), _grads(Batched(), "none", False)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _sentence(direct: bool, full: bool, scheduler: str, dtype) -> tuple:
+    """One per-sentence graph: W, V and the const F each in one one-row product (W twice over the
+    graph, so not direct), U in a product and elementwise (a dense leaf gradient beside the product).
+    Returns every parameter's gradient and every parameter node's gradient()."""
+    saved = autodiff._outer_add
+    try:
+        if not direct:
+            autodiff._outer_add = None
+        rng = np.random.default_rng(5)
+        pc = dy.ParameterCollection()
+        P = {k: pc.parameters_from_numpy(rng.uniform(-1, 1, s).astype(dtype))
+             for k, s in dict(W=(5, 4), V=(3, 5), U=(4, 4), F=(4, 4), T=(2, 4)).items()}
+        dy.renew_cg(scheduler=scheduler)
+        x = dy.inputVector(rng.uniform(-1, 1, 4).astype(dtype))
+        W, V, U, T = (dy.parameter(P[k]) for k in "WVUT")
+        F = dy.const_parameter(P["F"])
+        h = dy.tanh(V * dy.tanh(W * x))
+        u = dy.tanh(U * x) + dy.tanh(F * x)
+        loss = dy.sum_elems(h) + dy.sum_elems(dy.cmult(u, u)) + dy.sum_elems(dy.cmult(U, U)) \
+            + dy.pickneglogsoftmax(T * u, 1) + dy.sum_elems(dy.tanh(W * u))
+        loss.value()
+        loss.backward(full=full)
+        return ([P[k].grad_as_array().copy() for k in sorted(P)],
+                [e.gradient().copy() for e in (W, V, U, T, F)])
+    finally:
+        autodiff._outer_add = saved
+
+
+@pytest.mark.skipif(getattr(autodiff, "_outer_add", None) is None, reason="dynagraph._bookkeeping is not built")
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("scheduler", ["none", "agenda"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_row_products_added_straight_into_the_gradient(full, scheduler, dtype):
+    """A parameter whose only gradient is one one-row product gets g^T x added straight into its
+    gradient (autodiff._add_outer): bit for bit what the gradient block and its add give, for
+    parameter gradients and for gradient() of the parameter's node (an OuterBlock), beside
+    parameters used twice, densely and as dy.const_parameter (with full=True too)."""
+    with using(dtype=np.dtype(dtype).name, seed=0):
+        got, want = _sentence(True, full, scheduler, dtype), _sentence(False, full, scheduler, dtype)
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    assert np.any(got[0][sorted("FTUVW").index("V")])  # V took the direct path and got a gradient
+
+
+@pytest.mark.skipif(getattr(autodiff, "_outer_add", None) is None, reason="dynagraph._bookkeeping is not built")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_outer_add_is_numpys_and_leaves_what_it_refuses(dtype):
+    """outer_add(grad, g, x) is numpy's `grad += g.T * x` bit for bit; operands it does not take
+    raise TypeError with the gradient unchanged."""
+    add = autodiff._outer_add
+    rng = np.random.default_rng(2)
+    G, X = rng.standard_normal((1, 6)).astype(dtype), rng.standard_normal((1, 5)).astype(dtype)
+    grad = rng.standard_normal((6, 5)).astype(dtype)
+    want = grad + G.T * X
+    add(grad, G, X)
+    np.testing.assert_array_equal(grad, want)
+    before = grad.copy()
+    other = np.float32 if dtype == np.float64 else np.float64
+    for bad in ((grad[:, :4], G, X[:, :4]), (grad, G.astype(other), X), (grad.T, G, X), (grad, G, X[:, :4])):
+        with pytest.raises(TypeError):
+            add(*bad)
+        np.testing.assert_array_equal(grad, before)

@@ -37,6 +37,7 @@ int dg_one_row_here(PyObject *ctx, PyObject *plans, PyObject *gxs, PyObject *nee
 PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                           PyObject *need, PyObject *plans, PyObject *data);
 PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_outer_add(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_add_arrays(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 /* backward_operands.c (backward_ops.c, backward_products.c): an operand check (an exact ndarray of the
    graph's dtype with ndim dims; with contiguous, C-contiguous and its address), a new (rows, cols)

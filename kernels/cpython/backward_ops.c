@@ -427,46 +427,57 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
     }
 }
 
-/* The rows of out = g^T x, each a scaled copy of x (restrict: checked disjoint; vectorised). */
+/* The rows of out = g^T x, each a scaled copy of x, or (add) out += g^T x: each entry one rounded
+   multiply, then one rounded add, as numpy's `grad += g.T * x` (this module is built for the
+   baseline x86-64, which has no fused multiply-add to contract them into). restrict: checked
+   disjoint; vectorised. */
 DG_VECTORIZE static void outer_f32(float *restrict out, const float *restrict g, const float *restrict x, Py_ssize_t r,
-                      Py_ssize_t c) {
+                                   Py_ssize_t c, int add) {
     for (Py_ssize_t i = 0; i < r; i++) {
         const float gi = g[i];
         float *restrict row = out + i * c;
-        for (Py_ssize_t j = 0; j < c; j++)
-            row[j] = gi * x[j];
+        if (add)
+            for (Py_ssize_t j = 0; j < c; j++)
+                row[j] += gi * x[j];
+        else
+            for (Py_ssize_t j = 0; j < c; j++)
+                row[j] = gi * x[j];
     }
 }
 
 DG_VECTORIZE static void outer_f64(double *restrict out, const double *restrict g, const double *restrict x,
-                                   Py_ssize_t r, Py_ssize_t c) {
+                                   Py_ssize_t r, Py_ssize_t c, int add) {
     for (Py_ssize_t i = 0; i < r; i++) {
         const double gi = g[i];
         double *restrict row = out + i * c;
-        for (Py_ssize_t j = 0; j < c; j++)
-            row[j] = gi * x[j];
+        if (add)
+            for (Py_ssize_t j = 0; j < c; j++)
+                row[j] += gi * x[j];
+        else
+            for (Py_ssize_t j = 0; j < c; j++)
+                row[j] = gi * x[j];
     }
 }
 
-/* outer_product(out, g, x): out[i, j] = g[i] * x[j] for a (r,) / (1, r) g and a (c,) / (1, c) x
-   into a new (1, r, c) or (r, c) array (autodiff._weight_grads' one-row dW = g^T x: each entry one
-   rounded multiply, as numpy's). All three C-contiguous of one float dtype, else TypeError. */
-PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
+/* out = g^T x (add 0) or out += g^T x (add 1) for a (r,) / (1, r) g and a (c,) / (1, c) x and an
+   out of r * c elements; all three C-contiguous of one float dtype and out disjoint from both,
+   else TypeError with nothing written. */
+static PyObject *outer(PyObject *const *argv, Py_ssize_t nargs, int add, const char *name) {
     Py_buffer o, g, x;
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "outer_product(out, g, x)");
+        PyErr_Format(PyExc_TypeError, "%s(out, g, x)", name);
         return NULL;
     }
-    if (dg_get_buffer(argv[0], &o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (dg_get_buffer(argv[1], &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyBuffer_Release(&o);
-        return NULL;
-    }
-    if (dg_get_buffer(argv[2], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyBuffer_Release(&o);
-        PyBuffer_Release(&g);
+    int got = dg_get_buffer(argv[0], &o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) == 0;
+    got += got == 1 && dg_get_buffer(argv[1], &g, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0;
+    got += got == 2 && dg_get_buffer(argv[2], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0;
+    if (got < 3) {  /* not a writable / contiguous host buffer (a device array, a strided view) */
+        if (got > 0)
+            PyBuffer_Release(&o);
+        if (got > 1)
+            PyBuffer_Release(&g);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: out (r*c), g (r) and x (c) must be C-contiguous host arrays", name);
         return NULL;
     }
     Py_ssize_t r = g.itemsize ? g.len / g.itemsize : 0, c = x.itemsize ? x.len / x.itemsize : 0;
@@ -476,19 +487,33 @@ PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nar
              && !(a0 < g0 + g.len && g0 < a0 + o.len) && !(a0 < x0 + x.len && x0 < a0 + o.len);
     if (ok) {
         if (o.itemsize == 4)
-            outer_f32(o.buf, g.buf, x.buf, r, c);
+            outer_f32(o.buf, g.buf, x.buf, r, c, add);
         else
-            outer_f64(o.buf, g.buf, x.buf, r, c);
+            outer_f64(o.buf, g.buf, x.buf, r, c, add);
     }
     PyBuffer_Release(&o);
     PyBuffer_Release(&g);
     PyBuffer_Release(&x);
     if (!ok) {
-        PyErr_SetString(PyExc_TypeError, "outer_product: out (r*c), g (r) and x (c) must be distinct C-contiguous "
-                                         "arrays of one float dtype");
+        PyErr_Format(PyExc_TypeError, "%s: out (r*c), g (r) and x (c) must be distinct C-contiguous arrays of one "
+                                      "float dtype", name);
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* outer_product(out, g, x): out[i, j] = g[i] * x[j] into a new (1, r, c) or (r, c) array
+   (autodiff._weight_grads' one-row dW = g^T x: each entry one rounded multiply, as numpy's). */
+PyObject *dg_outer_product(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    return outer(argv, nargs, 0, "outer_product");
+}
+
+/* outer_add(grad, g, x): grad[i, j] += g[i] * x[j], a parameter's one-row weight gradient added
+   straight into its gradient (autodiff._weight_grads), with no (r, c) temporary to add later. */
+PyObject *dg_outer_add(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    return outer(argv, nargs, 1, "outer_add");
 }
 
 DG_VECTORIZE static void add_f32(float *restrict d, const float *restrict s, Py_ssize_t n) {

@@ -1,6 +1,6 @@
 /* dynagraph._bookkeeping: module definition (see bookkeeping.h). */
 #include "bookkeeping.h"
-#include "backward_batch.h"  /* dg_outer_product */
+#include "backward_batch.h"  /* dg_outer_product, dg_outer_add */
 
 #define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))dg_##name, METH_FASTCALL, doc}
 
@@ -19,6 +19,8 @@ static PyMethodDef functions[] = {
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),
     FAST(outer_product, "outer_product(out, g, x): out = g^T x for one row g and x (a one-row weight gradient)."),
+    FAST(outer_add, "outer_add(grad, g, x): grad += g^T x for one row g and x (a one-row weight gradient, added "
+                    "straight into a parameter's gradient)."),
     FAST(add_arrays, "add_arrays(dsts, srcs): dsts[k] += srcs[k] for pairs of contiguous float arrays (parameters' "
                      "gradients), all checked first."),
     FAST(any_true, "any_true(flags, ids): whether flags[i] is True for some i in ids."),
