@@ -431,33 +431,23 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
    multiply, then one rounded add, as numpy's `grad += g.T * x` (this module is built for the
    baseline x86-64, which has no fused multiply-add to contract them into). restrict: checked
    disjoint; vectorised. */
-DG_VECTORIZE static void outer_f32(float *restrict out, const float *restrict g, const float *restrict x, Py_ssize_t r,
-                                   Py_ssize_t c, int add) {
-    for (Py_ssize_t i = 0; i < r; i++) {
-        const float gi = g[i];
-        float *restrict row = out + i * c;
-        if (add)
-            for (Py_ssize_t j = 0; j < c; j++)
-                row[j] += gi * x[j];
-        else
-            for (Py_ssize_t j = 0; j < c; j++)
-                row[j] = gi * x[j];
+#define DG_OUTER(T, NAME)                                                                                 \
+    DG_VECTORIZE static void NAME(T *restrict out, const T *restrict g, const T *restrict x, Py_ssize_t r,   \
+                                  Py_ssize_t c, int add) {                                                  \
+        for (Py_ssize_t i = 0; i < r; i++) {                                                                \
+            const T gi = g[i];                                                                              \
+            T *restrict row = out + i * c;                                                                  \
+            if (add)                                                                                        \
+                for (Py_ssize_t j = 0; j < c; j++)                                                          \
+                    row[j] += gi * x[j];                                                                    \
+            else                                                                                            \
+                for (Py_ssize_t j = 0; j < c; j++)                                                          \
+                    row[j] = gi * x[j];                                                                     \
+        }                                                                                                   \
     }
-}
-
-DG_VECTORIZE static void outer_f64(double *restrict out, const double *restrict g, const double *restrict x,
-                                   Py_ssize_t r, Py_ssize_t c, int add) {
-    for (Py_ssize_t i = 0; i < r; i++) {
-        const double gi = g[i];
-        double *restrict row = out + i * c;
-        if (add)
-            for (Py_ssize_t j = 0; j < c; j++)
-                row[j] += gi * x[j];
-        else
-            for (Py_ssize_t j = 0; j < c; j++)
-                row[j] = gi * x[j];
-    }
-}
+DG_OUTER(float, outer_f32)
+DG_OUTER(double, outer_f64)
+#undef DG_OUTER
 
 /* out = g^T x (add 0) or out += g^T x (add 1) for a (r,) / (1, r) g and a (c,) / (1, c) x and an
    out of r * c elements; all three C-contiguous of one float dtype and out disjoint from both,
