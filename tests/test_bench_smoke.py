@@ -119,3 +119,24 @@ def test_scheduling_cost_table(capsys):
     assert all(r["batches"] > 0 and r["ms"] >= 0 for r in rows)
     out = capsys.readouterr().out
     assert "| agenda |" in out and "x agenda" in out
+
+
+def test_compare_schedulers_times_execution_with_the_schedule_given(tmp_path):
+    """bench/compare_schedulers.py: every row has `exec ms`, the forward pass with its schedule
+    given; the given schedule is checked against the graph once, so one that does not fit raises."""
+    from bench import compare_schedulers as cs
+    from dynagraph.errors import DynagraphError
+    rows = cs.main(["--workloads", "treelstm", "--instances", "2", "--hidden", "4", "--episodes", "5",
+                    "--encodings", "chain", "--baselines", "agenda,depth", "--reps", "1", "--quiet",
+                    "--out", str(tmp_path)])
+    assert {r["scheduler"] for r in rows} >= {"agenda", "depth", "fsm-chain"}
+    assert all(r["exec_ms"] > 0 for r in rows)
+    assert "| exec ms |" in open(tmp_path / "compare_schedulers.md").read()
+    from examples.workloads import WORKLOADS
+    w = WORKLOADS["treelstm"](hidden=4, seed=0)
+    xs = w.instances(2, seed=2)
+    cg = w.graph(xs)
+    batches = cs.schedulers.get("agenda").schedule(cg, cs.pending(cg))
+    assert cs.execute_given(w, xs, batches, 1) > 0
+    with pytest.raises(DynagraphError, match="not scheduled"):
+        cs.execute_given(w, xs, batches[:-1], 1)  # a batch left out: not every pending node runs
