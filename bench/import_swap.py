@@ -265,7 +265,7 @@ def table(rows: list[dict]) -> str:
     head_mb = (f"{'thr':>3} {'workload':<13}{'mode':<6}{'H':>4} {'dynagraph/s':>11} {'DyNet/s':>9} {'best':>6} "
                f"{'ratio':>6}  dynagraph ms/batch rec/fwd/bwd/upd | DyNet")
     head_s = (f"{'thr':>3} {'workload':<13}{'mode':<6}{'H':>4} {'dynagraph s':>11} {'DyNet s':>9} {'best':>6} "
-              f"{'time x':>6}  dynagraph ms/sent rec/fwd/bwd/upd | DyNet   (loss dg / dy)")
+              f"{'time x':>6}  dynagraph us/sent rec/fwd/bwd/upd | DyNet   (loss dg / dy)")
     for suite, head in (("minibatch", head_mb), ("sentence", head_s)):
         keys = [k for k in by if k[1] == suite]
         if not keys:
@@ -282,8 +282,9 @@ def table(rows: list[dict]) -> str:
                 if base else ""
             unit = args_units(dg)
 
-            def ph(r):
-                return "/".join(f"{r['split'][p] / unit * 1e3:.1f}" for p in SPLIT)
+            def ph(r):  # ms a mini-batch; us a sentence (a per-sentence phase is tens of us)
+                scale, fmt = (1e3, "{:.1f}") if suite == "minibatch" else (1e6, "{:.0f}")
+                return "/".join(fmt.format(r['split'][p] / unit * scale) for p in SPLIT)
             if suite == "minibatch":
                 ratio = dg["samples_per_sec"] / dy["samples_per_sec"]
                 lines.append(f"{k[0]:>3} {k[2]:<13}{k[3]:<6}{k[4]:>4} {dg['samples_per_sec']:>11.1f} "
