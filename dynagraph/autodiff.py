@@ -139,15 +139,15 @@ def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dic
     return need if out is None else tuple(out)
 
 
-def _weight_grads(cg, xp, gb: Grads, deferred: dict, leaf_sums: dict | None = None) -> None:
-    """dW = G^T X over every deferred product of each parameter block: one GEMM each. Given the
-    pass's leaf_sums, a parameter whose only gradient is one one-row product (per sentence, most
-    weights) gets it added straight into its gradient (_add_outer)."""
+def _weight_grads(cg, xp, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
+    """dW = G^T X over every deferred product of each parameter block: one GEMM each. A block whose
+    only gradient is one one-row product (per sentence, most weights) keeps it unmultiplied, as an
+    OuterBlock: _finish adds it straight into the parameter's gradient where that takes one."""
     for b, pairs in deferred.items():
         if len(pairs) == 1:
             G, X = pairs[0]
-            if leaf_sums is not None and G.shape[0] == 1 and gb[b] is None and b not in leaf_sums \
-                    and _add_outer(cg, gb, b, G, X):
+            if G.shape[0] == 1 and gb[b] is None and b not in leaf_sums:
+                gb[b] = OuterBlock(G, X)
                 continue
         else:
             G = xp.concatenate([p[0] for p in pairs])
@@ -176,9 +176,9 @@ def _outer(xp, G, X):
 
 
 class OuterBlock:
-    """The gradient block of a parameter whose gradient _add_outer added straight into the
-    parameter's: G^T X, computed again only if asked for (`gradient()` of the parameter's node
-    indexes its one row)."""
+    """A parameter block's gradient G^T X (one-row G and X), left unmultiplied: _finish adds it
+    straight into the parameter's gradient (add_into) or, where that cannot take the arrays, as
+    the (1, r, c) block (dense); `gradient()` of the parameter's node indexes its one row."""
 
     __slots__ = ("G", "X")
 
@@ -188,24 +188,20 @@ class OuterBlock:
     def __getitem__(self, row):
         return (self.G.T * self.X)[None][row]
 
+    def dense(self, xp):
+        return _outer(xp, self.G, self.X)
 
-def _add_outer(cg, gb: Grads, b: int, G, X) -> bool:
-    """p.grad += G^T X for the parameter of block b, in one C pass, where that is the whole of its
-    gradient: no (r, c) temporary, no adopting it as the block and no add of the block into
-    p.grad later (_finish skips an OuterBlock). Each entry is rounded as on that path (a rounded
-    product, then a rounded add). False, with nothing written, where the C loop cannot take the
-    arrays (a device array, a lookup table used densely, another dtype)."""
-    if _outer_add is None:
-        return False
-    p = cg.leaf_param(b)
-    if p.is_lookup:
-        return False
-    try:
-        _outer_add(p.grad, G, X)
-    except TypeError:
-        return False
-    gb[b] = OuterBlock(G, X)
-    return True
+    def add_into(self, grad) -> bool:
+        """grad += G^T X in one C pass: no (r, c) temporary and no second pass to add it. Each
+        entry is rounded as on the dense path (a rounded product, then a rounded add). False, with
+        nothing written, where the C loop cannot take the arrays (a device array, another dtype)."""
+        if _outer_add is None:
+            return False
+        try:
+            _outer_add(grad, self.G, self.X)
+        except TypeError:
+            return False
+        return True
 
 
 _RUNNING_SUM_MIN = 1 << 14  # elements: smaller parts keep the concatenated sum (its rounding, as before)
@@ -337,7 +333,7 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     finally:
         if native is not None:
             native.close()
-    _finish(cg, be, gb, deferred, leaf_sums, full)
+    _finish(cg, be, gb, deferred, leaf_sums)
 
 
 def _other_record(cg, be, gb: Grads, record, full: bool, grad_block, deferred: dict) -> None:
@@ -388,22 +384,24 @@ def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: 
     stats.t_memory += time.perf_counter() - t1
 
 
-def _finish(cg, be, gb: Grads, deferred: dict, leaf_sums: dict, full: bool) -> None:
+def _finish(cg, be, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
     """The deferred parameter gradients, then every parameter's gradient from its block."""
     stats, xp = cg.stats, be.xp
     if deferred or leaf_sums:
         t0 = time.perf_counter()
-        # straight into p.grad only where nothing else adds to the block; not with `full`, which
-        # defers products of parameters that take no gradient (dy.const_parameter)
-        _weight_grads(cg, xp, gb, deferred, None if full else leaf_sums)
+        _weight_grads(cg, xp, gb, deferred, leaf_sums)
         _leaf_grads(cg, xp, gb, leaf_sums)
         stats.t_backward += time.perf_counter() - t0
     needs_grad, blk = cg.needs_grad, cg.blk
     dsts, srcs = [], []
     for leaf in cg._leaves.values():
         g = gb[blk[leaf]]
-        if g is not None and needs_grad[leaf] and type(g) is not OuterBlock:
+        if g is not None and needs_grad[leaf]:
             p = cg.leaf_param(blk[leaf])
+            if type(g) is OuterBlock:
+                if not p.is_lookup and g.add_into(p.grad):
+                    continue
+                g = g.dense(xp)
             dsts.append(p.grad)  # added in place: the same array, so not stored back through the attribute
             srcs.append(g)
             if p.is_lookup:

@@ -114,11 +114,10 @@ def test_minibatched_lookup_batch(float64):
 def _sentence(direct: bool, full: bool, scheduler: str, dtype) -> tuple:
     """One per-sentence graph: W, V and the const F each in one one-row product (W twice over the
     graph, so not direct), U in a product and elementwise (a dense leaf gradient beside the product).
-    Returns every parameter's gradient and every parameter node's gradient()."""
-    saved = autodiff._outer_add
+    Returns every parameter's gradient, every parameter node's gradient() and the C adds made."""
+    saved, calls = autodiff._outer_add, []
     try:
-        if not direct:
-            autodiff._outer_add = None
+        autodiff._outer_add = (lambda *a: (calls.append(a), saved(*a))[1]) if direct else None
         rng = np.random.default_rng(5)
         pc = dy.ParameterCollection()
         P = {k: pc.parameters_from_numpy(rng.uniform(-1, 1, s).astype(dtype))
@@ -134,7 +133,7 @@ def _sentence(direct: bool, full: bool, scheduler: str, dtype) -> tuple:
         loss.value()
         loss.backward(full=full)
         return ([P[k].grad_as_array().copy() for k in sorted(P)],
-                [e.gradient().copy() for e in (W, V, U, T, F)])
+                [e.gradient().copy() for e in (W, V, U, T, F)], len(calls))
     finally:
         autodiff._outer_add = saved
 
@@ -145,7 +144,7 @@ def _sentence(direct: bool, full: bool, scheduler: str, dtype) -> tuple:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_one_row_products_added_straight_into_the_gradient(full, scheduler, dtype):
     """A parameter whose only gradient is one one-row product gets g^T x added straight into its
-    gradient (autodiff._add_outer): bit for bit what the gradient block and its add give, for
+    gradient (autodiff.OuterBlock.add_into): bit for bit what the gradient block and its add give, for
     parameter gradients and for gradient() of the parameter's node (an OuterBlock), beside
     parameters used twice, densely and as dy.const_parameter (with full=True too)."""
     with using(dtype=np.dtype(dtype).name, seed=0):
@@ -154,6 +153,7 @@ def test_one_row_products_added_straight_into_the_gradient(full, scheduler, dtyp
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
     assert np.any(got[0][sorted("FTUVW").index("V")])  # V took the direct path and got a gradient
+    assert got[2] == 2  # V and T: W is used twice, U also densely, F takes no gradient
 
 
 @pytest.mark.skipif(getattr(autodiff, "_outer_add", None) is None, reason="dynagraph._bookkeeping is not built")
