@@ -406,3 +406,68 @@ def test_int_only_columns_are_outside_the_cyclic_gc_and_graphs_still_go(parts):
     dy.renew_cg()
     gc.collect()
     assert gone() is None
+
+
+# ------------------------------------------ parameters given where expressions go (DyNet 2)
+def test_parameters_in_a_list_record_what_the_python_twin_records(parts, monkeypatch):
+    """affine_transform([b, W, x, W, h]) and esum/concatenate with Parameters or a lookup table
+    among the expressions: the compiled recorder binds their leaves in argument order, as
+    expression._arg_id does, without the Python fallback (counted), and the columns, values
+    and gradients equal the Python reference's."""
+    import dynagraph.expressions as exprs
+    from dynagraph import expression as expression_mod
+    E, W, b = parts
+    U = dy.ParameterCollection().add_parameters((6, 6))
+
+    def program(record):
+        x, h = dy.lookup(E, 3), dy.lookup(E, 5)
+        g = record("affine", [b, W, x, U, h])    # parameters before the first expression
+        g2 = record("affine", [b, W, g])           # leaves already bound are reused
+        s = record("esum", [g2, b, g])
+        t = record("concatenate", [s, E[1]])
+        return dy.pickneglogsoftmax(t, 4)
+
+    fallbacks = []
+    real = exprs.record
+    monkeypatch.setattr(exprs, "record", lambda *a, **k: fallbacks.append(a[0].name) or real(*a, **k))
+    api = {"affine": dy.affine_transform, "esum": dy.esum, "concatenate": dy.concatenate}
+    cg1 = dy.renew_cg()
+    l1 = program(lambda name, xs: api[name](xs))
+    if recording.NATIVE is not None:
+        assert fallbacks == []
+    v1 = l1.value()
+    l1.backward()
+    g1 = [p.grad_as_array().copy() for p in (W, b, U)]
+    for p in (W, b, U, E):
+        p.scale_gradient(0.0)
+    cg2 = dy.renew_cg()
+    l2 = program(lambda name, xs: expression_mod.record(OPS[name], xs, (0,) if name == "concatenate" else ()))
+    assert _columns(cg1) == _columns(cg2)
+    assert cg1._leaves == cg2._leaves
+    assert l2.value() == v1
+    l2.backward()
+    for want, p in zip(g1, (W, b, U)):
+        np.testing.assert_array_equal(p.grad_as_array(), want)
+
+
+def test_parameters_in_a_list_keep_the_python_errors(parts):
+    """A bad shape, a stale expression after a parameter, or parameters alone: the same worded
+    errors (op, shapes, the user's line) as the Python path; parameters alone record too."""
+    E, W, b = parts
+    dy.renew_cg()
+    x = dy.lookup(E, 1)
+    with pytest.raises(DynagraphError, match=r"affine\(\(6,\), \(6, 6\), \(10, 6\)\)") as e:
+        dy.affine_transform([b, W, E])  # no expression: the fallback words it
+    assert "test_record_fast.py" in str(e.value)
+    with pytest.raises(DynagraphError, match=r"affine\(\(6,\), \(6, 6\), \(6,\), \(6, 6\), \(10, 6\)\)") as e:
+        dy.affine_transform([b, W, x, W, E])
+    assert "test_record_fast.py" in str(e.value)
+    old = x
+    cg = dy.renew_cg()
+    y = dy.lookup(E, 2)
+    with pytest.raises((StaleExpressionError, DynagraphError), match="stale"):
+        dy.affine_transform([b, W, y, W, old])
+    n = len(cg.op)
+    s = dy.esum([b, b])  # only parameters: the current graph, through Python
+    assert s.shape == (6,) and len(cg.op) == n + 1
+    np.testing.assert_allclose(s.npvalue(), 2 * b.as_array())

@@ -214,7 +214,10 @@ static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, P
     *slow = 1;
     if (n < 1 || !PyTuple_CheckExact(attrs))
         return NULL;
-    GraphObject *g = live_graph(xs[0]);
+    GraphObject *g = NULL;  /* the first expression's graph, as expression.record picks it */
+    for (Py_ssize_t k = 0; k < n && !g; k++)
+        if ((PyObject *)Py_TYPE(xs[k]) == ExprType)
+            g = live_graph(xs[k]);
     if (!g)
         return NULL;
     PyObject *ids = PyTuple_New(n);
@@ -223,13 +226,27 @@ static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, P
         return NULL;
     }
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *x = xs[k];
-        if ((PyObject *)Py_TYPE(x) != ExprType || ((ExprObject *)x)->cg != (PyObject *)g || !((ExprObject *)x)->i) {
+        PyObject *x = xs[k], *nid;
+        if ((PyObject *)Py_TYPE(x) == ExprType && ((ExprObject *)x)->cg == (PyObject *)g && ((ExprObject *)x)->i) {
+            nid = ((ExprObject *)x)->i;
+            Py_INCREF(nid);
+        } else if (dg_is_parameter_object(x)) {
+            /* DyNet 2's idiom, a parameter given where an expression goes (affine_transform([b, W, x])):
+               its leaf in order, as _arg_id makes it; anything unusual goes to Python, which makes
+               the leaves the same way and words any error */
+            int leaf_slow;
+            nid = dg_graph_leaf((PyObject *)g, x, 1, &leaf_slow);
+            if (!nid) {
+                Py_DECREF(ids);
+                if (!leaf_slow)
+                    *slow = 0;
+                return NULL;
+            }
+        } else {
             Py_DECREF(ids);
             return NULL;
         }
-        Py_INCREF(((ExprObject *)x)->i);
-        PyTuple_SET_ITEM(ids, k, ((ExprObject *)x)->i);
+        PyTuple_SET_ITEM(ids, k, nid);
     }
     *slow = 0;
     PyObject *nid = dg_graph_add((PyObject *)g, op, ids, attrs, data);
