@@ -44,6 +44,8 @@ static inline Py_ssize_t dg_as_ssize(PyObject *v) {
             return 0;
         if (size == 1)
             return (Py_ssize_t)((PyLongObject *)v)->ob_digit[0];
+        if (size == -1)  /* -1 marks a node without a value (blk) or a leaf's signature */
+            return -(Py_ssize_t)((PyLongObject *)v)->ob_digit[0];
     }
 #endif
     return PyLong_AsSsize_t(v);

@@ -27,18 +27,26 @@ PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         PyErr_Format(PyExc_IndexError, "pending: range [%zd, %zd) outside [0, %zd)", lo, hi, PyList_GET_SIZE(blk));
         return NULL;
     }
-    PyObject *out = PyList_New(0);
-    for (Py_ssize_t i = lo; out && i < hi; i++) {
-        long b = PyLong_AsLong(PyList_GET_ITEM(blk, i));
-        if (b == -1 && PyErr_Occurred()) {
-            Py_CLEAR(out);
-            break;
-        }
-        if (b < 0) {
+    /* counted first, so that the list is made at its size: no appends */
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t b = dg_as_ssize(PyList_GET_ITEM(blk, i));
+        if (b == -1 && PyErr_Occurred())
+            return NULL;
+        m += b < 0;  /* no value yet */
+    }
+    PyObject *out = PyList_New(m);
+    if (!out)
+        return NULL;
+    dg_untrack_list(out);  /* node ids only */
+    for (Py_ssize_t i = lo, k = 0; k < m; i++) {
+        if (dg_as_ssize(PyList_GET_ITEM(blk, i)) < 0) {  /* ints: the count above read them all */
             PyObject *v = dg_int(i);
-            if (!v || PyList_Append(out, v) < 0)
-                Py_CLEAR(out);
-            Py_XDECREF(v);
+            if (!v) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, k++, v);
         }
     }
     return out;
@@ -357,16 +365,18 @@ static int agenda_check(PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t *lo,
    deferred ones recorded rounds before, an id range of the whole graph (it was 5% of a
    DRNN step's instructions, zeroing arrays). 0, or -1 with MemoryError set. */
 static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t range, Py_ssize_t S) {
-    a->gid = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    /* zeroed only where counts start from zero (indeg, start): the rest are written before
+       they are read, and zeroing a dozen n-sized arrays was a fifth of a call's instructions */
+    a->gid = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
     a->local = range <= INT32_MAX ? PyMem_Malloc((size_t)range * sizeof(int32_t)) : NULL;
     if (a->local)
         memset(a->local, 0xff, (size_t)range * sizeof(int32_t));  /* -1: not pending */
-    a->local_sig = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    a->local_sig = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
     a->indeg = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
     a->start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a->fill = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a->ready = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a->bucket = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    a->fill = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    a->ready = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    a->bucket = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     a->bucket_len = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
     a->bucket_start = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
     a->first = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
@@ -376,7 +386,7 @@ static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t range, Py_ssize_t S)
     a->batchable = PyMem_Calloc((size_t)S + 1, 1);
     a->fresh = PyMem_Calloc((size_t)S + 1, 1);
     a->heap = PyMem_Calloc((size_t)S + 1, sizeof(Entry));
-    a->node = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    a->node = PyMem_Malloc((size_t)n * sizeof(PyObject *));
     if (!a->node || !a->gid || !a->local || !a->local_sig || !a->indeg || !a->start || !a->fill || !a->ready
         || !a->bucket || !a->bucket_len || !a->bucket_start || !a->first || !a->depth_sum || !a->count || !a->cost || !a->batchable
         || !a->fresh || !a->heap) {
@@ -398,17 +408,19 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
     }
     if (PyErr_Occurred())
         return -1;
+    Py_ssize_t prev = lo - 1;
     for (Py_ssize_t j = 0; j < B; j++) {
         Py_ssize_t i = dg_as_ssize(ids[j]);
         if (i == -1 && PyErr_Occurred())
             return -1;
-        if (i < lo || i > hi || (j > 0 && i <= PyLong_AsSsize_t(ids[j - 1]))) {
+        if (i < lo || i > hi || i <= prev) {
             PyErr_Format(PyExc_IndexError, "agenda_batches: node ids must increase within [%zd, %zd], got %zd", lo, hi, i);
             return -1;
         }
-        long s = PyLong_AsLong(PyList_GET_ITEM(sig, i));
+        prev = i;
+        Py_ssize_t s = dg_as_ssize(PyList_GET_ITEM(sig, i));
         PyObject *dv = PyList_GET_ITEM(depth, i);  /* depths are ints: skip float()'s slow path */
-        double d = PyLong_CheckExact(dv) ? (double)PyLong_AsLong(dv) : PyFloat_AsDouble(dv);
+        double d = PyLong_CheckExact(dv) ? (double)dg_as_ssize(dv) : PyFloat_AsDouble(dv);
         if (PyErr_Occurred())
             return -1;
         if (s < 0 || s >= S)
@@ -423,48 +435,77 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
     return 1;
 }
 
-/* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees:
-   pass 0 counts, pass 1 fills. 0, or -1 with an exception set. */
+/* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees.
+   One pass reads the argument tuples (they sit apart in the heap: the cache misses are this
+   scheduler's cost) and keeps each node's pending arguments as local ids; the fill reads
+   those, not the tuples again. 0, or -1 with an exception set. */
 static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t range) {
-    for (int pass = 0; pass < 2; pass++) {
-        for (Py_ssize_t v = 0; v < n; v++) {
-            if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
-                DG_PREFETCH(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD]));
-            if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]))) {
-                PyObject *t2 = PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]);
-                for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t2) && k < 4; k++)
-                    DG_PREFETCH(PyTuple_GET_ITEM(t2, k));
-            }
-            PyObject *t = PyList_GET_ITEM(args, a->gid[v]);
-            if (!PyTuple_CheckExact(t)) {
-                PyErr_SetString(PyExc_TypeError, "agenda_batches: argument lists must be tuples");
-                return -1;
-            }
-            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
-                Py_ssize_t u = dg_as_ssize(PyTuple_GET_ITEM(t, k)) - lo;
-                if (PyErr_Occurred())
-                    return -1;
-                if (u < 0 || u >= range || (u = a->local[u]) < 0)
-                    continue;
-                if (pass == 0) {
-                    a->start[u + 1]++;
-                    a->indeg[v]++;
-                } else {
-                    a->users[a->fill[u]++] = v;
-                }
-            }
+    Py_ssize_t cap = 2 * n + 16, m = 0;
+    int32_t *arg = PyMem_Malloc((size_t)cap * sizeof(int32_t));  /* pending arguments, node by node */
+    Py_ssize_t *cut = PyMem_Malloc((size_t)(n + 1) * sizeof(Py_ssize_t));  /* node v's: arg[cut[v]..cut[v+1]) */
+    if (!arg || !cut) {
+        PyMem_Free(arg);
+        PyMem_Free(cut);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t v = 0; v < n && !rc; v++) {
+        if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
+            DG_PREFETCH(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD]));
+        if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]))) {
+            PyObject *t2 = PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]);
+            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t2) && k < 4; k++)
+                DG_PREFETCH(PyTuple_GET_ITEM(t2, k));
         }
-        if (pass == 0) {
-            for (Py_ssize_t v = 0; v < n; v++)
-                a->start[v + 1] += a->start[v];
-            memcpy(a->fill, a->start, (size_t)(n + 1) * sizeof(Py_ssize_t));
-            if (!(a->users = PyMem_Calloc((size_t)a->start[n] + 1, sizeof(Py_ssize_t)))) {
+        cut[v] = m;
+        PyObject *t = PyList_GET_ITEM(args, a->gid[v]);
+        if (!PyTuple_CheckExact(t)) {
+            PyErr_SetString(PyExc_TypeError, "agenda_batches: argument lists must be tuples");
+            rc = -1;
+            break;
+        }
+        Py_ssize_t na = PyTuple_GET_SIZE(t);
+        if (m + na > cap) {
+            Py_ssize_t want = 2 * cap + na;
+            int32_t *more = PyMem_Realloc(arg, (size_t)want * sizeof(int32_t));
+            if (!more) {
                 PyErr_NoMemory();
-                return -1;
+                rc = -1;
+                break;
             }
+            arg = more;
+            cap = want;
+        }
+        for (Py_ssize_t k = 0; k < na; k++) {
+            Py_ssize_t u = dg_as_ssize(PyTuple_GET_ITEM(t, k)) - lo;
+            if (PyErr_Occurred()) {
+                rc = -1;
+                break;
+            }
+            if (u < 0 || u >= range || (u = a->local[u]) < 0)
+                continue;
+            arg[m++] = (int32_t)u;
+            a->start[u + 1]++;
+            a->indeg[v]++;
         }
     }
-    return 0;
+    if (!rc) {
+        cut[n] = m;
+        for (Py_ssize_t v = 0; v < n; v++)
+            a->start[v + 1] += a->start[v];
+        memcpy(a->fill, a->start, (size_t)(n + 1) * sizeof(Py_ssize_t));
+        if (!(a->users = PyMem_Malloc(((size_t)a->start[n] + 1) * sizeof(Py_ssize_t)))) {
+            PyErr_NoMemory();
+            rc = -1;
+        }
+    }
+    for (Py_ssize_t v = 0; v < n && !rc; v++)
+        for (Py_ssize_t e = cut[v]; e < cut[v + 1]; e++)
+            a->users[a->fill[arg[e]]++] = v;
+    PyMem_Free(arg);
+    PyMem_Free(cut);
+    return rc;
 }
 
 /* The m nodes of a popped bucket (local ids in batch) appended to result: one list of m
