@@ -245,6 +245,21 @@ def test_columns_place_any_true_match_python(ids, arity, flags):
 
 
 @needs_native
+@settings(**_SETTINGS)
+@given(blk=st.lists(st.sampled_from([-1, -2, 0, 1, 255, 256, 2 ** 30 - 1, 2 ** 30, 2 ** 40, -(2 ** 31)]),
+                    max_size=60), data=st.data())
+def test_pending_matches_python_on_any_ints(blk, data):
+    """pending() counts before it fills and reads ints inline (one digit, either sign): the same
+    nodes as the Python twin for values of every size; a non-int raises without a partial list."""
+    lo = data.draw(st.integers(0, len(blk)))
+    hi = data.draw(st.integers(lo, len(blk)))
+    assert NATIVE.pending(blk, lo, hi) == engine._pending_py(blk, lo, hi)
+    if hi > lo:
+        with pytest.raises(TypeError):
+            NATIVE.pending(blk[:lo] + ["x"] + blk[lo + 1:], lo, hi)
+
+
+@needs_native
 @pytest.mark.parametrize("bad", [[40], [-1], [3, 99], ["x"], [2 ** 70]])
 def test_bad_node_ids_raise_instead_of_reading_out_of_bounds(bad):
     blk, row, args = [0] * 40, list(range(40)), [(1,)] * 40
