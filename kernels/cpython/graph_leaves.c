@@ -21,6 +21,23 @@ int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op) {
     return 0;
 }
 
+/* The parameter classes (exact) whose objects record_exprs (expr_recorder.c) binds as leaves
+   when one is given where an expression goes, as expression._arg_id does with cg.leaf(x); set by
+   leaves.c's configure_entries. */
+static PyObject *ParamClass = NULL, *TableClass = NULL;
+
+void dg_parameter_types(PyObject *params, PyObject *table) {
+    Py_INCREF(params);
+    Py_INCREF(table);
+    Py_XSETREF(ParamClass, params);
+    Py_XSETREF(TableClass, table);
+}
+
+int dg_is_parameter_object(PyObject *x) {
+    PyObject *t = (PyObject *)Py_TYPE(x);
+    return ParamClass && (t == ParamClass || t == TableClass);
+}
+
 static inline int leaf_columns_ready(GraphObject *g) {
     LIST_OR_SLOW(g->blk); LIST_OR_SLOW(g->row); LIST_OR_SLOW(g->blocks);
     return g->block_param && PyDict_CheckExact(g->block_param) && g->leaves && PyDict_CheckExact(g->leaves);

@@ -20,14 +20,6 @@ static PyObject *LookupCheck = NULL;  /* the lookup op's row check, which checke
 static PyObject *ParamsType = NULL, *TableType = NULL, *IntegerType = NULL;
 static PyObject *ParameterFallback = NULL, *LookupFallback = NULL;
 
-/* Whether x is a parameter or lookup table of the classes configure_entries() named (exact):
-   an argument record_exprs (expr_recorder.c) may bind as the graph's leaf of it, as
-   expression._arg_id does with cg.leaf(x). */
-int dg_is_parameter_object(PyObject *x) {
-    PyObject *t = (PyObject *)Py_TYPE(x);
-    return t == ParamsType || t == TableType;
-}
-
 static PyObject *leaf_slow(PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     if (!LeafFallback) {
         PyErr_SetString(PyExc_RuntimeError, "expression_of: configure_leaves() was not called");
@@ -268,6 +260,7 @@ static PyObject *configure_entries(PyObject *self, PyObject *args) {
         Py_INCREF(objs[k]);
         Py_XSETREF(*slots[k], objs[k]);
     }
+    dg_parameter_types(pt, tt);
     return PyDescr_NewMethod((PyTypeObject *)tt, &table_getitem_def);  /* LookupParameters.__getitem__ */
 }
 

@@ -48,7 +48,8 @@ PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow);
 PyObject *dg_graph_add_checked(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data,
                                PyObject *checked);
 int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op);  /* graph_leaves.c */
-int dg_is_parameter_object(PyObject *x);  /* leaves.c */
+void dg_parameter_types(PyObject *params, PyObject *table);  /* graph_leaves.c: set by configure_entries */
+int dg_is_parameter_object(PyObject *x);  /* graph_leaves.c: x's class is one of them, exactly */
 
 /* recorder.c, for graph_leaves.c and sig_cache.c */
 /* columns.c: a node column's append (grows large lists by half); the pools of emptied column
