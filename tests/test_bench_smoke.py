@@ -140,3 +140,19 @@ def test_compare_schedulers_times_execution_with_the_schedule_given(tmp_path):
     assert cs.execute_given(w, xs, batches, 1) > 0
     with pytest.raises(DynagraphError, match="not scheduled"):
         cs.execute_given(w, xs, batches[:-1], 1)  # a batch left out: not every pending node runs
+
+
+def test_instruction_counts_turn_cumulative_runs_into_phases():
+    """bench/instruction_counts.py: runs stopped after each phase give cumulative totals; a
+    phase is the difference, a sentence's share of it; the totals come from callgrind's file."""
+    from bench import instruction_counts as ic
+    assert ic.parse_total("events: Ir\nsummary: 12345\n") == 12345
+    assert ic.parse_total("# callgrind format\ntotals: 77\n") == 77
+    with pytest.raises(ValueError):
+        ic.parse_total("events: Ir\n")
+    phases = ic.per_phase([1000, 3000, 6000, 7000], 10)
+    assert phases == {"record": 100.0, "forward": 200.0, "backward": 300.0, "update": 100.0, "all": 700.0}
+    with pytest.raises(ValueError):
+        ic.per_phase([1, 2], 1)
+    out = ic.table([{"workload": "cbow", "system": "dynagraph", **phases}])
+    assert out.splitlines()[2] == "| cbow | dynagraph | 0 | 0 | 0 | 0 | 1 |"
