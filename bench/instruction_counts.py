@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess

@@ -214,10 +214,10 @@ static PyObject *record_exprs(PyObject *op, PyObject *const *xs, Py_ssize_t n, P
     *slow = 1;
     if (n < 1 || !PyTuple_CheckExact(attrs))
         return NULL;
-    GraphObject *g = NULL;  /* the first expression's graph, as expression.record picks it */
-    for (Py_ssize_t k = 0; k < n && !g; k++)
-        if ((PyObject *)Py_TYPE(xs[k]) == ExprType)
-            g = live_graph(xs[k]);
+    Py_ssize_t first = 0;  /* the first expression's graph, as expression.record picks it */
+    while (first < n && (PyObject *)Py_TYPE(xs[first]) != ExprType)
+        first++;
+    GraphObject *g = first < n ? live_graph(xs[first]) : NULL;
     if (!g)
         return NULL;
     PyObject *ids = PyTuple_New(n);

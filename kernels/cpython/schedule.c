@@ -27,28 +27,30 @@ PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
         PyErr_Format(PyExc_IndexError, "pending: range [%zd, %zd) outside [0, %zd)", lo, hi, PyList_GET_SIZE(blk));
         return NULL;
     }
-    /* counted first, so that the list is made at its size: no appends */
-    Py_ssize_t m = 0;
+    /* the pending ids kept in one read of blk, then the list made at its size: no appends */
+    Py_ssize_t m = 0, *ids = PyMem_Malloc(((size_t)(hi - lo) + 1) * sizeof(Py_ssize_t));
+    if (!ids)
+        return PyErr_NoMemory();
     for (Py_ssize_t i = lo; i < hi; i++) {
         Py_ssize_t b = dg_as_ssize(PyList_GET_ITEM(blk, i));
-        if (b == -1 && PyErr_Occurred())
+        if (b == -1 && PyErr_Occurred()) {
+            PyMem_Free(ids);
             return NULL;
-        m += b < 0;  /* no value yet */
+        }
+        if (b < 0)  /* no value yet */
+            ids[m++] = i;
     }
     PyObject *out = PyList_New(m);
-    if (!out)
-        return NULL;
-    dg_untrack_list(out);  /* node ids only */
-    for (Py_ssize_t i = lo, k = 0; k < m; i++) {
-        if (dg_as_ssize(PyList_GET_ITEM(blk, i)) < 0) {  /* ints: the count above read them all */
-            PyObject *v = dg_int(i);
-            if (!v) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            PyList_SET_ITEM(out, k++, v);
-        }
+    for (Py_ssize_t k = 0; out && k < m; k++) {
+        PyObject *v = dg_int(ids[k]);
+        if (!v)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, k, v);
     }
+    if (out)
+        dg_untrack_list(out);  /* node ids only */
+    PyMem_Free(ids);
     return out;
 }
 
@@ -437,15 +439,13 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
 
 /* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees.
    One pass reads the argument tuples (they sit apart in the heap: the cache misses are this
-   scheduler's cost) and keeps each node's pending arguments as local ids; the fill reads
-   those, not the tuples again. 0, or -1 with an exception set. */
+   scheduler's cost) and keeps each node's pending arguments as local ids, node after node
+   (node v's are the next indeg[v]); the fill reads those, not the tuples again. 0, or -1 with
+   an exception set. */
 static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t range) {
     Py_ssize_t cap = 2 * n + 16, m = 0;
     int32_t *arg = PyMem_Malloc((size_t)cap * sizeof(int32_t));  /* pending arguments, node by node */
-    Py_ssize_t *cut = PyMem_Malloc((size_t)(n + 1) * sizeof(Py_ssize_t));  /* node v's: arg[cut[v]..cut[v+1]) */
-    if (!arg || !cut) {
-        PyMem_Free(arg);
-        PyMem_Free(cut);
+    if (!arg) {
         PyErr_NoMemory();
         return -1;
     }
@@ -458,7 +458,6 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, 
             for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t2) && k < 4; k++)
                 DG_PREFETCH(PyTuple_GET_ITEM(t2, k));
         }
-        cut[v] = m;
         PyObject *t = PyList_GET_ITEM(args, a->gid[v]);
         if (!PyTuple_CheckExact(t)) {
             PyErr_SetString(PyExc_TypeError, "agenda_batches: argument lists must be tuples");
@@ -491,7 +490,6 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, 
         }
     }
     if (!rc) {
-        cut[n] = m;
         for (Py_ssize_t v = 0; v < n; v++)
             a->start[v + 1] += a->start[v];
         memcpy(a->fill, a->start, (size_t)(n + 1) * sizeof(Py_ssize_t));
@@ -500,11 +498,10 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, 
             rc = -1;
         }
     }
-    for (Py_ssize_t v = 0; v < n && !rc; v++)
-        for (Py_ssize_t e = cut[v]; e < cut[v + 1]; e++)
-            a->users[a->fill[arg[e]]++] = v;
+    for (Py_ssize_t v = 0, e = 0; v < n && !rc; v++)
+        for (Py_ssize_t k = 0; k < a->indeg[v]; k++)
+            a->users[a->fill[arg[e++]]++] = v;
     PyMem_Free(arg);
-    PyMem_Free(cut);
     return rc;
 }
 
