@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 
 from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
-from .ops.base import Sliced, SparseRows, reduce_to
+from .ops.base import Sliced, SparseRows, one_row, reduce_to
 from .recording import NATIVE
 from .runs import backward_run
 
@@ -155,7 +155,7 @@ def _weight_grads(cg, xp, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
         if G.shape[0] == 1:  # one row (a sentence's single product): the outer product, each entry one
             gw = _outer(xp, G, X)  # rounded multiply as in the GEMM, without its call overhead
         else:
-            gw = (G.T @ X)[None]
+            gw = one_row(G.T @ X)
         if not gb.adopt(b, gw, cg.blocks[b].shape, True):
             _grad_block(cg, xp, gb, b)[...] += gw
 
@@ -172,7 +172,7 @@ def _outer(xp, G, X):
         out = np.empty((1, G.shape[1], X.shape[1]), G.dtype)
         _outer_product(out, G, X)
         return out
-    return (G.T * X)[None]
+    return one_row(G.T * X)
 
 
 class OuterBlock:
@@ -186,7 +186,7 @@ class OuterBlock:
         self.G, self.X = G, X
 
     def __getitem__(self, row):
-        return (self.G.T * self.X)[None][row]
+        return one_row(self.G.T * self.X)[row]
 
     def dense(self, xp):
         return _outer(xp, self.G, self.X)

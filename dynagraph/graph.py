@@ -30,6 +30,7 @@ from .errors import (
     user_line,
 )
 from .ops import OpDef
+from .ops.base import one_row
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
 from .recording import COMPILED, SHAPES, SHAPES_LIMIT, ExprBase, GraphBase
 from .stats import Stats
@@ -257,7 +258,7 @@ class ComputationGraph(GraphBase):
         self._block_param[b] = p
         blk.append(b)
         row.append(0)
-        blocks.append(values[None])
+        blocks.append(one_row(values))
         self._leaves[key] = nid
         return nid
 
@@ -304,7 +305,7 @@ class ComputationGraph(GraphBase):
             for key in (p, (p, False)):
                 nid = self._leaves.get(key)
                 if nid is not None:
-                    self.blocks[self.blk[nid]] = p.values[None]
+                    self.blocks[self.blk[nid]] = one_row(p.values)
 
     # ----------------------------------------------------------------- evaluation
     def forward_to(self, nid: int) -> None:
@@ -354,7 +355,7 @@ class ComputationGraph(GraphBase):
         self._sync_values()
         leaves = [i for i, op in enumerate(self.op) if op.leaf]
         # parameters re-read their storage: a planned dy.block may have moved it (stacked weights)
-        self.blocks = [self.attrs[i][1].values[None] if self.op[i] is PARAMETER or self.op[i] is LOOKUP_TABLE
+        self.blocks = [one_row(self.attrs[i][1].values) if self.op[i] is PARAMETER or self.op[i] is LOOKUP_TABLE
                        else self.blocks[self.blk[i]] for i in leaves]
         self._block_param = {k: self.attrs[i][1] for k, i in enumerate(leaves)}
         self.blk = [-1] * len(self.op)
@@ -384,7 +385,7 @@ class ComputationGraph(GraphBase):
         # parameters recompute too. Leaves re-read their storage and are never recomputed.
         affected = {nid}
         for key, leaf in self._leaves.items():
-            self.blocks[self.blk[leaf]] = self.attrs[leaf][1].values[None]
+            self.blocks[self.blk[leaf]] = one_row(self.attrs[leaf][1].values)
             if self.needs_grad[leaf]:
                 affected.add(leaf)
         args = self.args

@@ -103,3 +103,49 @@ def test_compiled_reads_refuse_what_the_protocol_refuses(dtype):
             add(dsts, srcs)
         for d, b in zip(dsts, before):
             np.testing.assert_array_equal(d, b, err_msg=what)
+
+
+def _c_strides(a: np.ndarray) -> tuple:
+    """The strides numpy gives a fresh C-ordered array of a's shape and dtype."""
+    out, step = [], a.itemsize
+    for n in reversed(a.shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_parameter_and_weight_gradient_blocks_have_c_strides(dtype):
+    """A parameter's block is its values as one row, (1,) + shape, and so is a weight's gradient
+    block. Made as values[None], the new axis had stride 0: numpy still calls that contiguous,
+    but the direct view takes canonical strides only, so every read of such a block went through
+    numpy's buffer protocol (about 40 times per sentence of a CBOW classifier). ops.base.one_row
+    makes them with C strides, as views of the parameter's storage."""
+    with using(dtype):
+        pc = dy.ParameterCollection()
+        W = pc.add_parameters((4, 4), init=np.arange(16, dtype=np.float64).reshape(4, 4) / 16.0)
+        b = pc.add_parameters(4, init=np.ones(4))
+        E = pc.add_lookup_parameters((3, 4), init=np.arange(12, dtype=np.float64).reshape(3, 4) / 12.0)
+        dy.renew_cg()
+        hs = [dy.esum([dy.lookup(E, k) for k in ks]) for ks in ((0, 2), (1,))]
+        loss = dy.esum([dy.sum_elems(dy.tanh(dy.parameter(W) * h + dy.parameter(b))) for h in hs])
+        loss.value()
+        loss.backward()
+        cg = dy.cg()
+        params = {id(p.values): p for p in (W, b, E)}
+        seen = 0
+        for leaf in cg._leaves.values():
+            block = cg.blocks[cg.blk[leaf]]
+            p = cg.leaf_param(cg.blk[leaf])
+            assert block.shape == (1,) + p.values.shape
+            assert block.strides == _c_strides(block), (block.shape, block.strides)
+            assert np.shares_memory(block, p.values)  # a view of the storage, not a copy
+            seen += id(p.values) in params
+        assert seen == 3
+        grads = [g for g in cg.grad_blocks if isinstance(g, np.ndarray) and g.ndim == 3]
+        assert grads, "the weight's gradient block (two products: G^T X of two rows)"
+        for g in grads:
+            assert g.strides == _c_strides(g), (g.shape, g.strides)
+        hv = [h.npvalue() for h in hs]
+        want = sum(np.outer(1 - np.tanh(W.as_array() @ x + 1) ** 2, x) for x in hv)
+        np.testing.assert_allclose(W.grad_as_array(), want, rtol=1e-5)

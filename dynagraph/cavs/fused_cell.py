@@ -16,6 +16,7 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
+from ..ops.base import one_row
 from .compile import _CellRec, _Part
 
 
@@ -121,7 +122,7 @@ class HoistedCell:
         if need[1 + cl.b]:
             grads[1 + cl.b] = dpre.sum(axis=0).reshape((1,) + part.leaf_params[cl.b].values.shape)
         if need[1 + cl.w[0]]:
-            grads[1 + cl.w[0]] = (dpre.T @ saved.X)[None]
+            grads[1 + cl.w[0]] = one_row(dpre.T @ saved.X)
         return grads
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..memory.workspace import WORKSPACE
-from ..ops.base import SparseRows, size_of
+from ..ops.base import SparseRows, one_row, size_of
 from .. import cavs as _knobs  # the switches, read at call time: tests and benches set them on dy.cavs
 from .schedule import _Schedule
 from .pullpush import _Pull
@@ -299,7 +299,7 @@ class _Run:
         for k, pairs in deferred.items():  # ONE GEMM per shared weight over every task
             G = xp.concatenate([g for g, x in pairs], axis=0)
             X = xp.concatenate([x for g, x in pairs], axis=0)
-            dWk = (G.T @ X)[None]
+            dWk = one_row(G.T @ X)
             acc[k] = dWk if acc[k] is None else acc[k] + dWk
             nk += 1
         return nk

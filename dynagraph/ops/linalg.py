@@ -2,7 +2,7 @@
 is a single GEMM, forward and backward: that is where batching pays most."""
 from __future__ import annotations
 
-from .base import GEMM, ELEMWISE, broadcast_shape, in_place, op, pad_to, reduce_to
+from .base import GEMM, ELEMWISE, broadcast_shape, in_place, one_row, op, pad_to, reduce_to
 
 
 def _as_matrix(s: tuple) -> tuple:
@@ -56,7 +56,7 @@ def _sum_of_products(xp, G, X):
             out = p
         else:
             out += p
-    return xp.ascontiguousarray(out.T)[None]
+    return one_row(xp.ascontiguousarray(out.T))
 
 
 def mm_grads(xp, A, X, G, need):
@@ -68,7 +68,7 @@ def mm_grads(xp, A, X, G, need):
     gA = gX = None
     if X.ndim == 2:
         if need[0]:
-            gA = (G.T @ X)[None] if A3.shape[0] == 1 else G[:, :, None] * X[:, None, :]
+            gA = one_row(G.T @ X) if A3.shape[0] == 1 else G[:, :, None] * X[:, None, :]
         if need[1]:
             gX = G @ A3[0] if A3.shape[0] == 1 else xp.matmul(A3.transpose(0, 2, 1), G[:, :, None])[:, :, 0]
     else:

@@ -117,6 +117,30 @@ int dg_get_buffer(PyObject *o, Py_buffer *v, int flags) {
     return PyObject_GetBuffer(o, v, flags);
 }
 
+/* The ndim of o, with its dims in shape, when o is an ndarray of at most max_nd dims; else -1.
+   Read from numpy's fields once the direct view has been checked against the protocol (any
+   layout: a shape needs no contiguity), else through a buffer export. */
+int dg_array_dims(PyObject *o, int max_nd, Py_ssize_t *shape) {
+    if (STATE == 1 && Py_TYPE(o) == NDARRAY) {
+        const NdFields *a = (const NdFields *)o;
+        if (a->nd < 0 || a->nd > max_nd)
+            return -1;
+        for (int k = 0; k < a->nd; k++)
+            shape[k] = a->dimensions[k];
+        return a->nd;
+    }
+    Py_buffer v;
+    if (dg_get_buffer(o, &v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    int nd = v.ndim <= max_nd ? v.ndim : -1;
+    for (int i = 0; i < nd; i++)
+        shape[i] = v.shape[i];
+    PyBuffer_Release(&v);
+    return nd;
+}
+
 PyObject *dg_array_view_state(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     (void)argv;

@@ -185,7 +185,7 @@ static PyObject *pool_get(BlockPoolObject *p, PyObject *const *args, Py_ssize_t 
         p->hits++;
         if (zero) {
             Py_buffer v;
-            if (PyObject_GetBuffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            if (dg_get_buffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {  /* array_view.c: its direct view */
                 Py_DECREF(a);
                 return NULL;
             }

@@ -297,6 +297,8 @@ PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) *
 /* PyObject_GetBuffer with a direct path for plain float32/float64 numpy arrays (array_view.c);
    released with PyBuffer_Release like any view. */
 int dg_get_buffer(PyObject *o, Py_buffer *v, int flags);
+/* An ndarray's ndim and dims without a buffer export where the direct view is on (array_view.c). */
+int dg_array_dims(PyObject *o, int max_nd, Py_ssize_t *shape);
 PyObject *dg_array_view_state(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -258,16 +258,7 @@ out:
 int dg_array_shape(PyObject *ctx, PyObject *a, int max_nd, Py_ssize_t *shape) {
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
         return -1;
-    Py_buffer v;
-    if (dg_get_buffer(a, &v, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    int nd = v.ndim <= max_nd ? v.ndim : -1;
-    for (int i = 0; i < nd; i++)
-        shape[i] = v.shape[i];
-    PyBuffer_Release(&v);
-    return nd;
+    return dg_array_dims(a, max_nd, shape);
 }
 
 enum { MAXP = 8 };  /* the most weight products of one op that are deferred here */

@@ -10,7 +10,8 @@ and dg_graph_leaf, which leaves.c's dy.parameter / dy.lookup / E[i] use. */
    parameter is an ordinary one (its storage, updated flag and signature parts in its
    __dict__, as parameters._Stored sets them); anything else is Python's. */
 static PyObject *ParameterOp = NULL, *TableOp = NULL;  /* ops.inputs.PARAMETER, LOOKUP_TABLE */
-static PyObject *StorageName, *UpdatedName, *SigPartsName, *IsLookupName, *ShapeName, *LeafPyName, *LeafViewName;
+static PyObject *StorageName, *UpdatedName, *SigPartsName, *IsLookupName, *ShapeName, *LeafPyName, *LeafViewName,
+    *ReshapeName;
 static PyObject *MinusOne, *Zero, *NoArgs;
 
 int dg_leaves_configure(PyObject *parameter_op, PyObject *table_op) {
@@ -41,6 +42,22 @@ int dg_is_parameter_object(PyObject *x) {
 static inline int leaf_columns_ready(GraphObject *g) {
     LIST_OR_SLOW(g->blk); LIST_OR_SLOW(g->row); LIST_OR_SLOW(g->blocks);
     return g->block_param && PyDict_CheckExact(g->block_param) && g->leaves && PyDict_CheckExact(g->leaves);
+}
+
+/* values.reshape((1,) + shape), ops.base.one_row: the block of one row with C strides (values[None]
+   gives its new axis stride 0, and every buffer export of such a block then went through numpy's
+   protocol instead of array_view.c's direct view). A new reference, or NULL. */
+static PyObject *one_row(PyObject *values, PyObject *shape) {
+    Py_ssize_t k = PyTuple_GET_SIZE(shape);
+    PyObject *shape1 = PyTuple_New(k + 1);
+    if (!shape1)
+        return NULL;
+    PyTuple_SET_ITEM(shape1, 0, PyLong_FromLong(1));
+    for (Py_ssize_t i = 0; i < k; i++)
+        PyTuple_SET_ITEM(shape1, i + 1, Py_NewRef(PyTuple_GET_ITEM(shape, i)));
+    PyObject *view = PyTuple_GET_ITEM(shape1, 0) ? PyObject_CallMethodOneArg(values, ReshapeName, shape1) : NULL;
+    Py_DECREF(shape1);
+    return view;
 }
 
 /* What a new leaf of p needs from p: its storage, the shape of it, a view of it as one value
@@ -77,7 +94,7 @@ static int leaf_parts(PyObject *p, int update, LeafParts *lp) {
     Py_INCREF(lp->part);
     lp->values = values;
     Py_INCREF(values);  /* the attribute reads below may run Python code */
-    /* (storage, storage[None], its shape) as the last graph made them, while the storage is
+    /* (storage, one_row(storage), its shape) as the last graph made them, while the storage is
        the same array: a view is never changed in place, so graphs may share it, and the same
        shape object lets the signature cache across graphs hit */
     PyObject *made = PyDict_GetItemWithError(dict, LeafViewName);
@@ -98,7 +115,7 @@ static int leaf_parts(PyObject *p, int update, LeafParts *lp) {
     if (made && lp->table >= 0) {
         lp->shape = PyObject_GetAttr(values, ShapeName);
         if (lp->shape && PyTuple_CheckExact(lp->shape))
-            lp->view = PyObject_GetItem(values, Py_None);  /* values[None] */
+            lp->view = one_row(values, lp->shape);
         PyObject *entry = lp->view ? PyTuple_Pack(3, values, lp->view, lp->shape) : NULL;
         if (!entry || PyDict_SetItem(made, LeafViewName, entry) < 0)
             Py_CLEAR(lp->view);
@@ -205,11 +222,11 @@ static PyObject *graph_leaf_method(GraphObject *g, PyObject *const *argv, size_t
 }
 
 static int leaf_names(void) {
-    const char *names[7] = {"_values_storage", "_updated", "_sig_parts", "is_lookup", "shape", "_leaf_py",
-                            "_leaf_view"};
-    PyObject **slots[7] = {&StorageName, &UpdatedName, &SigPartsName, &IsLookupName, &ShapeName, &LeafPyName,
-                           &LeafViewName};
-    for (int k = 0; k < 7; k++)
+    const char *names[8] = {"_values_storage", "_updated", "_sig_parts", "is_lookup", "shape", "_leaf_py",
+                            "_leaf_view", "reshape"};
+    PyObject **slots[8] = {&StorageName, &UpdatedName, &SigPartsName, &IsLookupName, &ShapeName, &LeafPyName,
+                           &LeafViewName, &ReshapeName};
+    for (int k = 0; k < 8; k++)
         if (!*slots[k] && !(*slots[k] = PyUnicode_InternFromString(names[k])))
             return -1;
     if (!MinusOne && !(MinusOne = PyLong_FromLong(-1)))
