@@ -117,6 +117,26 @@ int dg_get_buffer(PyObject *o, Py_buffer *v, int flags) {
     return PyObject_GetBuffer(o, v, flags);
 }
 
+/* An exact ndarray of native float32 or float64 read from numpy's fields (once the direct view has
+   been checked against the protocol): its address, ndim, dims and strides as the object holds them
+   (a size-1 axis may carry any stride), and 'f' or 'd'. No reference is taken and nothing needs
+   releasing: valid while the caller holds o. 1, or 0 when o must go through dg_get_buffer. */
+int dg_array_peek(PyObject *o, dg_array_fields *f) {
+    if (STATE != 1 || Py_TYPE(o) != NDARRAY)
+        return 0;
+    const NdFields *a = (const NdFields *)o;
+    const DescrHead *d = (const DescrHead *)a->descr;
+    if (a->nd < 0 || !native_order(d->byteorder) || (d->type_num != NPY_FLOAT_NUM && d->type_num != NPY_DOUBLE_NUM))
+        return 0;
+    f->data = a->data;
+    f->nd = a->nd;
+    f->shape = a->dimensions;
+    f->strides = a->strides;
+    f->itemsize = d->type_num == NPY_FLOAT_NUM ? 4 : 8;
+    f->format = d->type_num == NPY_FLOAT_NUM ? 'f' : 'd';
+    return 1;
+}
+
 /* The ndim of o, with its dims in shape, when o is an ndarray of at most max_nd dims; else -1.
    Read from numpy's fields once the direct view has been checked against the protocol (any
    layout: a shape needs no contiguity), else through a buffer export. */

@@ -299,6 +299,15 @@ PyObject *dg_int(Py_ssize_t i);  /* a shared int object per value (executor.c) *
 int dg_get_buffer(PyObject *o, Py_buffer *v, int flags);
 /* An ndarray's ndim and dims without a buffer export where the direct view is on (array_view.c). */
 int dg_array_dims(PyObject *o, int max_nd, Py_ssize_t *shape);
+/* An exact native float32/float64 ndarray's fields, read without a buffer export (array_view.c). */
+typedef struct {
+    char *data;
+    int nd;
+    const Py_ssize_t *shape, *strides;
+    Py_ssize_t itemsize;
+    char format;  /* 'f' or 'd' */
+} dg_array_fields;
+int dg_array_peek(PyObject *o, dg_array_fields *f);
 PyObject *dg_array_view_state(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
