@@ -119,7 +119,7 @@ def test_parameter_and_weight_gradient_blocks_have_c_strides(dtype):
     """A parameter's block is its values as one row, (1,) + shape, and so is a weight's gradient
     block. Made as values[None], the new axis had stride 0: numpy still calls that contiguous,
     but the direct view takes canonical strides only, so every read of such a block went through
-    numpy's buffer protocol (about 40 times per sentence of a CBOW classifier). ops.base.one_row
+    numpy's buffer protocol (about 45 times per sentence of a CBOW classifier). ops.base.one_row
     makes them with C strides, as views of the parameter's storage."""
     with using(dtype):
         pc = dy.ParameterCollection()

@@ -72,7 +72,7 @@ def one_row(x):
     """x as a block of one row, shape (1,) + x.shape, with C strides. x[None] gives the new axis a
     stride of 0, which numpy's contiguity flag ignores but the compiled steps' direct buffer view
     (kernels/cpython/array_view.c) does not take: every export of such a block went through
-    numpy's buffer protocol, ~500 instructions, about 40 times per sentence of a CBOW classifier.
+    numpy's buffer protocol, ~500 instructions, about 45 times per sentence of a CBOW classifier.
     A view, never a copy (a new leading axis of length 1 never needs one)."""
     return x.reshape((1,) + x.shape)
 

@@ -121,10 +121,16 @@ int dg_get_buffer(PyObject *o, Py_buffer *v, int flags) {
    been checked against the protocol): its address, ndim, dims and strides as the object holds them
    (a size-1 axis may carry any stride), and 'f' or 'd'. No reference is taken and nothing needs
    releasing: valid while the caller holds o. 1, or 0 when o must go through dg_get_buffer. */
+/* o's numpy fields when they may be read directly: an exact ndarray, once the direct view has been
+   checked against the protocol (STATE 1 sets NDARRAY); else NULL. */
+static const NdFields *checked_fields(PyObject *o) {
+    return STATE == 1 && Py_TYPE(o) == NDARRAY ? (const NdFields *)o : NULL;
+}
+
 int dg_array_peek(PyObject *o, dg_array_fields *f) {
-    if (STATE != 1 || Py_TYPE(o) != NDARRAY)
+    const NdFields *a = checked_fields(o);
+    if (!a)
         return 0;
-    const NdFields *a = (const NdFields *)o;
     const DescrHead *d = (const DescrHead *)a->descr;
     if (a->nd < 0 || !native_order(d->byteorder) || (d->type_num != NPY_FLOAT_NUM && d->type_num != NPY_DOUBLE_NUM))
         return 0;
@@ -141,8 +147,8 @@ int dg_array_peek(PyObject *o, dg_array_fields *f) {
    Read from numpy's fields once the direct view has been checked against the protocol (any
    layout: a shape needs no contiguity), else through a buffer export. */
 int dg_array_dims(PyObject *o, int max_nd, Py_ssize_t *shape) {
-    if (STATE == 1 && Py_TYPE(o) == NDARRAY) {
-        const NdFields *a = (const NdFields *)o;
+    const NdFields *a = checked_fields(o);
+    if (a) {
         if (a->nd < 0 || a->nd > max_nd)
             return -1;
         for (int k = 0; k < a->nd; k++)
