@@ -117,16 +117,16 @@ int dg_get_buffer(PyObject *o, Py_buffer *v, int flags) {
     return PyObject_GetBuffer(o, v, flags);
 }
 
-/* An exact ndarray of native float32 or float64 read from numpy's fields (once the direct view has
-   been checked against the protocol): its address, ndim, dims and strides as the object holds them
-   (a size-1 axis may carry any stride), and 'f' or 'd'. No reference is taken and nothing needs
-   releasing: valid while the caller holds o. 1, or 0 when o must go through dg_get_buffer. */
 /* o's numpy fields when they may be read directly: an exact ndarray, once the direct view has been
    checked against the protocol (STATE 1 sets NDARRAY); else NULL. */
 static const NdFields *checked_fields(PyObject *o) {
     return STATE == 1 && Py_TYPE(o) == NDARRAY ? (const NdFields *)o : NULL;
 }
 
+/* An exact ndarray of native float32 or float64 read from numpy's fields (once the direct view has
+   been checked against the protocol): its address, ndim, dims and strides as the object holds them
+   (a size-1 axis may carry any stride), 'f' or 'd', and whether it is writable. No reference is taken and nothing needs
+   releasing: valid while the caller holds o. 1, or 0 when o must go through dg_get_buffer. */
 int dg_array_peek(PyObject *o, dg_array_fields *f) {
     const NdFields *a = checked_fields(o);
     if (!a)
@@ -140,6 +140,7 @@ int dg_array_peek(PyObject *o, dg_array_fields *f) {
     f->strides = a->strides;
     f->itemsize = d->type_num == NPY_FLOAT_NUM ? 4 : 8;
     f->format = d->type_num == NPY_FLOAT_NUM ? 'f' : 'd';
+    f->writable = (a->flags & WRITEABLE_FLAG) != 0;
     return 1;
 }
 

@@ -50,28 +50,25 @@ static void leaf_column(PyObject *ctx, Py_ssize_t first, PyObject **x, PyObject 
     *plan = dg_tuple_kab(0, b, Py_None);
 }
 
-/* The number of rows of a block (its first axis), or -1 with no error set when it has none. */
+/* The number of rows of a block (its first axis), or -1 with no error set when it has none.
+   numpy's own fields where array_view.c can read them (no buffer export), else the buffer. */
 static Py_ssize_t block_rows(PyObject *block) {
-    Py_buffer v;
-    if (dg_get_buffer(block, &v, PyBUF_STRIDES) == 0) {
-        Py_ssize_t n = v.ndim >= 1 ? v.shape[0] : -1;
-        PyBuffer_Release(&v);
-        return n;
-    }
-    PyErr_Clear();
+    Py_ssize_t shape[8];
+    int nd = dg_array_dims(block, 8, shape);  /* more axes: -1, and len() below */
+    if (nd >= 0)
+        return nd >= 1 ? shape[0] : -1;
     Py_ssize_t n = PyObject_Length(block);  /* a device array: its len() */
     if (n < 0)
         PyErr_Clear();
     return n;
 }
 
-/* SLICE (loc = (1, b, r0)): rows r0 .. r0+B-1 of block b, read in place: the block itself when
-   that is all of it (per sentence, nearly every argument is the one-row output of the batch
+/* SLICE (1, b, r0): rows r0 .. r0+B-1 of block b (borrowed ints), read in place: the block itself
+   when that is all of it (per sentence, nearly every argument is the one-row output of the batch
    before: the view cost more than the kernel), else a view. *x, *plan (SLICE, b, r0). Left NULL
    on error. executor.gather is the twin. */
-static void slice_column(PyObject *ctx, PyObject *loc, Py_ssize_t B, PyObject **x, PyObject **plan) {
+static void slice_column(PyObject *ctx, PyObject *b, PyObject *r0, Py_ssize_t B, PyObject **x, PyObject **plan) {
     PyObject *blocks = PyTuple_GET_ITEM(ctx, C_BLOCKS);
-    PyObject *b = PyTuple_GET_ITEM(loc, 1), *r0 = PyTuple_GET_ITEM(loc, 2);
     Py_ssize_t bi = dg_index_in(b, PyList_GET_SIZE(blocks)), start = PyLong_AsSsize_t(r0);
     if (bi < 0 || (start == -1 && PyErr_Occurred()))
         return;
@@ -222,6 +219,22 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
         return -1;
     if (leaf) {
         leaf_column(ctx, first, &x, &plan);
+    } else if (B == 1) {
+        /* one node: always a SLICE of its argument's block (dg_locate's answer, without its tuple) */
+        PyObject *blk = PyTuple_GET_ITEM(ctx, C_BLK), *row = PyTuple_GET_ITEM(ctx, C_ROW);
+        Py_ssize_t n = PyList_GET_SIZE(blk), i;
+        if (PyList_GET_SIZE(row) != n) {
+            PyErr_SetString(PyExc_ValueError, "run_batch_native: blk and row differ in length");
+            return -1;
+        }
+        if ((i = dg_index_in(PyTuple_GET_ITEM(ids, 0), n)) < 0)
+            return -1;
+        PyObject *b = PyList_GET_ITEM(blk, i), *r0 = PyList_GET_ITEM(row, i);
+        Py_INCREF(b);  /* held: making the view may run Python code */
+        Py_INCREF(r0);
+        slice_column(ctx, b, r0, 1, &x, &plan);
+        Py_DECREF(b);
+        Py_DECREF(r0);
     } else {
         PyObject *largv[3] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids};
         PyObject *loc = dg_locate(NULL, largv, 3);
@@ -245,7 +258,7 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
         }
         int made = 0;
         if (kind == 1) {
-            slice_column(ctx, loc, B, &x, &plan);
+            slice_column(ctx, PyTuple_GET_ITEM(loc, 1), PyTuple_GET_ITEM(loc, 2), B, &x, &plan);
         } else {
             int in_place = in_place_column(ctx, opinfo, c, first);
             made = in_place < 0 ? -1 : in_place ? 0 : native_gather(ctx, loc, &x, &plan);

@@ -306,6 +306,7 @@ typedef struct {
     const Py_ssize_t *shape, *strides;
     Py_ssize_t itemsize;
     char format;  /* 'f' or 'd' */
+    int writable;
 } dg_array_fields;
 int dg_array_peek(PyObject *o, dg_array_fields *f);
 PyObject *dg_array_view_state(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

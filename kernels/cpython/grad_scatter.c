@@ -20,6 +20,29 @@ static int array_view(PyObject *ctx, PyObject *a, Py_buffer *v) {
     return 1;
 }
 
+/* A gradient block g as add_into_rows writes it: numpy's own fields where array_view.c can read
+   them (no buffer export; *held 0), else array_view (*held 1: the caller releases d). 1, or 0 when g
+   is not an exact ndarray of the graph's dtype. */
+static int grad_target(PyObject *ctx, PyObject *g, Py_buffer *d, int *held) {
+    dg_array_fields f;
+    *held = 0;
+    if (Py_TYPE(g) == (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY) && dg_array_peek(g, &f)) {
+        const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+        if (!want || want[0] != f.format || want[1] || f.nd < 1) {
+            PyErr_Clear();
+            return 0;
+        }
+        d->buf = f.data;
+        d->ndim = f.nd;
+        d->shape = (Py_ssize_t *)f.shape;
+        d->strides = (Py_ssize_t *)f.strides;
+        d->itemsize = f.itemsize;
+        d->readonly = !f.writable;
+        return 1;
+    }
+    return *held = array_view(ctx, g, d);
+}
+
 static int c_contiguous(const Py_buffer *v) {
     Py_ssize_t step = v->itemsize;
     for (int i = v->ndim - 1; i >= 0; i--) {
@@ -141,7 +164,8 @@ static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0
         return 0;
     Py_INCREF(g);
     Py_buffer d;
-    if (!array_view(ctx, g, &d)) {
+    int held;
+    if (!grad_target(ctx, g, &d, &held)) {
         Py_DECREF(g);
         return 0;
     }
@@ -160,7 +184,8 @@ static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0
             rc = 1;
         }
     }
-    PyBuffer_Release(&d);
+    if (held)
+        PyBuffer_Release(&d);
     Py_DECREF(g);
     return rc;
 }
@@ -231,24 +256,19 @@ int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B) {
         PyErr_Clear();
         return 0;  /* the reference raises its own error */
     }
-    Py_buffer x, val;
+    Py_buffer x;
     if (!array_view(ctx, gx, &x))
         return 0;
     PyObject *block = PyList_GET_ITEM(blocks, b);
     Py_INCREF(block);
     int rc = 0;
-    if (dg_get_buffer(block, &val, PyBUF_STRIDES) < 0) {
-        PyErr_Clear();
-        goto out;
-    }
-    int same_rows = x.ndim == val.ndim;  /* gx.shape[1:] == block.shape[1:] */
+    Py_ssize_t vshape[32];
+    int vnd = dg_array_dims(block, 32, vshape);  /* numpy's fields: no buffer export for a shape */
+    int same_rows = vnd >= 1 && x.ndim == vnd;  /* gx.shape[1:] == block.shape[1:] */
     for (int i = 1; same_rows && i < x.ndim; i++)
-        same_rows = x.shape[i] == val.shape[i];
-    Py_ssize_t vrows = val.shape[0];
-    PyBuffer_Release(&val);
+        same_rows = x.shape[i] == vshape[i];
     if (same_rows)
-        rc = kind == LEAF ? keep_leaf_sum(ctx, bo, gx) : scatter_slice(ctx, plan, b, gx, &x, B, vrows);
-out:
+        rc = kind == LEAF ? keep_leaf_sum(ctx, bo, gx) : scatter_slice(ctx, plan, b, gx, &x, B, vshape[0]);
     Py_DECREF(block);
     PyBuffer_Release(&x);
     return rc;

@@ -86,21 +86,36 @@ def test_other_dtypes_shapes_and_large_arrays_are_not_kept():
 
 def test_a_full_ring_forgets_arrays_held_elsewhere():
     """Arrays held for good (a parameter's adopted gradient) neither stop the pool nor grow it."""
+    cap = bk.BLOCK_POOL_RING_CAP
     p = new_pool(max_total=1 << 30)
-    held = [p((1, 4), F32) for _ in range(600)]  # more than one ring keeps
-    assert p.kept <= 512
+    held = [p((1, 4), F32) for _ in range(cap + 100)]  # more than one ring keeps
+    assert p.kept <= cap
     for _ in range(3):  # the ring is full of held arrays: each round makes and keeps new ones
         batch = [p((1, 4), F32) for _ in range(20)]
         del batch
-    assert p.kept <= 512
+    assert p.kept <= cap
     hits = p.hits
-    for _ in range(10):  # once the cursor has gone round the held arrays, the rounds' own come back
+    for _ in range(cap // 40 + 10):  # once the cursor has gone round the held arrays, the rounds' own come back
         batch = [p((1, 4), F32) for _ in range(20)]
         del batch
-    assert p.hits > hits and p.kept <= 512
+    assert p.hits > hits and p.kept <= cap
     reused = sum(id(p((1, 4), F32)) in {id(h) for h in held} for _ in range(20))
     assert reused == 0
     del held
+
+
+def test_a_ring_grows_to_keep_every_live_block_of_a_long_sentence():
+    """A long BiRNN sentence holds over a thousand (1, 32) blocks at once: the ring grows past its
+    first size (16) to keep them all, and the next sentence's blocks are all reused ones."""
+    p = new_pool(max_total=1 << 30)
+    live = [p((1, 32), F32) for _ in range(1500)]
+    assert p.kept == 1500
+    del live
+    misses = p.misses
+    again = [p((1, 32), F32) for _ in range(1500)]
+    assert p.misses == misses and p.kept == 1500
+    assert len({id(a) for a in again}) == 1500  # every one a different array
+    del again
 
 
 def test_bad_calls_raise():
