@@ -123,6 +123,7 @@ static int pool_keep(BlockPoolObject *p, int t, PyObject *shape, PyObject *a, Py
         r->cap = RING_START;
         r->a = a0;
         if (!(cap = PyCapsule_New(r, NULL, ring_free))) {
+            PyMem_Free(a0);
             PyMem_Free(r);
             return -1;
         }
