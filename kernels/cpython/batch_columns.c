@@ -199,6 +199,44 @@ static int native_gather(PyObject *ctx, PyObject *loc, PyObject **x, PyObject **
     return dg_gather_column(&g, loc, x, plan);
 }
 
+/* A column that is not a slice: dg_locate's TAKE or MANY. Gathered into *x and *plan (left NULL on
+   error), 0; or, with may_split, 1 or 2 (*groups) when the batch runs in parts; -1 on error. */
+static int located_column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *opinfo, int may_split,
+                          PyObject *nodes, PyObject **groups, Py_ssize_t first, PyObject **x, PyObject **plan) {
+    Py_ssize_t B = PyTuple_GET_SIZE(ids);
+    PyObject *largv[3] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids};
+    PyObject *loc = dg_locate(NULL, largv, 3);
+    if (!loc)
+        return -1;
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(loc, 0));
+    if (kind != 1 && may_split) {
+        if (B <= PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
+            Py_DECREF(loc);
+            return 1;
+        }
+        if (kind == 3) {
+            PyObject *g = block_groups(ctx, nodes, ids, PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_GROUP_MAX)));
+            if (!g || g != Py_None) {
+                Py_DECREF(loc);
+                *groups = g;
+                return g ? 2 : -1;
+            }
+            Py_DECREF(g);
+        }
+    }
+    int made = 0;
+    if (kind == 1) {  /* only if a block id's __eq__ changed the lists since dg_locate_slice looked */
+        slice_column(ctx, PyTuple_GET_ITEM(loc, 1), PyTuple_GET_ITEM(loc, 2), B, x, plan);
+    } else {
+        int in_place = in_place_column(ctx, opinfo, c, first);
+        made = in_place < 0 ? -1 : in_place ? 0 : native_gather(ctx, loc, x, plan);
+        if (made == 0)
+            gather_column(ctx, ids, c, op, x, plan);
+    }
+    Py_DECREF(loc);
+    return made < 0 ? -1 : 0;
+}
+
 /* Argument column `ids` of the batch: appends its value and plan to xs and plans, 0.
    A parameter's block, a slice of one block and a gather not left in place are made here; anything else is gather_fn's,
    except with may_split (the op's direct kernel allows it): then 1, nothing appended, when the
@@ -219,55 +257,20 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
         return -1;
     if (leaf) {
         leaf_column(ctx, first, &x, &plan);
-    } else if (B == 1) {
-        /* one node: always a SLICE of its argument's block (dg_locate's answer, without its tuple) */
-        PyObject *blk = PyTuple_GET_ITEM(ctx, C_BLK), *row = PyTuple_GET_ITEM(ctx, C_ROW);
-        Py_ssize_t n = PyList_GET_SIZE(blk), i;
-        if (PyList_GET_SIZE(row) != n) {
-            PyErr_SetString(PyExc_ValueError, "run_batch_native: blk and row differ in length");
-            return -1;
-        }
-        if ((i = dg_index_in(PyTuple_GET_ITEM(ids, 0), n)) < 0)
-            return -1;
-        PyObject *b = PyList_GET_ITEM(blk, i), *r0 = PyList_GET_ITEM(row, i);
-        Py_INCREF(b);  /* held: making the view may run Python code */
-        Py_INCREF(r0);
-        slice_column(ctx, b, r0, 1, &x, &plan);
-        Py_DECREF(b);
-        Py_DECREF(r0);
     } else {
-        PyObject *largv[3] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids};
-        PyObject *loc = dg_locate(NULL, largv, 3);
-        if (!loc)
+        PyObject *b0 = NULL, *r0 = NULL;
+        int sliced = dg_locate_slice(PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids, &b0, &r0);
+        if (sliced < 0)
             return -1;
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(loc, 0));
-        if (kind != 1 && may_split) {
-            if (B <= PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
-                Py_DECREF(loc);
-                return 1;
-            }
-            if (kind == 3) {
-                PyObject *g = block_groups(ctx, nodes, ids, PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_GROUP_MAX)));
-                if (!g || g != Py_None) {
-                    Py_DECREF(loc);
-                    *groups = g;
-                    return g ? 2 : -1;
-                }
-                Py_DECREF(g);
-            }
-        }
-        int made = 0;
-        if (kind == 1) {
-            slice_column(ctx, PyTuple_GET_ITEM(loc, 1), PyTuple_GET_ITEM(loc, 2), B, &x, &plan);
+        if (sliced) {  /* read in place: no location tuple (held: making the view may run Python code) */
+            slice_column(ctx, b0, r0, B, &x, &plan);
+            Py_DECREF(b0);
+            Py_DECREF(r0);
         } else {
-            int in_place = in_place_column(ctx, opinfo, c, first);
-            made = in_place < 0 ? -1 : in_place ? 0 : native_gather(ctx, loc, &x, &plan);
-            if (made == 0)
-                gather_column(ctx, ids, c, op, &x, &plan);
+            int got = located_column(ctx, ids, c, op, opinfo, may_split, nodes, groups, first, &x, &plan);
+            if (got != 0)
+                return got;
         }
-        Py_DECREF(loc);
-        if (made < 0)
-            return -1;
     }
     if (plan)
         dg_untrack_record(plan);  /* ints, None and row tuples: kept with the record (bookkeeping.h) */

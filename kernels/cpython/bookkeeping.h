@@ -253,6 +253,7 @@ PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attr
 PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+int dg_locate_slice(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -221,6 +221,36 @@ done:
     return res;
 }
 
+/* Whether the ids (a tuple the caller holds) are SLICE: one block, rows following the first id's
+   one by one. 1 with new references *b0, *r0 (the block id and first row, as executor.SLICE's
+   plan holds them); 0 when not (TAKE or MANY: dg_locate says which); -1 with an exception set.
+   The compiled batch step reads its columns through this, so a slice (every column of a one-node
+   batch, and most of a mini-batch's) costs no location tuple. */
+int dg_locate_slice(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0) {
+    PyObject **ids = &PyTuple_GET_ITEM(ids_tuple, 0);
+    Py_ssize_t B = PyTuple_GET_SIZE(ids_tuple), n = PyList_GET_SIZE(blk), i;
+    if (B == 0 || PyList_GET_SIZE(row) != n) {
+        PyErr_SetString(PyExc_ValueError, "locate: no ids, or blk and row differ in length");
+        return -1;
+    }
+    if ((i = dg_index_in(ids[0], n)) < 0)
+        return -1;
+    *b0 = Py_NewRef(PyList_GET_ITEM(blk, i));
+    *r0 = Py_NewRef(PyList_GET_ITEM(row, i));
+    Py_ssize_t start = PyLong_AsSsize_t(*r0);
+    int same = 1, consecutive = 1;
+    if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, *b0, start, &same, &consecutive) < 0) {
+        Py_CLEAR(*b0);
+        Py_CLEAR(*r0);
+        return -1;
+    }
+    if (same && consecutive)
+        return 1;
+    Py_CLEAR(*b0);
+    Py_CLEAR(*r0);
+    return 0;
+}
+
 /* locate(blk, row, ids): where a batch argument's values are.
      (1, b, r0)       one block, rows r0, r0+1, ...  (SLICE: used in place)
      (2, b, rows)     one block, other rows          (TAKE)
