@@ -237,6 +237,8 @@ int dg_locate_slice(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject 
         return -1;
     *b0 = Py_NewRef(PyList_GET_ITEM(blk, i));
     *r0 = Py_NewRef(PyList_GET_ITEM(row, i));
+    if (B == 1)
+        return 1;  /* one id: a slice of its own block, nothing to scan */
     Py_ssize_t start = PyLong_AsSsize_t(*r0);
     int same = 1, consecutive = 1;
     if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, *b0, start, &same, &consecutive) < 0) {
