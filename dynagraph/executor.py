@@ -276,7 +276,8 @@ class _NativeBatches:
                     lambda op: _op_info(be, op), be.xp, lambda ids, k, op: _gather_arg(cg, be, ids, k, op, stats),
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
                     _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, empty, SPLIT_MAX,
-                    GROUP_MAX, getattr(getattr(be, "direct_kernels", None), "row_index_maker", None))
+                    GROUP_MAX, getattr(getattr(be, "direct_kernels", None), "row_index_maker", None),
+                    {})  # the evaluation's transposed shared weights (direct_products.c); dropped with it
         self.stats = stats
 
     def close(self) -> None:

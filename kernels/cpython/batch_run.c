@@ -27,6 +27,8 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
   23 index_of: (row index type, numpy.frombuffer, numpy int64 dtype), what column_gather.c makes
      the backend's checked row index from (its direct kernels' row_index_maker), or None: every
      gather is gather_fn's
+  24 transposed: a dict for the evaluation (direct_products.c keeps each shared weight it
+     transposes there, keyed by address), or None: made again for every product
 
 An op's info may carry a 7th, 8th and 9th item: a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
@@ -114,7 +116,8 @@ static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
         || !PyUnicode_Check(PyTuple_GET_ITEM(ctx, C_FORMAT)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(ctx, C_DTYPES)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(ctx, C_DTYPES)) != 2
         || !PyCallable_Check(PyTuple_GET_ITEM(ctx, C_EMPTY)) || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))
         || !PyLong_CheckExact(PyTuple_GET_ITEM(ctx, C_GROUP_MAX))
-        || (PyTuple_GET_ITEM(ctx, C_INDEX_OF) != Py_None && !index_maker(PyTuple_GET_ITEM(ctx, C_INDEX_OF)))) {
+        || (PyTuple_GET_ITEM(ctx, C_INDEX_OF) != Py_None && !index_maker(PyTuple_GET_ITEM(ctx, C_INDEX_OF)))
+        || (PyTuple_GET_ITEM(ctx, C_TRANSPOSED) != Py_None && !PyDict_CheckExact(PyTuple_GET_ITEM(ctx, C_TRANSPOSED)))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native: malformed context");
         return -1;
     }
@@ -291,7 +294,8 @@ static int run_direct(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *dat
         return -1;
     dg_direct_ctx dctx = {(PyTypeObject *)PyTuple_GET_ITEM(ctx, C_NDARRAY),
                           {PyTuple_GET_ITEM(dts, 0), PyTuple_GET_ITEM(dts, 1)}, PyTuple_GET_ITEM(ctx, C_EMPTY),
-                          shape, B, !strcmp(fmt, "f") ? 0 : !strcmp(fmt, "d") ? 1 : -1, is_block};
+                          shape, B, !strcmp(fmt, "f") ? 0 : !strcmp(fmt, "d") ? 1 : -1, is_block,
+                          PyTuple_GET_ITEM(ctx, C_TRANSPOSED) == Py_None ? NULL : PyTuple_GET_ITEM(ctx, C_TRANSPOSED)};
     return dg_direct_batch(&dctx, PyTuple_GET_ITEM(info, 6), xs, data, attrs, shape, B, y);
 }
 

@@ -267,6 +267,7 @@ typedef struct {
     Py_ssize_t rows;
     int want_t;
     int *ready;                   /* set on success: whether the output is the batch's block as it is */
+    PyObject *transposed;         /* the evaluation's transposed shared weights (direct_products.c), or NULL */
 } dg_direct_ctx;
 /* column_gather.c (batch_run.c): an argument column's TAKE or MANY gather (executor.gather's) */
 typedef struct {

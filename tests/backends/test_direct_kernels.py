@@ -250,3 +250,79 @@ def test_large_batches_from_a_few_blocks_run_block_by_block(monkeypatch, native)
     want = np.concatenate([np.tanh((np.arange(4.0).reshape(2, 2) * (0.1, -0.2)[k % 2]) @ [1.0 + k, 2.0])
                            for k in range(5)])
     np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+def _levels(pc, n: int, rows: int, levels: int):
+    """`levels` rounds of tanh(W1 h + W2 g + b) over `rows` samples: every round is one affine
+    batch of `rows` rows reading the same two shared weights (of one shape)."""
+    W1, W2 = (dy.parameter(pc.add_parameters((n, n), init=dy.UniformInitializer(0.5))) for _ in range(2))
+    b = dy.parameter(pc.add_parameters(n, init=dy.UniformInitializer(0.5)))
+    hs = [dy.inputVector([0.1 * (k + 1) * (i - n / 2) for i in range(n)]) for k in range(rows)]
+    gs = [dy.tanh(h) for h in hs]
+    for _ in range(levels):
+        hs, gs = [dy.tanh(dy.affine_transform([b, W1, h, W2, g])) for h, g in zip(hs, gs)], hs
+    return dy.esum([dy.sum_elems(h) for h in hs])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_wide_products_read_one_transposed_copy_per_weight_and_evaluation(monkeypatch, dtype):
+    """Above PRODUCT_ROWS_MAX rows a product runs as x @ Wt with Wt = W[0].T made C-contiguous
+    (direct_products.c's transposed_weight, the twin's _transposed_products): the compiled step
+    makes each weight's copy once per evaluation, however many batches read it, and leaves the
+    twin's values bit for bit; both agree with the numpy backend."""
+    be = _native_with_direct()
+    rows, n, levels = direct.PRODUCT_ROWS_MAX + 3, 12, 4
+    made = []
+    real = executor._NativeBatches
+
+    class Watched(real):
+        def __init__(self, cg, b):
+            super().__init__(cg, b)
+            made.append(self.ctx[-1])  # the evaluation's transposed-weight dict
+
+    got = {}
+    for name, native, backend in (("compiled", True, "cpu"), ("twin", False, "cpu"), ("numpy", True, "numpy")):
+        with monkeypatch.context() as m:
+            m.setattr(dy.config.config, "backend", backend)
+            m.setattr(executor, "_NativeBatches", Watched)
+            if not native:
+                m.setattr(executor, "_run_batch_native", None)
+            with using(dtype, 0):
+                pc = dy.ParameterCollection()
+                dy.renew_cg(scheduler="depth")
+                loss = _levels(pc, n, rows, levels)
+                value = loss.value()
+                loss.backward()
+                got[name] = (value, [p.grad_as_array().copy() for p in pc.parameters_list()],
+                             [p.as_array().copy() for p in pc.parameters_list()])
+        if name == "compiled":
+            copies = made[-1]
+            weights = got[name][2][:2]
+            assert len(copies) == 2  # W1 and W2: one copy each for the `levels` batches
+            for w, wt in copies.values():
+                assert wt.flags.c_contiguous and wt.shape == (n, n)
+                np.testing.assert_array_equal(wt, w[0].T)
+                assert any(np.array_equal(w[0], x) for x in weights)
+    assert be.direct_kernels is not None
+    assert got["compiled"][0] == got["twin"][0]
+    for a, b in zip(got["compiled"][1], got["twin"][1]):
+        np.testing.assert_array_equal(a, b)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got["compiled"][0], got["numpy"][0], rtol=tol)
+    for a, b in zip(got["compiled"][1], got["numpy"][1]):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_transposed_products_match_the_ops_numpy_code():
+    """The twin above PRODUCT_ROWS_MAX rows (x @ W[0].T C-contiguous, + b) against the op's own code."""
+    from dynagraph.ops.base import OPS
+    rng = np.random.default_rng(3)
+    for dt, tol in ((np.float32, 2e-6), (np.float64, 1e-13)):
+        W1, W2 = (rng.uniform(-1, 1, (1, 24, 16)).astype(dt) for _ in range(2))
+        x1, x2 = (rng.uniform(-1, 1, (direct.PRODUCT_ROWS_MAX + 4, 16)).astype(dt) for _ in range(2))
+        b = rng.uniform(-1, 1, (1, 24)).astype(dt)
+        dk = direct.DirectKernels({})
+        np.testing.assert_allclose(dk.get("affine")[1](np, (), None, b, W1, x1, W2, x2),
+                                   OPS["affine"].forward(np, (), None, b, W1, x1, W2, x2), rtol=tol, atol=tol)
+        np.testing.assert_allclose(dk.get("matmul")[1](np, (), None, W1, x1), OPS["matmul"].forward(np, (), None, W1, x1),
+                                   rtol=tol, atol=tol)
