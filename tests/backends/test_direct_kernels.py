@@ -119,9 +119,14 @@ def test_direct_values_match_the_numpy_backend(monkeypatch, dtype, shared_row):
             got[name] = (loss.value(), loss)
             loss.backward()
             got[name] += ([p.grad_as_array().copy() for p in pc.parameters_list() + pc.lookup_parameters_list()],)
+    _assert_close(got["cpu"][0], got["cpu"][2], got["numpy"][0], got["numpy"][2], dtype)
+
+
+def _assert_close(value, grads, ref_value, ref_grads, dtype: str) -> None:
+    """A loss and its parameters' gradients against the numpy backend's, at the dtype's tolerance."""
     tol = 1e-5 if dtype == "float32" else 1e-12
-    np.testing.assert_allclose(got["cpu"][0], got["numpy"][0], rtol=tol)
-    for a, b in zip(got["cpu"][2], got["numpy"][2]):
+    np.testing.assert_allclose(value, ref_value, rtol=tol)
+    for a, b in zip(grads, ref_grads):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
@@ -307,10 +312,7 @@ def test_wide_products_read_one_transposed_copy_per_weight_and_evaluation(monkey
     assert got["compiled"][0] == got["twin"][0]
     for a, b in zip(got["compiled"][1], got["twin"][1]):
         np.testing.assert_array_equal(a, b)
-    tol = 1e-5 if dtype == "float32" else 1e-12
-    np.testing.assert_allclose(got["compiled"][0], got["numpy"][0], rtol=tol)
-    for a, b in zip(got["compiled"][1], got["numpy"][1]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    _assert_close(got["compiled"][0], got["compiled"][1], got["numpy"][0], got["numpy"][1], dtype)
 
 
 def test_transposed_products_match_the_ops_numpy_code():

@@ -162,14 +162,12 @@ def _small_products(args: tuple, first: int) -> int:
     return n if 1 <= n <= PRODUCT_ROWS_MAX and macs <= PRODUCT_MACS_MAX else 0
 
 
-def _transposed_products(args: tuple, first: int):
-    """x1 @ W1t, += x2 @ W2t, ..., += b with each Wt = W[0].T made C-contiguous: BLAS runs plain
-    row-major operands 1.1-2.5x faster than x @ W[0].T on a few dozen rows (it repacks the
-    transposed W on every call). direct_products.c makes the same products, each weight's copy
-    once per evaluation (transposed_weight)."""
+def _summed_products(args: tuple, first: int, product) -> np.ndarray:
+    """product(W, x), a fresh array, for each pair in order, y = p1; y += p2 ...; then y += b:
+    the order of direct_products.c, so that both leave the same bits."""
     y = None
     for i in range(first, len(args), 2):
-        p = args[i + 1] @ np.ascontiguousarray(args[i][0].T)
+        p = product(args[i], args[i + 1])
         if y is None:
             y = p
         else:
@@ -177,6 +175,14 @@ def _transposed_products(args: tuple, first: int):
     if first:
         y += args[0]
     return y
+
+
+def _transposed_product(W: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """x @ Wt with Wt = W[0].T made C-contiguous: BLAS runs plain row-major operands 1.1-2.5x
+    faster than x @ W[0].T on a few dozen rows (it repacks the transposed W on every call).
+    direct_products.c makes the same product, each weight's copy once per evaluation
+    (transposed_weight)."""
+    return X @ np.ascontiguousarray(W[0].T)
 
 
 def _products_twin(name: str, first: int):
@@ -188,23 +194,18 @@ def _products_twin(name: str, first: int):
     def forward(xp, a, data, *args):
         n, macs = _shared_products(args, first)
         if n > PRODUCT_ROWS_MAX:
-            return _transposed_products(args, first)
+            return _summed_products(args, first, _transposed_product)
         if not (n and macs <= PRODUCT_MACS_MAX):
             return own(xp, a, data, *args)
         dt, r = args[first].dtype, args[first].shape[1]
-        fn, y = _fn("dg_rows_matvec", dt), None
-        for i in range(first, len(args), 2):
-            W, X = args[i], args[i + 1]
+        fn = _fn("dg_rows_matvec", dt)
+
+        def small(W, X):
             p = np.empty((n, r), dt)
             c = W.shape[2]
             fn(_p(p), ffi.new(_BASES[dt], [_p(W)]), _pi(_ZERO_ROWS), _pi(_ZERO_ROWS), _p(X), c, n, r, c)
-            if y is None:
-                y = p
-            else:
-                y += p
-        if first:
-            y += args[0]
-        return y
+            return p
+        return _summed_products(args, first, small)
     return forward
 
 
