@@ -69,7 +69,7 @@ static void transpose_into(int t, void *dst, const void *src, Py_ssize_t r, Py_s
 /* W[0] (r, c) of a shared weight w (1, r, c), buffer v, as a new C-contiguous (c, r) array Wt.
    BLAS runs x @ Wt (plain row-major operands) 1.1-2.5x faster than x @ W[0].T on a few to a
    few dozen rows at H=64-512 (OpenBLAS repacks the transposed W on every call, bench/swap's
-   TreeLSTM at H=512: 16% of a forward), and the twin computes the same product the same way.
+   TreeLSTM inference at H=512: 16% of a profile's samples), and the twin computes the same product the same way.
    Within one evaluation a weight is read by batch after batch (a tree's levels, a sequence's
    steps), so the copy is made once: ctx->transposed (a dict for the evaluation, or NULL) maps
    W's address to (w, Wt). Holding w keeps its memory from being freed or handed out again
