@@ -239,17 +239,20 @@ def batch_of(cg, nid: int) -> list[int]:
 
 
 # --------------------------------------------------------------------- memory
-def memory_growth(round_: Callable[[], None], rounds: int = 3) -> tuple[int, int]:
-    """(traced bytes after one warm round, after `rounds` more): a round that frees what it
-    made leaves the two about equal. One untraced round first fills caches and pools."""
+def memory_growth(round_: Callable[[], None], rounds: int = 3, settle: int = 3) -> tuple[int, int]:
+    """(traced bytes after `settle` traced rounds, after `rounds` more): a round that frees
+    what it made leaves the two about equal. One untraced round first fills caches; the
+    traced settling rounds let pooled storage made before tracing (the graph's column lists,
+    kernels/cpython/columns.c, which take turns) be replaced by traced storage once."""
     import gc
     import tracemalloc
     round_()
     gc.collect()
     tracemalloc.start()
     try:
-        round_()
-        gc.collect()
+        for _ in range(settle):
+            round_()
+            gc.collect()
         first, _ = tracemalloc.get_traced_memory()
         for _ in range(rounds):
             round_()

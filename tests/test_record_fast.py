@@ -182,6 +182,44 @@ def test_long_columns_grow_and_shrink_correctly():
     np.testing.assert_allclose(z.npvalue(), np.tanh(v), rtol=1e-6)
 
 
+
+@pytest.mark.skipif(not recording.COMPILED, reason="the compiled recorder keeps the storage and the ids")
+def test_a_large_graph_leaves_its_column_storage_and_node_ids_to_the_next():
+    """A mini-batch's graph of thousands of nodes hands its emptied column lists to the next
+    graph (no regrowth from empty) and its node ids are ints shared by every graph (none made
+    or freed per node); the next graph, of another structure, still records and computes
+    only its own nodes."""
+    import sys
+
+    def chain(n, scale):
+        x = dy.inputVector([0.5, -0.25])
+        ys = [dy.tanh(x)]
+        for k in range(n):
+            ys.append(ys[-1] * scale + x if k % 2 else dy.tanh(ys[-1]))
+        return ys
+
+    def reference(n, scale):
+        ref = np.array([0.5, -0.25])
+        v = np.tanh(ref)
+        for k in range(n):
+            v = (v * scale + ref) if k % 2 else np.tanh(v)
+        return v
+
+    dy.renew_cg()
+    first = chain(6000, 0.5)
+    np.testing.assert_allclose(first[-1].npvalue(), reference(6000, 0.5), rtol=1e-6)
+    ids = [e.i for e in first[4000:4010]]
+    del first
+    dy.renew_cg()  # the first graph goes now (the new one was made before): its lists are kept
+    cg = dy.renew_cg()  # and taken by this one
+    assert all(len(getattr(cg, c)) == 0 for c in COLUMNS)
+    assert sys.getsizeof(cg.op) >= 8 * 6000  # the storage came with the list
+    second = chain(5000, -0.25)
+    assert len(cg.op) == second[-1].i + 1
+    assert all(a.i is b for a, b in zip(second[4000:4010], ids))  # one int object per id
+    np.testing.assert_allclose(second[-1].npvalue(), reference(5000, -0.25), rtol=1e-6)
+
+
 # ------------------------------------------------- compiled entries (dy.lookup, dy.parameter)
 def test_lookup_takes_numpy_integers_and_checks_rows_with_the_python_message(parts):
     E = parts[0]

@@ -189,7 +189,7 @@ PyObject *dg_graph_leaf(PyObject *cg, PyObject *p, int update, int *slow) {
         Py_DECREF(key);
         return NULL;
     }
-    nid = PyLong_FromSsize_t(PyList_GET_SIZE(g->op));
+    nid = dg_int(PyList_GET_SIZE(g->op));
     if (nid && append_leaf(g, p, key, nid, &lp, update) < 0)
         Py_CLEAR(nid);
     leaf_parts_clear(&lp);

@@ -345,7 +345,7 @@ static inline int append_node(GraphObject *g, PyObject *op, PyObject *ids, PyObj
         dg_col_append(g->op, op) < 0 || dg_col_append(g->args, ids) < 0 ||
         dg_col_append(g->attrs, PyTuple_GET_ITEM(known, 2)) < 0 ||
         dg_col_append(g->shape, shape) < 0 ||
-        append_steal(g->depth, PyLong_FromLong(depth + 1)) < 0 ||
+        append_steal(g->depth, dg_int(depth + 1)) < 0 ||
         dg_col_append(g->sig, PyTuple_GET_ITEM(known, 0)) < 0 ||
         dg_col_append(g->sig_part, shape) < 0 ||
         dg_col_append(g->needs_grad, needs && !blocks ? Py_True : Py_False) < 0)
@@ -394,7 +394,7 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
         }
     }
     *slow = 0;
-    PyObject *nid = PyLong_FromSsize_t(nodes);
+    PyObject *nid = dg_int(nodes);  /* shared across graphs (executor.c): no int to allocate and free per node */
     if (!nid)
         return NULL;
     if (append_node(g, op, ids, known, data, nid, depth, needs) < 0) {
