@@ -144,6 +144,29 @@ int dg_array_peek(PyObject *o, dg_array_fields *f) {
     return 1;
 }
 
+/* o's fields as dg_array_peek gives them; where it cannot (the direct view is off, or another array
+   type), from a buffer export (PyBUF_RECORDS_RO) kept in *v with *exported 1: the caller releases v
+   once done with f, whose pointers are v's. format is 0 for a format that is not one character.
+   1, or 0 (no error set) when o exports no buffer. */
+int dg_array_read(PyObject *o, dg_array_fields *f, Py_buffer *v, int *exported) {
+    *exported = 0;
+    if (dg_array_peek(o, f))
+        return 1;
+    if (dg_get_buffer(o, v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    *exported = 1;
+    f->data = v->buf;
+    f->nd = v->ndim;
+    f->shape = v->shape;
+    f->strides = v->strides;
+    f->itemsize = v->itemsize;
+    f->format = v->format && v->format[0] && !v->format[1] ? v->format[0] : 0;
+    f->writable = !v->readonly;
+    return 1;
+}
+
 /* The ndim of o, with its dims in shape, when o is an ndarray of at most max_nd dims; else -1.
    Read from numpy's fields once the direct view has been checked against the protocol (any
    layout: a shape needs no contiguity), else through a buffer export. */

@@ -13,24 +13,13 @@ int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int c
     const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     dg_array_fields f;
     Py_buffer v;
-    int exported = 0;
+    int exported;
     if (!want) {
         PyErr_Clear();
         return 0;
     }
-    if (!dg_array_peek(a, &f)) {  /* numpy's fields where it can (no export: ~100 instructions a read) */
-        if (dg_get_buffer(a, &v, PyBUF_RECORDS_RO) < 0) {
-            PyErr_Clear();
-            return 0;
-        }
-        exported = 1;
-        f.data = v.buf;
-        f.nd = v.ndim;
-        f.shape = v.shape;
-        f.strides = v.strides;
-        f.itemsize = v.itemsize;
-        f.format = v.format && v.format[0] && !v.format[1] ? v.format[0] : 0;
-    }
+    if (!dg_array_read(a, &f, &v, &exported))  /* numpy's fields where it can (no export: ~100 instructions a read) */
+        return 0;
     int ok = f.format == want[0] && want[1] == 0 && f.nd == ndim;
     Py_ssize_t step = f.itemsize;
     for (int i = ndim - 1; ok && i >= 0; i--) {

@@ -199,41 +199,28 @@ static int native_gather(PyObject *ctx, PyObject *loc, PyObject **x, PyObject **
     return dg_gather_column(&g, loc, x, plan);
 }
 
-/* A column that is not a slice: dg_locate's TAKE or MANY. Gathered into *x and *plan (left NULL on
-   error), 0; or, with may_split, 1 or 2 (*groups) when the batch runs in parts; -1 on error. */
-static int located_column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *opinfo, int may_split,
-                          PyObject *nodes, PyObject **groups, Py_ssize_t first, PyObject **x, PyObject **plan) {
-    Py_ssize_t B = PyTuple_GET_SIZE(ids);
-    PyObject *largv[3] = {PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids};
-    PyObject *loc = dg_locate(NULL, largv, 3);
-    if (!loc)
-        return -1;
-    long kind = PyLong_AsLong(PyTuple_GET_ITEM(loc, 0));
-    if (kind != 1 && may_split) {
-        if (B <= PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX))) {
-            Py_DECREF(loc);
+/* A column that is not a slice: loc is dg_locate_ids' TAKE or MANY. Gathered into *x and *plan
+   (left NULL on error), 0; or, with may_split, 1 or 2 (*groups) when the batch runs in parts; -1 on
+   error. */
+static int located_column(PyObject *ctx, PyObject *loc, PyObject *ids, Py_ssize_t c, PyObject *op, PyObject *opinfo,
+                          int may_split, PyObject *nodes, PyObject **groups, Py_ssize_t first, PyObject **x,
+                          PyObject **plan) {
+    if (may_split) {
+        if (PyTuple_GET_SIZE(ids) <= PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_SPLIT_MAX)))
             return 1;
-        }
-        if (kind == 3) {
+        if (PyLong_AsLong(PyTuple_GET_ITEM(loc, 0)) == 3) {  /* MANY */
             PyObject *g = block_groups(ctx, nodes, ids, PyLong_AsSsize_t(PyTuple_GET_ITEM(ctx, C_GROUP_MAX)));
             if (!g || g != Py_None) {
-                Py_DECREF(loc);
                 *groups = g;
                 return g ? 2 : -1;
             }
             Py_DECREF(g);
         }
     }
-    int made = 0;
-    if (kind == 1) {  /* only if a block id's __eq__ changed the lists since dg_locate_slice looked */
-        slice_column(ctx, PyTuple_GET_ITEM(loc, 1), PyTuple_GET_ITEM(loc, 2), B, x, plan);
-    } else {
-        int in_place = in_place_column(ctx, opinfo, c, first);
-        made = in_place < 0 ? -1 : in_place ? 0 : native_gather(ctx, loc, x, plan);
-        if (made == 0)
-            gather_column(ctx, ids, c, op, x, plan);
-    }
-    Py_DECREF(loc);
+    int in_place = in_place_column(ctx, opinfo, c, first);
+    int made = in_place < 0 ? -1 : in_place ? 0 : native_gather(ctx, loc, x, plan);
+    if (made == 0)
+        gather_column(ctx, ids, c, op, x, plan);
     return made < 0 ? -1 : 0;
 }
 
@@ -258,8 +245,8 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
     if (leaf) {
         leaf_column(ctx, first, &x, &plan);
     } else {
-        PyObject *b0 = NULL, *r0 = NULL;
-        int sliced = dg_locate_slice(PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids, &b0, &r0);
+        PyObject *b0 = NULL, *r0 = NULL, *loc = NULL;
+        int sliced = dg_locate_ids(PyTuple_GET_ITEM(ctx, C_BLK), PyTuple_GET_ITEM(ctx, C_ROW), ids, &b0, &r0, &loc);
         if (sliced < 0)
             return -1;
         if (sliced) {  /* read in place: no location tuple (held: making the view may run Python code) */
@@ -267,7 +254,8 @@ static int column(PyObject *ctx, PyObject *ids, Py_ssize_t c, PyObject *op, PyOb
             Py_DECREF(b0);
             Py_DECREF(r0);
         } else {
-            int got = located_column(ctx, ids, c, op, opinfo, may_split, nodes, groups, first, &x, &plan);
+            int got = located_column(ctx, loc, ids, c, op, opinfo, may_split, nodes, groups, first, &x, &plan);
+            Py_DECREF(loc);
             if (got != 0)
                 return got;
         }

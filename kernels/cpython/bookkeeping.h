@@ -253,7 +253,8 @@ PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attr
 PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
-int dg_locate_slice(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0);
+int dg_locate_ids(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0,
+                  PyObject **loc);
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
@@ -311,6 +312,8 @@ typedef struct {
     int writable;
 } dg_array_fields;
 int dg_array_peek(PyObject *o, dg_array_fields *f);
+/* dg_array_peek, else a buffer export held in *v (*exported 1: released by the caller) (array_view.c). */
+int dg_array_read(PyObject *o, dg_array_fields *f, Py_buffer *v, int *exported);
 PyObject *dg_array_view_state(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_grad_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_pending(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

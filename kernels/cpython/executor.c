@@ -221,12 +221,13 @@ done:
     return res;
 }
 
-/* Whether the ids (a tuple the caller holds) are SLICE: one block, rows following the first id's
-   one by one. 1 with new references *b0, *r0 (the block id and first row, as executor.SLICE's
-   plan holds them); 0 when not (TAKE or MANY: dg_locate says which); -1 with an exception set.
-   The compiled batch step reads its columns through this, so a slice (every column of a one-node
-   batch, and most of a mini-batch's) costs no location tuple. */
-int dg_locate_slice(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0) {
+/* Where the values of ids (a tuple the caller holds) are, from one scan. 1: SLICE (one block, rows
+   following the first id's one by one), with new references *b0, *r0 (the block id and first row,
+   as executor.SLICE's plan holds them) and no tuple made: the compiled batch step reads every
+   column of a one-node batch, and most of a mini-batch's, this way. 0: TAKE or MANY, *loc the new
+   (2, b, rows) or (3, blks, rows) tuple. -1 with an exception set. */
+int dg_locate_ids(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0,
+                  PyObject **loc) {
     PyObject **ids = &PyTuple_GET_ITEM(ids_tuple, 0);
     Py_ssize_t B = PyTuple_GET_SIZE(ids_tuple), n = PyList_GET_SIZE(blk), i;
     if (B == 0 || PyList_GET_SIZE(row) != n) {
@@ -241,16 +242,15 @@ int dg_locate_slice(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject 
         return 1;  /* one id: a slice of its own block, nothing to scan */
     Py_ssize_t start = PyLong_AsSsize_t(*r0);
     int same = 1, consecutive = 1;
-    if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, *b0, start, &same, &consecutive) < 0) {
-        Py_CLEAR(*b0);
-        Py_CLEAR(*r0);
-        return -1;
-    }
-    if (same && consecutive)
+    if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, *b0, start, &same, &consecutive) < 0)
+        *loc = NULL;
+    else if (same && consecutive)
         return 1;
+    else
+        *loc = locate_rows(blk, row, ids, B, same, *b0);
     Py_CLEAR(*b0);
     Py_CLEAR(*r0);
-    return 0;
+    return *loc ? 0 : -1;
 }
 
 /* locate(blk, row, ids): where a batch argument's values are.
@@ -265,37 +265,17 @@ PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     /* A block id's __eq__ may change blk, row or the ids: the ids are a private tuple, the
        items compared or kept are owned references, and every index is checked against
        the lists' sizes as they are at that moment. */
-    PyObject *blk = argv[0], *row = argv[1];
     PyObject *nodes = PySequence_Tuple(argv[2]);
     if (!nodes)
         return NULL;
-    PyObject *res = NULL, *b0 = NULL, *r0 = NULL;
-    Py_ssize_t B = PyTuple_GET_SIZE(nodes), n = PyList_GET_SIZE(blk);
-    PyObject **ids = &PyTuple_GET_ITEM(nodes, 0);
-    if (B == 0 || PyList_GET_SIZE(row) != n) {
-        PyErr_SetString(PyExc_ValueError, "locate: no ids, or blk and row differ in length");
-        goto done;
+    PyObject *b0 = NULL, *r0 = NULL, *loc = NULL;
+    if (dg_locate_ids(argv[0], argv[1], nodes, &b0, &r0, &loc) == 1) {
+        loc = dg_tuple_kab(1, b0, r0);
+        Py_DECREF(b0);
+        Py_DECREF(r0);
     }
-    Py_ssize_t i = dg_index_in(ids[0], n);
-    if (i < 0)
-        goto done;
-    b0 = PyList_GET_ITEM(blk, i);
-    r0 = PyList_GET_ITEM(row, i);
-    Py_INCREF(b0);
-    Py_INCREF(r0);
-    Py_ssize_t start = PyLong_AsSsize_t(r0);
-    int same, consecutive;
-    if ((start == -1 && PyErr_Occurred()) || locate_scan(blk, row, ids, B, b0, start, &same, &consecutive) < 0)
-        goto done;
-    if (same && consecutive)
-        res = dg_tuple_kab(1, b0, r0);
-    else
-        res = locate_rows(blk, row, ids, B, same, b0);
-done:
-    Py_XDECREF(b0);
-    Py_XDECREF(r0);
     Py_DECREF(nodes);
-    return res;
+    return loc;
 }
 
 /* any_true(flags, ids): True in [flags[i] for i in ids]. Every id is checked, as the twin

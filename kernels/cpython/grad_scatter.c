@@ -20,27 +20,32 @@ static int array_view(PyObject *ctx, PyObject *a, Py_buffer *v) {
     return 1;
 }
 
-/* A gradient block g as add_into_rows writes it: numpy's own fields where array_view.c can read
-   them (no buffer export; *held 0), else array_view (*held 1: the caller releases d). 1, or 0 when g
-   is not an exact ndarray of the graph's dtype. */
-static int grad_target(PyObject *ctx, PyObject *g, Py_buffer *d, int *held) {
+/* A gradient block g as add_into_rows writes it, into d: its fields as dg_array_read gives them
+   (*held 1 when they are a buffer export's, in *v: the caller releases v). 1, or 0 when g is not
+   an exact ndarray of the graph's dtype with at least one axis. */
+static int grad_target(PyObject *ctx, PyObject *g, Py_buffer *d, Py_buffer *v, int *held) {
+    const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     dg_array_fields f;
     *held = 0;
-    if (Py_TYPE(g) == (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY) && dg_array_peek(g, &f)) {
-        const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
-        if (!want || want[0] != f.format || want[1] || f.nd < 1) {
-            PyErr_Clear();
-            return 0;
-        }
-        d->buf = f.data;
-        d->ndim = f.nd;
-        d->shape = (Py_ssize_t *)f.shape;
-        d->strides = (Py_ssize_t *)f.strides;
-        d->itemsize = f.itemsize;
-        d->readonly = !f.writable;
-        return 1;
+    if (!want) {
+        PyErr_Clear();
+        return 0;
     }
-    return *held = array_view(ctx, g, d);
+    if (Py_TYPE(g) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY) || !dg_array_read(g, &f, v, held))
+        return 0;
+    if (want[0] != f.format || want[1] || f.nd < 1) {
+        if (*held)
+            PyBuffer_Release(v);
+        *held = 0;
+        return 0;
+    }
+    d->buf = f.data;
+    d->ndim = f.nd;
+    d->shape = (Py_ssize_t *)f.shape;
+    d->strides = (Py_ssize_t *)f.strides;
+    d->itemsize = f.itemsize;
+    d->readonly = !f.writable;
+    return 1;
 }
 
 static int c_contiguous(const Py_buffer *v) {
@@ -163,9 +168,9 @@ static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0
     if (!dg_row_layout(x, &stride, &xwidth, &estride))
         return 0;
     Py_INCREF(g);
-    Py_buffer d;
+    Py_buffer d, v;
     int held;
-    if (!grad_target(ctx, g, &d, &held)) {
+    if (!grad_target(ctx, g, &d, &v, &held)) {
         Py_DECREF(g);
         return 0;
     }
@@ -185,7 +190,7 @@ static int add_into_rows(PyObject *ctx, PyObject *g, Py_buffer *x, Py_ssize_t r0
         }
     }
     if (held)
-        PyBuffer_Release(&d);
+        PyBuffer_Release(&v);
     Py_DECREF(g);
     return rc;
 }

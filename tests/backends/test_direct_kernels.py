@@ -272,7 +272,7 @@ def _levels(pc, n: int, rows: int, levels: int):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_wide_products_read_one_transposed_copy_per_weight_and_evaluation(monkeypatch, dtype):
     """Above PRODUCT_ROWS_MAX rows a product runs as x @ Wt with Wt = W[0].T made C-contiguous
-    (direct_products.c's transposed_weight, the twin's _transposed_products): the compiled step
+    (direct_products.c's transposed_weight, the twin's _transposed_product): the compiled step
     makes each weight's copy once per evaluation, however many batches read it, and leaves the
     twin's values bit for bit; both agree with the numpy backend."""
     _native_with_direct()
