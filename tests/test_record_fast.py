@@ -140,6 +140,24 @@ def test_many_graphs_reuse_the_signature_cache_correctly(parts):
         np.testing.assert_allclose(y.npvalue(), 1 / (1 + np.exp(-ref)), rtol=1e-6)
 
 
+
+def test_more_signatures_than_the_cache_holds_keep_their_ids():
+    """Hundreds of signatures recorded round after round in one graph (more than the recorder's
+    signature cache holds, so its sets fill and evict): every node gets its signature's one id,
+    the one the dictionary holds, and the values are right."""
+    cg = dy.renew_cg()
+    x = dy.inputVector([0.1 * k for k in range(40)])
+    spans = [(a, a + w) for w in range(1, 21) for a in range(0, 40 - w, 2)]  # 300 distinct attrs
+    ids = {}
+    for _ in range(3):
+        for a, b in spans:
+            y = dy.pick_range(x, a, b)
+            assert ids.setdefault((a, b), cg.sig[y.i]) == cg.sig[y.i]
+            assert cg._sig_id[cg.signatures[cg.sig[y.i]]][0] == cg.sig[y.i]
+    assert len(set(ids.values())) == len(spans)
+    np.testing.assert_allclose(dy.pick_range(x, 3, 9).npvalue(), 0.1 * np.arange(3, 9), rtol=1e-6)
+
+
 def test_a_new_graph_reads_check_and_blocks_grad_from_the_op(parts, monkeypatch):
     """The shared cache holds shapes only: an op's per-node check and blocks_grad are read
     from the op when a graph first meets the signature, as the Python path reads them."""
