@@ -15,7 +15,8 @@ from .graph import _RANDOM_KEY, GRAPH_STATE, ComputationGraph, IndexSlot, curren
 from .ops import OPS, OpDef
 from .ops.inputs import LOOKUP_TABLE, PARAMETER
 from .parameters import LookupParameters, Parameters
-from .recording import COMPILED, ONE, TWO, ExprBase, configure, leaf_recorder, operators, recorder
+from .recording import (COMPILED, ONE, TWO, ExprBase, configure, leaf_recorder, operators, plain_expression_type,
+                        recorder)
 
 _LOOKUP = OPS["lookup"]
 _INPUT, _PICK = OPS["input"], OPS["pick"]
@@ -196,6 +197,8 @@ class Expression(ExprBase):
 
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
+
+Expression = plain_expression_type(Expression)  # noqa: F811 (the same class, not tracked by the collector)
 
 def _operator(forward: str, reflected: str):
     """The Python twin of a compiled operator slot: called as slot(a, b) for `a op b`, where

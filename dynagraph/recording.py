@@ -61,6 +61,14 @@ ExprBase: type = _c.ExprBase if COMPILED else _PyExprBase
 _Expression: Any = None
 
 
+def plain_expression_type(cls: type) -> type:
+    """Expression as the recorder makes it: compiled, a type built again from cls's namespace
+    whose instances are not GC objects (kernels/cpython/expr_recorder.c: an expression holds
+    only its graph and an int, so it can be in no cycle, and one per op kept Python's collector
+    busy); cls itself otherwise."""
+    return _c.plain_expression_type(cls) if COMPILED else cls
+
+
 def configure(expression: type, index_slot: type, random_key: object, draw_rand_base: Callable) -> None:
     """The classes the fast path creates (Expression) and treats specially (IndexSlot), the
     data standing for a random key, and how a graph draws its random key base."""

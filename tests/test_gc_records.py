@@ -14,6 +14,7 @@ import sys
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -116,3 +117,55 @@ def test_graphs_are_freed_without_the_collector():
             if was:
                 gc.enable()
         assert not alive, f"{len(alive)} of 20 graphs outlived their step under {sched}"
+
+
+@needs_native
+def test_expressions_are_not_gc_objects():
+    """Every way of making an expression (leaves, lookups, inputs, recorded ops, the compiled
+    operators, the Python ones, slices) gives one the collector never sees; its values are those
+    of the same program's numpy reference, and freeing expressions leaves the type's refcount as
+    it was (a heap type's instances hold their type: one missing decref would free it)."""
+    from dynagraph.expression import Expression
+    pc = dy.ParameterCollection()
+    W = pc.parameters_from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4) / 10)
+    E = pc.lookup_parameters_from_numpy(np.eye(5, 4, dtype=np.float32))
+    before = sys.getrefcount(Expression)
+    dy.renew_cg()
+    x = dy.inputVector([1.0, 2.0, 3.0, 4.0])
+    e = dy.lookup(E, 2)
+    w = dy.parameter(W)
+    y = dy.tanh(w * (x + e)) - 0.5
+    z = (y / 2.0)[1:3] * 3.0 + (-y)[0]
+    made = [x, e, w, y, z, E[1], x ** 2.0, 1.0 - y]
+    assert all(type(m) is Expression and not gc.is_tracked(m) for m in made)
+    assert not Expression.__flags__ & (1 << 14)  # Py_TPFLAGS_HAVE_GC: its instances have no GC header
+    ref = np.tanh(np.arange(12).reshape(3, 4) / 10 @ (np.array([1.0, 2, 3, 4]) + np.eye(5, 4)[2])) - 0.5
+    np.testing.assert_allclose(z.npvalue(), ref[1:3] / 2 * 3 - ref[0], rtol=1e-5)
+    del made, x, e, w, y, z
+    for _ in range(1000):
+        dy.tanh(dy.inputVector([1.0]))
+    dy.renew_cg()
+    assert sys.getrefcount(Expression) == before
+
+
+@needs_native
+def test_a_subclass_of_expression_is_a_normal_python_class():
+    """Expression is built from a spec, not a class statement; subclassing it still works the
+    Python way (a GC type with its own attributes, its methods inherited), and its instances
+    free cleanly."""
+    from dynagraph.expression import Expression
+
+    class Named(Expression):
+        pass
+
+    dy.renew_cg()
+    x = dy.inputVector([1.0, -2.0])
+    n = Named(x.cg, x.i)
+    n.label = "x"
+    assert gc.is_tracked(n) and n.label == "x" and n.npvalue().tolist() == [1.0, -2.0]
+    before = sys.getrefcount(Named)
+    for _ in range(200):
+        Named(x.cg, x.i)
+    assert sys.getrefcount(Named) == before
+    with pytest.raises(TypeError, match="add no fields"):
+        NATIVE.plain_expression_type(int)

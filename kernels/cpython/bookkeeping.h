@@ -242,6 +242,7 @@ int dg_block_pool_add_type(PyObject *module);  /* block_pool.c: BlockPool */
 int dg_graph_leaves_add(void);  /* graph_leaves.c: GraphBase.leaf, after dg_recorder_add_types */
 int dg_expr_add_types(PyObject *module);
 PyObject *dg_configure(PyObject *self, PyObject *args);
+PyObject *dg_plain_expression_type(PyObject *self, PyObject *cls);
 PyObject *dg_configure_leaves(PyObject *self, PyObject *args);
 int dg_leaves_add(PyObject *module);
 /* recorder.c and expr_recorder.c, for leaves.c: whether configure() ran; a live graph's leaf dict (borrowed) or

@@ -10,22 +10,24 @@
 /* ------------------------------------------------------------------- ExprBase */
 static PyObject *EmptyAttrs = NULL;  /* () */
 
-static int expr_traverse(ExprObject *e, visitproc visit, void *arg) {
-    Py_VISIT(e->cg);
-    Py_VISIT(e->i);
-    return 0;
-}
-
-static int expr_clear(ExprObject *e) {
+/* Expressions are not GC objects. An expression holds its graph (untracked: recorder.c's
+   graph_new) and an int, so no cycle can pass through one; as GC objects, every op's
+   expression counted towards a collection and lived in the young generation until the user
+   dropped it. A TreeLSTM or BiLSTM mini-batch made ~50 collections a step, and the expressions
+   a user keeps (its lists of states) reached the old generation and set off full collections
+   of the whole heap. Expression itself is built from a spec (plain_expression_type below):
+   a class statement makes a GC type whatever its base. */
+static void expr_dealloc(ExprObject *e) {
     Py_CLEAR(e->cg);
     Py_CLEAR(e->i);
-    return 0;
+    Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
-static void expr_dealloc(ExprObject *e) {
-    PyObject_GC_UnTrack(e);
-    expr_clear(e);
-    Py_TYPE(e)->tp_free((PyObject *)e);
+/* Expression's dealloc: its instances, as any heap type's, hold a reference to their type. */
+static void expr_heap_dealloc(ExprObject *e) {
+    PyTypeObject *tp = Py_TYPE(e);
+    expr_dealloc(e);
+    Py_DECREF(tp);
 }
 
 static PyObject *expr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -158,10 +160,8 @@ PyTypeObject ExprBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dynagraph._bookkeeping.ExprBase",
     .tp_basicsize = sizeof(ExprObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "A handle to one node of one graph: (cg, i).",
-    .tp_traverse = (traverseproc)expr_traverse,
-    .tp_clear = (inquiry)expr_clear,
     .tp_dealloc = (destructor)expr_dealloc,
     .tp_members = expr_members,
     .tp_as_number = &expr_number,
@@ -496,6 +496,60 @@ PyObject *dg_configure(PyObject *self, PyObject *args) {
     Py_XSETREF(ExprType, expr);
     dg_graph_configure(slot, key, shapes, draw);
     Py_RETURN_NONE;
+}
+
+/* plain_expression_type(cls): cls, a class statement's subclass of ExprBase that adds no
+   fields, made again from a spec over ExprBase, so that its instances are not GC objects
+   (see expr_dealloc); its namespace (methods, properties, constants, dunders, which set their
+   slots) is copied onto the new type. Methods must not use super() or __class__: their cell
+   would name cls. */
+static const char *const NOT_COPIED[] = {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                                         "__slots__", NULL};
+
+static int copied(PyObject *key) {
+    if (!PyUnicode_Check(key))
+        return 0;
+    for (int k = 0; NOT_COPIED[k]; k++)
+        if (PyUnicode_CompareWithASCIIString(key, NOT_COPIED[k]) == 0)
+            return 0;
+    return 1;
+}
+
+PyObject *dg_plain_expression_type(PyObject *self, PyObject *cls) {
+    (void)self;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &ExprBaseType) ||
+        ((PyTypeObject *)cls)->tp_basicsize != ExprBaseType.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "plain_expression_type(cls): cls must subclass ExprBase and add no "
+                                         "fields (__slots__ = ())");
+        return NULL;
+    }
+    PyObject *module = PyObject_GetAttrString(cls, "__module__"), *qualname = PyObject_GetAttrString(cls, "__qualname__");
+    PyObject *name = module && qualname ? PyUnicode_FromFormat("%U.%U", module, qualname) : NULL;
+    const char *tp_name = name ? PyUnicode_AsUTF8(name) : NULL;  /* copied by PyType_FromSpec */
+    PyObject *tp = NULL;
+    if (tp_name) {
+        PyType_Slot slots[] = {{Py_tp_dealloc, (void *)expr_heap_dealloc}, {0, NULL}};
+        PyType_Spec spec = {tp_name, (int)ExprBaseType.tp_basicsize, 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+                            slots};
+        tp = PyType_FromSpecWithBases(&spec, (PyObject *)&ExprBaseType);
+    }
+    PyObject *ns = tp ? PyObject_GetAttrString(cls, "__dict__") : NULL;  /* a mappingproxy */
+    PyObject *items = ns ? PyMapping_Items(ns) : NULL;
+    for (Py_ssize_t k = 0; items && k < PyList_GET_SIZE(items); k++) {
+        PyObject *kv = PyList_GET_ITEM(items, k);
+        if (copied(PyTuple_GET_ITEM(kv, 0)) && PyObject_SetAttr(tp, PyTuple_GET_ITEM(kv, 0), PyTuple_GET_ITEM(kv, 1)) < 0)
+            Py_CLEAR(items);
+    }
+    PyObject *doc = items ? PyObject_GetAttrString(cls, "__doc__") : NULL;
+    if (!doc || PyObject_SetAttrString(tp, "__doc__", doc) < 0 || PyObject_SetAttrString(tp, "__qualname__", qualname) < 0)
+        Py_CLEAR(tp);
+    Py_XDECREF(doc);
+    Py_XDECREF(items);
+    Py_XDECREF(ns);
+    Py_XDECREF(name);
+    Py_XDECREF(qualname);
+    Py_XDECREF(module);
+    return tp;
 }
 
 /* ------------------------------------------------- for leaves.c (bookkeeping.h) */

@@ -5,6 +5,8 @@
 #define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))dg_##name, METH_FASTCALL, doc}
 
 static PyMethodDef functions[] = {
+    {"plain_expression_type", dg_plain_expression_type, METH_O,
+     "plain_expression_type(cls): Expression as a type whose instances are not GC objects (expr_recorder.c)."},
     {"configure", dg_configure, METH_VARARGS,
      "configure(Expression, IndexSlot, RANDOM_KEY[, shapes]): the Python classes the recorder creates and checks, and the shared shape cache (recording.SHAPES)."},
     {"configure_leaves", dg_configure_leaves, METH_VARARGS,
