@@ -412,7 +412,7 @@ RUN_MIN_STEPS = 3  # shorter stretches run batch by batch: a run's fixed cost (~
 
 def _flush(cg, be, stretch: list, specs: list, run_one) -> None:
     # a lone batch gains nothing from a run: numpy's ufuncs are as fast for one op
-    if len(stretch) >= RUN_MIN_STEPS and runs.execute_run(cg, be, stretch, place, specs):
+    if len(stretch) >= RUN_MIN_STEPS and runs.execute_run(cg, be, stretch, specs):
         return
     for nodes in stretch:
         run_one(nodes)

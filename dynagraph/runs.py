@@ -203,7 +203,20 @@ def _grad_addresses_py(grads: list, values: list, fmt: str, pair_slot=None, pair
     return np.where(at_[s] != 0, at_[s] + off, 0).astype(np.int64).tobytes()
 
 
-_addresses = NATIVE.addresses if NATIVE is not None and hasattr(NATIVE, "addresses") else _addresses_py
+def _place_steps_py(blk: list, row: list, shape: list, steps: list, blocks: list, empty, dtype, fmt: str) -> tuple:
+    """Twin of _bookkeeping.place_steps (kernels/cpython/run_tables.c): each step's output
+    block empty((len(nodes),) + shape[nodes[0]], dtype) appended to blocks and its nodes placed
+    in it (blk[n], row[n]); (addresses, row counts) as int64 bytes."""
+    first = len(blocks)
+    for nodes in steps:
+        bid = len(blocks)
+        blocks.append(empty((len(nodes),) + shape[nodes[0]], dtype))
+        for r, n in enumerate(nodes):
+            blk[n], row[n] = bid, r
+    return _addresses_py(blocks[first:], fmt), np.array([len(nodes) for nodes in steps], np.int64).tobytes()
+
+
+_place_steps = NATIVE.place_steps if NATIVE is not None and hasattr(NATIVE, "place_steps") else _place_steps_py
 _grad_addresses = NATIVE.grad_addresses if NATIVE is not None and hasattr(NATIVE, "grad_addresses") \
     else _grad_addresses_py
 _table = NATIVE.run_table if NATIVE is not None and hasattr(NATIVE, "run_table") else _table_py
@@ -273,20 +286,17 @@ def _program(specs: list) -> tuple:
     return prog
 
 
-def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
-    """Run `steps` (scheduled node lists, in order) as one program; place(blk, row,
-    nodes, bid) is the executor's; specs: the steps' step_spec where the caller has them.
-    False, with the graph untouched, when some argument's block cannot be read in place."""
+def execute_run(cg, be, steps: list, specs: list | None = None) -> bool:
+    """Run `steps` (scheduled node lists, in order) as one program; specs: the steps'
+    step_spec where the caller has them. False, with the graph untouched, when some
+    argument's block cannot be read in place."""
     t0 = time.perf_counter()
     if specs is None:
         specs = [step_spec(cg, nodes[0]) for nodes in steps]
     dt = cg.dtype
     blocks = cg.blocks
     first = len(blocks)
-    for nodes in steps:
-        bid = len(blocks)
-        blocks.append(np.empty((len(nodes),) + cg.shape[nodes[0]], dt))
-        place(cg.blk, cg.row, nodes, bid)
+    outs, counts = _place_steps(cg.blk, cg.row, cg.shape, steps, blocks, np.empty, dt, _FORMAT[dt])
     offs, reach, code, consts, widths, max_width, _, names = _program(specs)
     table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
     if table is None:
@@ -294,9 +304,7 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
         return False
     bids = range(first, len(blocks))
     out_blocks = blocks[first:]
-    outs = _addresses(out_blocks, _FORMAT[dt])
-    counts = list(map(len, steps))
-    rows = np.array(counts, np.int64)
+    rows = np.frombuffer(counts, np.int64)
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
@@ -315,11 +323,11 @@ def execute_run(cg, be, steps: list, place, specs: list | None = None) -> bool:
     stats.runs += 1
     stats.kernel_calls += 1
     stats.batches += len(steps)
-    stats.nodes += sum(counts)
+    stats.nodes += int(rows.sum())
     stats.t_memory += (t1 - t0) + (time.perf_counter() - t2)
     stats.t_execute += t2 - t1
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
-        stats.batch_log.extend(zip(names, counts))
+        stats.batch_log.extend(zip(names, rows.tolist()))
     return True
 
 

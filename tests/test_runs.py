@@ -323,6 +323,29 @@ def test_run_table_declines_blocks_it_cannot_read_in_place(twin):
 
 @needs_native
 @pytest.mark.parametrize("twin", ["native", "python"])
+def test_place_steps_makes_and_places_each_steps_block(twin):
+    """A run's output blocks: one per step, shaped (nodes, *node shape), appended after the
+    graph's blocks, each node at its row, addresses and row counts handed back."""
+    place_steps = NATIVE.place_steps if twin == "native" else runs._place_steps_py
+    cg, steps, _, _ = _graph_with_run()
+    first = len(cg.blocks)
+    blk, row = list(cg.blk), list(cg.row)
+    outs, counts = place_steps(cg.blk, cg.row, cg.shape, steps, cg.blocks, np.empty, np.dtype(np.float64), "d")
+    assert len(cg.blocks) == first + 2 and list(np.frombuffer(counts, np.int64)) == [4, 4]
+    assert [cg.blocks[first + m].shape for m in range(2)] == [(4, N), (4, N)]
+    assert list(np.frombuffer(outs, np.int64)) == [cg.blocks[first + m].ctypes.data for m in range(2)]
+    for m, nodes in enumerate(steps):
+        assert [(cg.blk[n], cg.row[n]) for n in nodes] == [(first + m, r) for r in range(len(nodes))]
+    untouched = set(range(len(blk))) - {n for nodes in steps for n in nodes}
+    assert all(cg.blk[n] == blk[n] and cg.row[n] == row[n] for n in untouched)
+    with pytest.raises(IndexError):
+        place_steps(cg.blk, cg.row, cg.shape, [[len(cg.op) + 3]], cg.blocks, np.empty, np.dtype(np.float64), "d")
+    with pytest.raises((ValueError, TypeError)):  # blocks of another dtype than the run's format
+        place_steps(cg.blk, cg.row, cg.shape, steps, cg.blocks, np.empty, np.dtype(np.float32), "d")
+
+
+@needs_native
+@pytest.mark.parametrize("twin", ["native", "python"])
 def test_addresses_checks_what_it_hands_out(twin):
     addresses = NATIVE.addresses if twin == "native" else runs._addresses_py
     a, b = np.zeros((2, 3)), np.zeros((2, 3), np.float32)

@@ -293,6 +293,7 @@ void dg_set_matvec_kernels(void *f32, void *f64);
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_place_steps(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_row_index_small(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

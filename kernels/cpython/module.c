@@ -33,6 +33,8 @@ static PyMethodDef functions[] = {
                       "addresses, or None; see run_tables.c."),
     FAST(row_index_small, "row_index_small(blocks, blks, rows): the cpu row index of a few int rows, or None; "
                           "see run_tables.c."),
+    FAST(place_steps, "place_steps(blk, row, shape, steps, blocks, empty, dtype, format): a run's output "
+                      "blocks made and its nodes placed; (addresses, row counts). See run_tables.c."),
     FAST(addresses, "addresses(arrays, format): int64 data address of each C-contiguous array (0 for None)."),
     FAST(grad_addresses, "grad_addresses(grads, values, format[, pair_slot, pair_off]): checked gradient block "
                          "addresses, or per-pair row addresses; see dynagraph/runs.py."),

@@ -47,6 +47,96 @@ PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     return out;
 }
 
+/* The output block of one run step of B nodes whose first is i0: empty((B,) + shape[i0], dtype),
+   or NULL with an exception set. */
+static PyObject *step_block(PyObject *shape, Py_ssize_t i0, Py_ssize_t B, PyObject *empty, PyObject *dtype) {
+    PyObject *sh = PyList_GET_ITEM(shape, i0);
+    if (!PyTuple_CheckExact(sh)) {
+        PyErr_Format(PyExc_TypeError, "place_steps: shape[%zd] must be a tuple", i0);
+        return NULL;
+    }
+    Py_ssize_t d = PyTuple_GET_SIZE(sh);
+    PyObject *full = PyTuple_New(d + 1), *n = full ? PyLong_FromSsize_t(B) : NULL;
+    if (!n) {
+        Py_XDECREF(full);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(full, 0, n);
+    for (Py_ssize_t k = 0; k < d; k++)
+        PyTuple_SET_ITEM(full, k + 1, Py_NewRef(PyTuple_GET_ITEM(sh, k)));
+    PyObject *a = PyObject_CallFunctionObjArgs(empty, full, dtype, NULL);
+    Py_DECREF(full);
+    return a;
+}
+
+/* One step of place_steps: its block made, appended to blocks (id bid) and its nodes placed in
+   it; *addr its data address, checked as addresses() checks. 0, or -1 with an exception set. */
+static int place_step(PyObject *const *argv, PyObject *nodes, int64_t *addr, const char *format) {
+    PyObject *blk = argv[0], *row = argv[1], *shape = argv[2], *blocks = argv[4];
+    if ((!PyList_CheckExact(nodes) && !PyTuple_CheckExact(nodes)) || PySequence_Fast_GET_SIZE(nodes) == 0) {
+        PyErr_SetString(PyExc_TypeError, "place_steps: each step must be a non-empty list or tuple of node ids");
+        return -1;
+    }
+    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), i0 = dg_index_in(PySequence_Fast_ITEMS(nodes)[0],
+                                                                      PyList_GET_SIZE(shape));
+    PyObject *a = i0 < 0 ? NULL : step_block(shape, i0, B, argv[5], argv[6]);
+    PyObject *bid = a ? dg_int(PyList_GET_SIZE(blocks)) : NULL;
+    Py_buffer v;
+    int ok = bid && PyList_Append(blocks, a) == 0 &&
+             dg_get_buffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) == 0;
+    if (ok) {
+        ok = v.format && !strcmp(v.format, format);
+        if (!ok)
+            PyErr_Format(PyExc_ValueError, "place_steps: empty() made a block of '%s' elements, not '%s'",
+                         v.format ? v.format : "?", format);
+        *addr = (int64_t)(intptr_t)v.buf;
+        PyBuffer_Release(&v);
+    }
+    PyObject *pargv[4] = {blk, row, nodes, bid}, *placed = ok ? dg_place(NULL, pargv, 4) : NULL;
+    Py_XDECREF(placed);
+    Py_XDECREF(bid);
+    Py_XDECREF(a);
+    return placed ? 0 : -1;
+}
+
+/* place_steps(blk, row, shape, steps, blocks, empty, dtype, format): a run's output blocks, one per
+   step: empty((len(nodes),) + shape[nodes[0]], dtype) appended to blocks, and the step's nodes
+   placed in it (executor.place). One call for the run, where the executor called numpy.empty and
+   place() once per step. Returns (outs, rows): bytearrays of int64, each new block's data address
+   and each step's node count. The twin is runs._place_steps_py. */
+PyObject *dg_place_steps(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 8 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2])
+        || !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) || !PyUnicode_Check(argv[7])) {
+        PyErr_SetString(PyExc_TypeError, "place_steps(blk, row, shape, steps, blocks: lists, empty, dtype, "
+                                         "format: str)");
+        return NULL;
+    }
+    const char *format = PyUnicode_AsUTF8(argv[7]);
+    PyObject *steps = argv[3];
+    Py_ssize_t m = PyList_GET_SIZE(steps);
+    PyObject *outs = format ? PyByteArray_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t)) : NULL;
+    PyObject *rows = outs ? PyByteArray_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t)) : NULL;
+    for (Py_ssize_t k = 0; rows && k < m; k++) {
+        if (k >= PyList_GET_SIZE(steps)) {  /* empty() may run Python code */
+            PyErr_SetString(PyExc_RuntimeError, "place_steps: steps changed during the call");
+            Py_CLEAR(rows);
+            break;
+        }
+        PyObject *nodes = Py_NewRef(PyList_GET_ITEM(steps, k));
+        int bad = place_step(argv, nodes, (int64_t *)PyByteArray_AS_STRING(outs) + k, format) < 0;
+        if (!bad)
+            ((int64_t *)PyByteArray_AS_STRING(rows))[k] = (int64_t)PySequence_Fast_GET_SIZE(nodes);
+        Py_DECREF(nodes);
+        if (bad)
+            Py_CLEAR(rows);
+    }
+    PyObject *res = rows ? PyTuple_Pack(2, outs, rows) : NULL;
+    Py_XDECREF(outs);
+    Py_XDECREF(rows);
+    return res;
+}
+
 /* The data address of `a`, a writable C-contiguous buffer of `format` elements holding exactly
    as many bytes and rows as `value` (the value block it is the gradient of), or -1 with an
    exception set. Equal length and rows mean equal row width, so the byte offsets a run
