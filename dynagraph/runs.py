@@ -219,22 +219,34 @@ def _place_steps_py(blk: list, row: list, shape: list, steps: list, blocks: list
 _place_steps = NATIVE.place_steps if NATIVE is not None and hasattr(NATIVE, "place_steps") else _place_steps_py
 _grad_addresses = NATIVE.grad_addresses if NATIVE is not None and hasattr(NATIVE, "grad_addresses") \
     else _grad_addresses_py
+_untracked = NATIVE.untrack_record if NATIVE is not None and hasattr(NATIVE, "untrack_record") else lambda r: r
 _table = NATIVE.run_table if NATIVE is not None and hasattr(NATIVE, "run_table") else _table_py
 _FORMAT = {F32: "f", F64: "d"}
 _MINUS_ONE = (-1,)
 
 
-class ExecutedRun:
-    """What backward needs from one run (cg.executed holds it beside ExecutedBatch)."""
-    __slots__ = ("steps", "bids", "code", "consts", "rows", "width", "max_width", "slots", "keep", "outs",
-                 "out_addresses", "pair_slot", "pair_off", "src", "need", "slot_last")
-
-    def __init__(self, steps, bids, code, consts, rows, width, max_width, slots, keep, outs, out_addresses, table):
-        self.steps, self.bids, self.code, self.consts = steps, bids, code, consts
-        self.rows, self.width, self.max_width, self.slots, self.keep = rows, width, max_width, slots, keep
-        # the run's output blocks and their addresses, held so backward need not look them up again
-        self.outs, self.out_addresses = outs, out_addresses
-        self.src, self.pair_slot, self.pair_off, _, self.need, self.slot_last = table
+class ExecutedRun(NamedTuple):
+    """What backward needs from one run (cg.executed holds it beside ExecutedBatch). Like an
+    ExecutedBatch it lives as long as its graph and can hold no reference cycle, so it is made
+    untracked by the collector (_untracked): left tracked, a BiLSTM mini-batch's ~150 runs a
+    forward and their lists were still young when the next graph was recorded, reached the
+    oldest generation and set off a full collection every few steps."""
+    steps: list              # the steps' node lists (the scheduler's, untracked)
+    bids: range              # the steps' output block ids
+    code: np.ndarray
+    consts: np.ndarray
+    rows: np.ndarray         # nodes per step (no base: a frombuffer view would hold a tracked memoryview)
+    width: np.ndarray
+    max_width: int
+    slots: list              # the blocks the row addresses point into
+    keep: list               # those blocks, held so that no rebinding frees one before backward
+    outs: list               # the output blocks, held so backward need not look them up again
+    out_addresses: bytes
+    src: bytes
+    pair_slot: bytes
+    pair_off: bytes
+    need: bytes
+    slot_last: bytes
 
     @property
     def nodes(self) -> list:
@@ -304,7 +316,7 @@ def execute_run(cg, be, steps: list, specs: list | None = None) -> bool:
         return False
     bids = range(first, len(blocks))
     out_blocks = blocks[first:]
-    rows = np.frombuffer(counts, np.int64)
+    rows = np.frombuffer(counts, np.int64).copy()
     t1 = time.perf_counter()
     be.elementwise_runs.forward(dt, code, consts, rows, widths, outs, table[0])
     t2 = time.perf_counter()
@@ -317,8 +329,9 @@ def execute_run(cg, be, steps: list, specs: list | None = None) -> bool:
     slots = table[3]
     # the blocks the row addresses point into, held so that no rebinding frees one before backward
     keep = [blocks[b] for b in slots]
-    cg.executed.append(ExecutedRun(steps, bids, code, consts, rows, widths, max_width, slots, keep,
-                                   out_blocks, outs, table))
+    src, pair_slot, pair_off, _, need, slot_last = table
+    cg.executed.append(_untracked(ExecutedRun(steps, bids, code, consts, rows, widths, max_width, slots, keep,
+                                              out_blocks, outs, src, pair_slot, pair_off, need, slot_last)))
     stats = cg.stats
     stats.runs += 1
     stats.kernel_calls += 1

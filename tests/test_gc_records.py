@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 
 import dynagraph as dy
 from dynagraph import executor, overlap, recording, schedulers
-from refcheck import run_graph
+from refcheck import run_graph, using
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "schedulers"))
 import _random_graph as rg  # noqa: E402
@@ -169,3 +169,40 @@ def test_a_subclass_of_expression_is_a_normal_python_class():
     assert sys.getrefcount(Named) == before
     with pytest.raises(TypeError, match="add no fields"):
         NATIVE.plain_expression_type(int)
+
+
+@needs_native
+def test_runs_are_untracked_and_still_backpropagate():
+    """An elementwise run's record (runs.ExecutedRun) and its lists are invisible to the
+    collector, like an ExecutedBatch; backward reads them as before (the gradient of a
+    chain of runs equals the closed form)."""
+    from dynagraph import runs
+    with using("float64"):
+        pc = dy.ParameterCollection()
+        p = pc.parameters_from_numpy(np.linspace(-1.0, 1.0, 6))
+        dy.renew_cg()
+        xs = [dy.parameter(p) * float(k + 1) for k in range(4)]
+        ys = [dy.cmult(dy.tanh(x), dy.logistic(x)) + x for x in xs]  # elementwise steps: one run
+        loss = dy.sum_elems(dy.esum(ys))
+        loss.value()
+        records = [r for r in dy.cg().executed if isinstance(r, runs.ExecutedRun)]
+        assert records, "no run was made: this test checks nothing"
+        for r in records:
+            assert not gc.is_tracked(r) and not any(gc.is_tracked(x) for x in r if isinstance(x, list))
+        loss.backward()
+    v = np.linspace(-1.0, 1.0, 6)
+    want = sum(k * ((1 - np.tanh(k * v) ** 2) / (1 + np.exp(-k * v)) + np.tanh(k * v) * np.exp(-k * v)
+                    / (1 + np.exp(-k * v)) ** 2 + 1) for k in (1.0, 2.0, 3.0, 4.0))
+    np.testing.assert_allclose(p.grad_as_array(), want, rtol=1e-12)
+
+
+@needs_native
+def test_untrack_record_leaves_what_could_hold_a_cycle_tracked():
+    from dynagraph import runs
+    plain = runs.ExecutedRun(*([[1, 2]] + [None] * 15))
+    assert NATIVE.untrack_record(plain) is plain and not gc.is_tracked(plain) and not gc.is_tracked(plain.steps)
+    holder = runs.ExecutedRun(*([[[]]] + [None] * 15))  # a list holding a (tracked) list
+    NATIVE.untrack_record(holder)
+    assert gc.is_tracked(holder) and gc.is_tracked(holder.steps)
+    with pytest.raises(TypeError):
+        NATIVE.untrack_record([1])

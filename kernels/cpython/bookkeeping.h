@@ -253,6 +253,7 @@ PyObject *dg_make_expr(PyObject *cg, PyObject *nid);
 PyObject *dg_graph_add(PyObject *cg, PyObject *op, PyObject *ids, PyObject *attrs, PyObject *data);
 PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_untrack_record_py(PyObject *self, PyObject *r);
 PyObject *dg_locate(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 int dg_locate_ids(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **b0, PyObject **r0,
                   PyObject **loc);

@@ -112,6 +112,37 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     return cols;
 }
 
+/* A list none of whose items the collector tracks (ints, arrays, bytes, untracked lists and
+   records): as it is never changed after its record is made, it can be in no cycle. */
+static int untrackable_list(PyObject *l) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(l); i++) {
+        PyObject *x = PyList_GET_ITEM(l, i);
+        if (PyObject_IS_GC(x) && PyObject_GC_IsTracked(x))
+            return 0;
+    }
+    return 1;
+}
+
+/* untrack_record(r): r, a record of the forward pass (a NamedTuple that lives as long as its
+   graph and is never changed once made: runs.ExecutedRun), untracked by the collector with the
+   lists it holds, each only when nothing it holds is tracked (CPython's rule for tuples,
+   dg_untrack_record, extended to the record's own lists). What stays tracked keeps r tracked.
+   Returns r. */
+PyObject *dg_untrack_record_py(PyObject *self, PyObject *r) {
+    (void)self;
+    if (!PyTuple_Check(r)) {
+        PyErr_SetString(PyExc_TypeError, "untrack_record(r): r must be a tuple record");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); i++) {
+        PyObject *x = PyTuple_GET_ITEM(r, i);
+        if (PyList_CheckExact(x) && PyObject_GC_IsTracked(x) && untrackable_list(x))
+            PyObject_GC_UnTrack(x);
+    }
+    dg_untrack_record(r);
+    return Py_NewRef(r);
+}
+
 /* place(blk, row, nodes, bid): blk[n] = bid and row[n] = r for the r-th node.
    Replacing a list item drops the old one, whose __del__ may run Python code that
    changes the lists: the ids are a private tuple, the sizes are re-read every node and

@@ -7,6 +7,9 @@
 static PyMethodDef functions[] = {
     {"plain_expression_type", dg_plain_expression_type, METH_O,
      "plain_expression_type(cls): Expression as a type whose instances are not GC objects (expr_recorder.c)."},
+    {"untrack_record", dg_untrack_record_py, METH_O,
+     "untrack_record(r): a forward record and its lists untracked by the collector where they hold nothing "
+     "tracked (executor.c)."},
     {"configure", dg_configure, METH_VARARGS,
      "configure(Expression, IndexSlot, RANDOM_KEY[, shapes]): the Python classes the recorder creates and checks, and the shared shape cache (recording.SHAPES)."},
     {"configure_leaves", dg_configure_leaves, METH_VARARGS,
