@@ -33,13 +33,14 @@ FD_STEP = 1e-5  # central differences in float64: truncation ~h^2, round-off ~ep
 # --------------------------------------------------------------------- config
 @contextlib.contextmanager
 def using(dtype: str = "float64", seed: int | None = 0, scheduler: str | None = None) -> Iterator[None]:
-    """Set dtype/seed/scheduler for the block, then restore the previous global settings."""
-    saved = (config.dtype, config.scheduler, config.seed, config.rng, config.fuse)
+    """Set dtype/seed/scheduler for the block, then restore the previous global settings
+    (the backend too: a test that switched it once left every later test on it)."""
+    saved = (config.dtype, config.scheduler, config.seed, config.rng, config.fuse, config.backend)
     dy.config.set(dtype=dtype, random_seed=seed, scheduler=scheduler)
     try:
         yield
     finally:
-        config.dtype, config.scheduler, config.seed, config.rng, config.fuse = saved
+        config.dtype, config.scheduler, config.seed, config.rng, config.fuse, config.backend = saved
 
 
 # --------------------------------------------------------------------- inputs

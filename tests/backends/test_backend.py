@@ -29,10 +29,12 @@ def _patch_fn(monkeypatch, fake) -> None:
 
 @pytest.fixture
 def fresh_backends(monkeypatch):
-    """An empty backend cache (backends are cached per name) and backend=numpy after."""
+    """An empty backend cache (backends are cached per name); the backend set before is set again
+    after (setting numpy here left every later test of the session on the numpy backend)."""
+    saved = dy.config.get()["backend"]
     monkeypatch.setattr(backends, "_cache", {})
     yield backends._cache
-    dy.config.set(backend="numpy")
+    dy.config.set(backend=saved)
 
 
 def test_missing_extension_falls_back_to_numpy_with_one_warning(monkeypatch, fresh_backends):
