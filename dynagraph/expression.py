@@ -200,6 +200,7 @@ class Expression(ExprBase):
 
 Expression = plain_expression_type(Expression)  # noqa: F811 (the same class, not tracked by the collector)
 
+
 def _operator(forward: str, reflected: str):
     """The Python twin of a compiled operator slot: called as slot(a, b) for `a op b`, where
     either operand is the Expression (b when Python tried a's type first)."""

@@ -140,7 +140,6 @@ def test_many_graphs_reuse_the_signature_cache_correctly(parts):
         np.testing.assert_allclose(y.npvalue(), 1 / (1 + np.exp(-ref)), rtol=1e-6)
 
 
-
 def test_more_signatures_than_the_cache_holds_keep_their_ids():
     """Hundreds of signatures recorded round after round in one graph (more than the recorder's
     signature cache holds, so its sets fill and evict): every node gets its signature's one id,
@@ -198,7 +197,6 @@ def test_long_columns_grow_and_shrink_correctly():
     for k in range(6000):
         v = (v * 0.5 + ref) if k % 2 else np.tanh(v)
     np.testing.assert_allclose(z.npvalue(), np.tanh(v), rtol=1e-6)
-
 
 
 @pytest.mark.skipif(not recording.COMPILED, reason="the compiled recorder keeps the storage and the ids")

@@ -8,6 +8,19 @@ built here, every block checked for dtype, contiguity and size (the twins are in
 
 static PyObject *NAME_SHAPE;  /* "shape", interned (dg_attr) */
 
+/* *addr: the data address of `a`, a writable C-contiguous buffer. 1 when it holds `format`
+   elements; 0 when it holds others (no exception set: the caller words the error); -1 with an
+   exception set when it is no such buffer. */
+static int writable_address(PyObject *a, const char *format, int64_t *addr) {
+    Py_buffer v;
+    if (dg_get_buffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    int ok = v.format && !strcmp(v.format, format);
+    *addr = (int64_t)(intptr_t)v.buf;
+    PyBuffer_Release(&v);
+    return ok;
+}
+
 /* addresses(arrays, format): bytearray of int64, the data address of each array (0 for
    None). Each must be a C-contiguous buffer of `format` ('f' or 'd') elements, else
    ValueError: the caller hands these to a kernel that writes through them. */
@@ -30,16 +43,10 @@ PyObject *dg_addresses(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         o[i] = 0;
         if (a == Py_None)
             continue;
-        Py_buffer v;
-        if (dg_get_buffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        int ok = v.format && !strcmp(v.format, format);
-        o[i] = (int64_t)(intptr_t)v.buf;
-        PyBuffer_Release(&v);
-        if (!ok) {
-            PyErr_Format(PyExc_ValueError, "addresses: array %zd does not hold '%s' elements", i, format);
+        int ok = writable_address(a, format, &o[i]);
+        if (ok <= 0) {
+            if (ok == 0)
+                PyErr_Format(PyExc_ValueError, "addresses: array %zd does not hold '%s' elements", i, format);
             Py_DECREF(out);
             return NULL;
         }
@@ -81,18 +88,10 @@ static int place_step(PyObject *const *argv, PyObject *nodes, int64_t *addr, con
                                                                       PyList_GET_SIZE(shape));
     PyObject *a = i0 < 0 ? NULL : step_block(shape, i0, B, argv[5], argv[6]);
     PyObject *bid = a ? dg_int(PyList_GET_SIZE(blocks)) : NULL;
-    Py_buffer v;
-    int ok = bid && PyList_Append(blocks, a) == 0 &&
-             dg_get_buffer(a, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) == 0;
-    if (ok) {
-        ok = v.format && !strcmp(v.format, format);
-        if (!ok)
-            PyErr_Format(PyExc_ValueError, "place_steps: empty() made a block of '%s' elements, not '%s'",
-                         v.format ? v.format : "?", format);
-        *addr = (int64_t)(intptr_t)v.buf;
-        PyBuffer_Release(&v);
-    }
-    PyObject *pargv[4] = {blk, row, nodes, bid}, *placed = ok ? dg_place(NULL, pargv, 4) : NULL;
+    int ok = bid && PyList_Append(blocks, a) == 0 ? writable_address(a, format, addr) : -1;
+    if (ok == 0)
+        PyErr_Format(PyExc_ValueError, "place_steps: empty() made a block not of '%s' elements", format);
+    PyObject *pargv[4] = {blk, row, nodes, bid}, *placed = ok > 0 ? dg_place(NULL, pargv, 4) : NULL;
     Py_XDECREF(placed);
     Py_XDECREF(bid);
     Py_XDECREF(a);
