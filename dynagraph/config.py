@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # DyNet's --dynet-autobatch values mapped onto our scheduler names.
-AUTOBATCH_SCHEDULERS = {0: "none", 1: "agenda", 2: "depth"}
+AUTOBATCH_SCHEDULERS = {0: "none", 1: "lookahead", 2: "depth"}  # 1: the agenda, with lookahead
 _DYNET_IGNORED = {"mem", "requested_gpus", "profiling", "weight_decay", "shared_parameters", "device"}
 
 
@@ -24,7 +24,7 @@ class Config:
     seed: int = 0
     dtype: str = "float32"
     backend: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_BACKEND", "cpu"))
-    scheduler: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULER", "agenda"))
+    scheduler: str = field(default_factory=lambda: os.environ.get("DYNAGRAPH_SCHEDULER", "lookahead"))
     debug: int = 0
     # How dy.block runs its steps over a batch of calls: "planned", "naive" or None.
     block_plan: str | None = field(default_factory=lambda: _plan_env(os.environ.get("DYNAGRAPH_BLOCK_PLAN", "planned")))

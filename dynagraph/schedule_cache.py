@@ -9,7 +9,7 @@ and the graph's signature keys (each signature's op, attributes and argument sha
 shared parameters). When all of those equal the ones a schedule was computed for, the
 same schedule is valid and is replayed.
 
-Only the built-in deterministic schedulers are cached ("agenda", "depth"): the FSM's
+Only the built-in deterministic schedulers are cached ("agenda", "lookahead", "depth"): the FSM's
 policy can change while it trains, and a scheduler object can read anything. Graphs
 larger than `max_nodes` are not cached: a mini-batch's structure rarely repeats, and
 keying 40,000 nodes would cost more than the rare hit saves. The first-level key is
@@ -35,7 +35,7 @@ def _same_slice_py(items: list, lo: int, was: list) -> bool:
 _same_slice = getattr(NATIVE, "same_slice", None) or _same_slice_py
 MAX_CANDIDATES = 8  # graphs kept under one first-level key (same span and size, other structure)
 
-CACHED = frozenset({"agenda", "depth"})
+CACHED = frozenset({"agenda", "lookahead", "depth"})
 
 
 class Schedule(list):

@@ -288,7 +288,7 @@ def test_depth_agenda_and_node_arrays_match_python(spec):
     rg.record(dy.ParameterCollection(), spec)
     cg._sync_values()
     nodes = engine._pending_py(cg.blk, 0, len(cg.op))
-    for sched in (simple.DepthBatching(), simple.AgendaBatching()):
+    for sched in (simple.DepthBatching(), simple.AgendaBatching(), simple.LookaheadBatching()):
         assert sched.schedule(cg, nodes) == sched.schedule_py(cg, nodes)
         part = nodes[len(nodes) // 3:]  # a later chunk: arguments outside it count as evaluated
         assert sched.schedule(cg, part) == sched.schedule_py(cg, part)
@@ -318,7 +318,7 @@ def test_buckets_filled_out_of_order_sort_like_python(chains, longest):
     dy.esum(ends)
     cg._sync_values()
     nodes = engine._pending_py(cg.blk, 0, len(cg.op))
-    for sched in (simple.AgendaBatching(), typewise.TypewiseBatching()):
+    for sched in (simple.AgendaBatching(), simple.LookaheadBatching(), typewise.TypewiseBatching()):
         got = sched.schedule(cg, nodes)
         assert got == sched.schedule_py(cg, nodes)
         assert any(len(b) == chains for b in got) and all(list(b) == sorted(b) for b in got)

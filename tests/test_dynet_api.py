@@ -275,7 +275,7 @@ def test_dynet_params_honour_seed_and_autobatch_and_warn_once_about_the_rest():
         np.testing.assert_array_equal(dy.ParameterCollection().add_parameters(3).as_array(), a)
         params.set_autobatch(1)
         params.init()
-        assert dy.config.config.scheduler == "agenda"
+        assert dy.config.config.scheduler == "lookahead"  # the agenda, with lookahead
 
 
 _PROBE = ("import sys; argv = list(sys.argv); import dynagraph as dy; "
@@ -296,7 +296,7 @@ def test_flags_are_read_at_import_and_argv_is_left_alone():
     assert (scheduler, seed, unchanged) == ("none", "5", "True")
     assert r.stderr.count("accepted and ignored") == 1
     r = _run_probe("--dynet-autobatch", "1", "--dynet-viz")
-    assert r.stdout.strip() == "agenda 0 False ['--dynet-autobatch', '1']", r.stdout  # --dynet-viz removed, as dynet.py does
+    assert r.stdout.strip() == "lookahead 0 False ['--dynet-autobatch', '1']", r.stdout  # --dynet-viz removed, as dynet.py does
     r = _run_probe("--dynet-seed")
     assert r.returncode != 0 and "--dynet-seed expects an argument" in r.stderr
 

@@ -70,7 +70,7 @@ def test_gathers_counted_when_rows_are_not_contiguous():
     assert cg.stats.gather_bytes == 4 * 2 * np.dtype(cg.dtype).itemsize
 
 
-@pytest.mark.parametrize("autobatch,name", [(0, "none"), (1, "agenda"), (2, "depth")])
+@pytest.mark.parametrize("autobatch,name", [(0, "none"), (1, "lookahead"), (2, "depth")])
 def test_config_autobatch_maps_to_scheduler(autobatch, name):
     old = dy.config.get()
     try:
