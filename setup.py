@@ -43,7 +43,7 @@ def bookkeeping_extension() -> Extension:
            "kernels/cpython/column_gather.c",
            "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c", "kernels/cpython/grad_rows.c",
            "kernels/cpython/backward_ops.c", "kernels/cpython/backward_products.c", "kernels/cpython/backward_operands.c",
-           "kernels/cpython/schedule.c", "kernels/cpython/sort_ids.c", "kernels/cpython/typewise.c",
+           "kernels/cpython/schedule.c", "kernels/cpython/agenda.c", "kernels/cpython/sort_ids.c", "kernels/cpython/typewise.c",
            "kernels/cpython/typewise_graph.c", "kernels/cpython/typewise_chain.c", "kernels/cpython/batch_merge.c",
            "kernels/cpython/phase_split.c", "kernels/cpython/array_view.c"]
     return Extension("dynagraph._bookkeeping", src, depends=["kernels/cpython/bookkeeping.h", "kernels/cpython/recorder.h",

@@ -17,8 +17,8 @@ Each function here has a pure-Python twin that is the reference and the fallback
   run_reads.c  dynagraph/runs.py's run_table (where a run reads every argument row)
   run_tables.c dynagraph/runs.py (addresses, grad_addresses); block_table and
                row_index_small for backends/cpu/rows.py (its Python paths are the twins)
-  schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays,
-               AgendaBatching.schedule_py
+  schedule.c   DepthBatching.schedule_py, engine._pending_py, simple._node_arrays
+  agenda.c     AgendaBatching.schedule_py (agenda and lookahead)
   phase_split.c concurrent._users_split_py, graph.needed_within (dy.phase in dy.autobatch_map)
   array_view.c dg_get_buffer: PyObject_GetBuffer with a direct path for plain float arrays
                (no Python twin: the buffer protocol itself is the reference)
