@@ -62,6 +62,7 @@ class Engine:
             batches = coarse.schedule()
             stats.t_schedule += time.perf_counter() - t0
             coarse.execute(get_backend(), batches)
+            cg.scheduled = None  # coarsened groups: executed_batches() reads the records
             self._done(cg, stats, upto, left)
             return
         # the small-graph path: a graph structured like one scheduled before replays its schedule;
@@ -77,6 +78,8 @@ class Engine:
                 batches = cache.put(cg, pending, batches)
         stats.t_schedule += time.perf_counter() - t0
         executor.execute(cg, get_backend(), batches)
+        if cg.scheduled is not None:
+            cg.scheduled.extend(batches)
         self._done(cg, stats, upto, left)
 
     @staticmethod

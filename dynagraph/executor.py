@@ -170,8 +170,7 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
         if may_split:
             parts = _split_parts(cg, nodes, ids)
             if parts is not None:
-                for part in parts:  # each part reads its arguments in place
-                    run_batch(cg, be, part)
+                _run_in_parts(cg, be, nodes, parts, op)
                 return
         x, plan = _gather_arg(cg, be, ids, len(xs), op, stats)
         xs.append(x)
@@ -199,6 +198,21 @@ def run_batch(cg, be, nodes: Sequence[int]) -> None:
     stats.t_execute += t2 - t1
     if stats.batch_log is not None and len(stats.batch_log) < 100_000:
         stats.batch_log.append((op.name, B))
+
+
+def _run_in_parts(cg, be, nodes, parts: list, op) -> None:
+    """The parts of one scheduled batch, each read in place, counted as that one batch: its
+    kernel calls stay counted, and the log has one entry (op name, B) for it (batch_run.c's
+    parts_as_one is the twin)."""
+    stats = cg.stats
+    log = stats.batch_log
+    logged = len(log) if log is not None else -1
+    for part in parts:
+        run_batch(cg, be, part)
+    stats.batches -= len(parts) - 1
+    if logged >= 0 and len(log) == logged + len(parts) and len(parts) > 1:
+        del log[logged:]
+        log.append((op.name, len(nodes)))
 
 
 def _direct_of(be, op):

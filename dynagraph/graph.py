@@ -81,6 +81,9 @@ class ComputationGraph(GraphBase):
         #   _block_param   leaf value block -> parameter object
         self._start()
         self.executed: list = []        # forward batches in execution order (for backward)
+        # the batches as scheduled, in execution order (executed_batches()); None once an
+        # evaluation ran another way (coarsened groups) or set() dropped some of them
+        self.scheduled: list | None = []
         self._stats = Stats.fresh()
         self._t_last = time.perf_counter()
 
@@ -363,6 +366,7 @@ class ComputationGraph(GraphBase):
             self.blk[i] = k
         self.done = 0
         self.executed = []
+        self.scheduled = []
         self.grad_blocks = None
 
     def set_data(self, nid: int, data: Any) -> None:
@@ -409,6 +413,7 @@ class ComputationGraph(GraphBase):
             else:
                 kept.append(rec)
         self.executed = kept
+        self.scheduled = None  # executed_batches() reads the kept records
         self.done = min(self.done, min(j for j in affected if not self.op[j].leaf))
         self.grad_blocks = None
 
@@ -490,8 +495,12 @@ class ComputationGraph(GraphBase):
         return [i for i in range(self.done, len(self.op)) if not self.op[i].leaf and self.blk[i] < 0]
 
     def executed_batches(self) -> list[list[int]]:
-        """Node ids of every forward batch run so far, in execution order (a fused run
-        contributes each of its batches); what dy.viz draws for an evaluated graph."""
+        """Node ids of every forward batch run so far, in execution order, as the scheduler made
+        them: a batch the backend ran in parts (executor.SPLIT_MAX, GROUP_MAX) is one batch here
+        and in stats.batches, its parts are counted in stats.kernel_calls; a fused run
+        contributes each of its batches. What dy.viz draws for an evaluated graph."""
+        if self.scheduled is not None:
+            return [list(b) for b in self.scheduled]
         out: list[list[int]] = []
         for record in self.executed:
             steps = getattr(record, "steps", None)  # a run (runs.ExecutedRun) holds several batches

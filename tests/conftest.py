@@ -32,18 +32,6 @@ def _default_fp_environment():
         _restore_fp_environment()
 
 
-@pytest.fixture
-def unsplit_batches(monkeypatch):
-    """Every scheduled batch runs as one batch. The cpu backend otherwise runs a batch of at
-    most executor.SPLIT_MAX nodes node by node, and a larger one block by block (GROUP_MAX),
-    when that is cheaper than gathering an argument column; its executed batches then differ
-    from the drawn schedule. The views and walk-throughs that show "the schedule that runs"
-    assume no such split."""
-    from dynagraph import executor
-    monkeypatch.setattr(executor, "SPLIT_MAX", 0)
-    monkeypatch.setattr(executor, "GROUP_MAX", 0)
-
-
 @pytest.fixture(autouse=True)
 def _fresh_state():
     """Reset the seed and the default graph; restore dtype/scheduler/seed afterwards."""

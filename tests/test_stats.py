@@ -172,3 +172,56 @@ def test_block_copies_show_what_the_planned_layout_saves(capsys):
     assert f"block_copies={naive.block_copies}" in str(naive)
     naive_cg.print_batches()
     assert f"copies inside blocks and coarsened groups: {naive.block_copies}" in capsys.readouterr().out
+
+
+SENTENCES = ([1, 4, 2], [3, 5], [6, 7, 8, 9])
+
+
+def _apart(pc, scheduler: str = "agenda", check_validity: bool = False):
+    """A tiny RNN per sentence, h = tanh(W h + E[w]) (examples/teach/01): each step's `add`
+    reads its E[w] rows out of order from the lookups' block, so the cpu backend runs that
+    batch of three or fewer node by node, cheaper than gathering the rows."""
+    if not pc.parameters_list():
+        pc.parameters_from_numpy(np.arange(16.0).reshape(4, 4) / 32)
+        pc.lookup_parameters_from_numpy(np.arange(40.0).reshape(10, 4) / 40)
+    W, E = pc.parameters_list()[0], pc.lookup_parameters_list()[0]
+    cg = dy.renew_cg(scheduler=scheduler, check_validity=check_validity)
+    scores = []
+    for words in SENTENCES:
+        h = dy.zeros(4)
+        for w in words:
+            h = dy.tanh(W * h + E[w])
+        scores.append(dy.sum_elems(h))
+    return cg, dy.esum(scores)
+
+
+@pytest.mark.parametrize("check_validity", [False, True])  # compiled batch step, and its Python twin
+def test_a_batch_run_in_parts_counts_as_one_batch(check_validity):
+    pc = dy.ParameterCollection()
+    cg, loss = _apart(pc, check_validity=check_validity)
+    cg.stats.batch_log = []
+    value = loss.value()
+    s = cg.stats
+    scheduled = cg.executed_batches()
+    assert s.batches == len(scheduled) == len(s.batch_log)
+    assert [n for n, _ in s.batch_log] == [cg.op[b[0]].name for b in scheduled]
+    assert [size for _, size in s.batch_log] == [len(b) for b in scheduled]
+    assert s.by_op()["add"][0] == sum(map(len, SENTENCES))
+    if dy.config.get()["backend"] == "cpu":
+        assert s.kernel_calls > s.batches  # the add batch ran in parts, each a kernel call
+    assert value == pytest.approx(_apart(pc, "none")[1].value(), rel=1e-12)
+
+
+def test_executed_batches_after_set_are_the_kept_records():
+    cg, loss = _apart(dy.ParameterCollection())
+    x = dy.inputVector([1.0, 2.0, 3.0, 4.0])
+    y = dy.sum_elems(dy.tanh(x))
+    loss.value()
+    y.value()
+    assert len(cg.executed_batches()) == cg.stats.batches
+    x.set([0.5, 0.5, 0.5, 0.5])  # DyNet's Expression.set: x's users recompute
+    kept = [list(n) for r in cg.executed for n in ([r.nodes] if not hasattr(r, "steps") else r.steps)]
+    assert cg.executed_batches() == kept
+    assert not any(y.i in b for b in kept)
+    y.value()
+    assert any(y.i in b for b in cg.executed_batches())

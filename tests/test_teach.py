@@ -23,7 +23,7 @@ def _files_ok(r: dict) -> None:
         assert os.path.getsize(path) > 500, path
 
 
-def test_01_lazy_recording(tmp_path, capsys, unsplit_batches):
+def test_01_lazy_recording(tmp_path, capsys):
     r = load("01_lazy_recording").main(["--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "recorded 43 operations; batches run so far: 0" in out

@@ -264,8 +264,31 @@ static int batch_splittable(PyObject *ctx, PyObject *info, Py_ssize_t n0) {
 
 /* Run the batch node by node (got == 1) or block by block (got == 2, the node groups in
    `groups`): each part reads its inputs in place (executor.run_batch). 0 or -1. */
+/* The parts of one scheduled batch count as that one batch: each part added a batch to acc
+   (its kernel calls stay counted) and, below the log's cap, a log entry; these become the
+   scheduled batch's single entry (op name, B), as the views and cg.print_batches() show it.
+   `logged`: the log's length before the parts (-1: no log). 0 or -1. */
+static int parts_as_one(PyObject *ctx, PyObject *log, Py_ssize_t logged, Py_ssize_t parts, Py_ssize_t B) {
+    double *acc = (double *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(ctx, C_ACC));
+    acc[ACC_BATCHES] -= (double)(parts - 1);
+    if (logged < 0 || PyList_GET_SIZE(log) != logged + parts || parts < 2)
+        return 0;
+    PyObject *first = PyList_GET_ITEM(log, logged);
+    if (!PyTuple_CheckExact(first) || PyTuple_GET_SIZE(first) != 2)
+        return 0;
+    PyObject *entry = dg_tuple_on(PyTuple_GET_ITEM(first, 0), B);
+    if (!entry)
+        return -1;
+    dg_untrack_record(entry);
+    int bad = PyList_SetSlice(log, logged, logged + parts, NULL) < 0 || PyList_Append(log, entry) < 0;
+    Py_DECREF(entry);
+    return bad ? -1 : 0;
+}
+
 static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *groups) {
     Py_ssize_t parts = got == 1 ? PyTuple_GET_SIZE(nodes) : PyTuple_GET_SIZE(groups);
+    PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
+    Py_ssize_t logged = PyList_CheckExact(log) ? PyList_GET_SIZE(log) : -1;
     for (Py_ssize_t j = 0; j < parts; j++) {
         PyObject *part = got == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(nodes, j)) : PyTuple_GET_ITEM(groups, j);
         if (got == 2)
@@ -277,7 +300,7 @@ static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *group
             return -1;
         Py_DECREF(r);
     }
-    return 0;
+    return parts_as_one(ctx, log, logged, parts, PyTuple_GET_SIZE(nodes));
 }
 
 /* The op's direct kernel (info[6]), where it has one, into *y; *t1 the kernel's start.

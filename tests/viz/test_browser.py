@@ -65,7 +65,7 @@ def test_schedule_viewer(browser, known, tmp_path):
     _slide(browser, "graph")
 
 
-def test_schedule_viewer_after_evaluation(browser, known, tmp_path, unsplit_batches):
+def test_schedule_viewer_after_evaluation(browser, known, tmp_path):
     """An evaluated graph shows the batches that ran (here the same as the plan)."""
     cg, loss = known
     loss.value()

@@ -22,7 +22,7 @@ _spec.loader.exec_module(rg)
 @settings(max_examples=25, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=rg.graph_spec)
-def test_views_of_random_graphs(spec, tmp_path_factory, unsplit_batches):
+def test_views_of_random_graphs(spec, tmp_path_factory):
     out = tmp_path_factory.mktemp("rg")
     dy.renew_cg(scheduler="agenda")
     losses = rg.record(dy.ParameterCollection(), spec)

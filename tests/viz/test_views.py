@@ -42,7 +42,7 @@ def test_graph_svg_counts_and_colours(tmp_path):
     assert sum(1 for s in by_batch.values() if {"0", "1"} <= set(s)) == KNOWN_BATCHES - 1  # all but esum span both
 
 
-def test_drawn_schedule_is_the_one_that_runs(unsplit_batches):
+def test_drawn_schedule_is_the_one_that_runs():
     for name in ("depth", "agenda", "none"):
         cg, loss = record_known(name)
         planned = dy.viz.schedule_of(cg)
