@@ -53,7 +53,7 @@ from dynagraph import schedulers  # noqa: E402
 from dynagraph.schedulers import typewise  # noqa: E402,F401  (registers "typewise")
 from examples.workloads import WORKLOADS  # noqa: E402
 
-BASELINES = ["none", "depth", "agenda", "agenda+merge", "typewise"]
+BASELINES = ["none", "depth", "agenda", "lookahead", "agenda+merge", "typewise"]
 
 
 def pending(cg) -> list[int]:
