@@ -143,7 +143,7 @@ class AgendaBatching:
 
 class _NearNodes:
     """LookaheadBatching's bookkeeping for schedule_py (twin of the lookahead in
-    kernels/cpython/schedule.c): per pending node, how many of the arguments it waits for are
+    kernels/cpython/agenda.c): per pending node, how many of the arguments it waits for are
     ready and of another signature (`other`); it is near when that is all of them, and
     `count[s]` counts signature s's near nodes."""
 
@@ -153,43 +153,37 @@ class _NearNodes:
         self.near = np.zeros(g.n, dtype=bool)
         self.count = np.zeros(S, dtype=np.int64)
 
-    def _edges(self, nodes: np.ndarray) -> tuple:
-        """(source, user) of every edge out of `nodes` (a user may repeat)."""
-        g = self.g
-        counts = g.degree[nodes]
-        total = int(counts.sum())
-        ends = np.cumsum(counts)
-        offsets = np.repeat(g.starts[nodes] - ends + counts, counts) + np.arange(total)
-        return np.repeat(nodes, counts), g.users[offsets]
-
     def _update(self, touched: np.ndarray) -> None:
         now = (self.indeg[touched] > 0) & (self.other[touched] == self.indeg[touched])
-        changed = touched[now != self.near[touched]]
-        changed = np.unique(changed)
+        changed = np.unique(touched[now != self.near[touched]])
         if len(changed):
             flip = ~self.near[changed]
             np.add.at(self.count, self.sig_of[changed], np.where(flip, 1, -1))
             self.near[changed] = flip
 
     def ready(self, nodes: np.ndarray) -> None:
-        src, users = self._edges(nodes)
-        users = users[self.sig_of[users] != self.sig_of[src]]
+        got = self.g.users_of(nodes)
+        if got is None:
+            return
+        counts, users = got
+        users = users[self.sig_of[users] != np.repeat(self.sig_of[nodes], counts)]
         if len(users):
             np.add.at(self.other, users, 1)
             self._update(users)
 
     def release(self, batch: np.ndarray, s: int):
         """g.release with the counts kept: the batch (signature s) has run."""
-        _, users = self._edges(batch)
-        if len(users) == 0:
+        got = self.g.users_of(batch)
+        if got is None:
             return None
+        users = got[1]
         np.subtract.at(self.indeg, users, 1)
         np.subtract.at(self.other, users[self.sig_of[users] != s], 1)
         self._update(users)
         return users[self.indeg[users] == 0]
 
     def next(self, heap: list) -> int:
-        """The signature to run (agenda_next in schedule.c): the heap's first unless it has
+        """The signature to run (agenda_next in agenda.c): the heap's first unless it has
         near nodes and a later one has none; those held back go back on the heap."""
         held = [heapq.heappop(heap)]
         if self.count[held[0][3]] == 0:
@@ -243,19 +237,27 @@ class PendingGraph:
         self.starts = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(self.degree, out=self.starts[1:])
 
-    def release(self, batch: np.ndarray, indeg: np.ndarray):
-        """Decrement the in-degree of the batch's users; return those that became ready
-        (a user of several batch nodes may appear more than once), or None."""
-        begin, counts = self.starts[batch], self.degree[batch]
+    def users_of(self, nodes: np.ndarray) -> tuple | None:
+        """(users per node, every user of `nodes` in node order), a user of several of them
+        once per edge; None when they have none."""
+        begin, counts = self.starts[nodes], self.degree[nodes]
         total = int(counts.sum())
         if total == 0:
             return None
-        if total == len(batch) and counts.max() == 1:  # one user each: no ranges to expand
+        if total == len(nodes) and counts.max() == 1:  # one user each: no ranges to expand
             offsets = begin
         else:
             ends = np.cumsum(counts)
             offsets = np.repeat(begin - ends + counts, counts) + np.arange(total)
-        users = self.users[offsets]
+        return counts, self.users[offsets]
+
+    def release(self, batch: np.ndarray, indeg: np.ndarray):
+        """Decrement the in-degree of the batch's users; return those that became ready
+        (a user of several batch nodes may appear more than once), or None."""
+        got = self.users_of(batch)
+        if got is None:
+            return None
+        users = got[1]
         np.subtract.at(indeg, users, 1)
         return users[indeg[users] == 0]
 

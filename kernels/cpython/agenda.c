@@ -76,14 +76,15 @@ typedef struct {  /* every array the agenda needs, freed together */
     Entry *heap;
     PyObject **node;  /* the caller's int object per local id (borrowed): no new ints */
     /* lookahead only (NULL otherwise): per signature, its near nodes (AgNode.near: nodes
-       one batch of other signatures away from ready) */
+       one batch of other signatures away from ready); the heap entries agenda_next holds back */
     Py_ssize_t *near_count;
+    Entry *held;
 } Agenda;
 
 static void agenda_free(Agenda *a) {
     void *all[] = {a->nd, a->start, a->users, a->fill, a->bucket_len, a->bucket_start, a->bucket,
                    a->ready, a->first, a->gid, a->local, a->depth_sum, a->count, a->cost, a->batchable, a->fresh,
-                   a->heap, a->node, a->near_count};
+                   a->heap, a->node, a->near_count, a->held};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
         PyMem_Free(all[k]);
 }
@@ -332,8 +333,9 @@ static inline int agenda_emit(const Agenda *a, PyObject *result, const Py_ssize_
 /* The next signature to run: the heap's first. With lookahead, a signature that has near
    nodes (one batch of other signatures would make them ready and join its batch) waits while
    the heap holds one without: the first such runs instead, and the waiting ones go back. When
-   every ready signature has near nodes, the first runs (nothing can then only help). */
-static Py_ssize_t agenda_next(Agenda *a, Entry *held, Py_ssize_t *nheap) {
+   every ready signature has near nodes, the first runs (no choice then runs fewer batches). */
+static Py_ssize_t agenda_next(Agenda *a, Py_ssize_t *nheap) {
+    Entry *held = a->held;
     Entry top = heap_pop(a->heap, nheap);
     if (!a->near_count || a->near_count[top.sig] == 0)
         return top.sig;
@@ -366,21 +368,17 @@ static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
         if (a->nd[v].indeg == 0)
             a->ready[nready++] = v;
     PyObject *result = PyList_New(0);
-    Entry *held = a->near_count ? PyMem_Malloc(((size_t)S + 1) * sizeof(Entry)) : NULL;
-    if (!result || (a->near_count && !held)) {
-        Py_XDECREF(result);
-        return PyErr_NoMemory();
-    }
+    if (!result)
+        return NULL;
     agenda_push(a, a->ready, nready, a->heap, &nheap);
     while (nheap > 0) {
-        Py_ssize_t s = agenda_next(a, held, &nheap);
+        Py_ssize_t s = agenda_next(a, &nheap);
         Py_ssize_t *batch = a->bucket + a->bucket_start[s], m = a->bucket_len[s];
         a->bucket_start[s] += m;  /* the range is used up: later arrivals go after it */
         a->bucket_len[s] = 0;
         dg_sort_ids(batch, m);  /* recording order */
         if (agenda_emit(a, result, batch, m, a->batchable[s]) < 0) {
             Py_DECREF(result);
-            PyMem_Free(held);
             return NULL;
         }
         nready = 0;
@@ -399,7 +397,6 @@ static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
             }
         agenda_push(a, a->ready, nready, a->heap, &nheap);
     }
-    PyMem_Free(held);
     return result;
 }
 
@@ -428,7 +425,8 @@ PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t na
         goto done;
     if (lookahead) {
         a.near_count = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
-        if (!a.near_count) {
+        a.held = PyMem_Malloc(((size_t)S + 1) * sizeof(Entry));  /* the heap holds at most S entries */
+        if (!a.near_count || !a.held) {
             PyErr_NoMemory();
             goto done;
         }

@@ -262,8 +262,6 @@ static int batch_splittable(PyObject *ctx, PyObject *info, Py_ssize_t n0) {
     return splittable == 1;
 }
 
-/* Run the batch node by node (got == 1) or block by block (got == 2, the node groups in
-   `groups`): each part reads its inputs in place (executor.run_batch). 0 or -1. */
 /* The parts of one scheduled batch count as that one batch: each part added a batch to acc
    (its kernel calls stay counted) and, below the log's cap, a log entry; these become the
    scheduled batch's single entry (op name, B), as the views and cg.print_batches() show it.
@@ -285,6 +283,8 @@ static int parts_as_one(PyObject *ctx, PyObject *log, Py_ssize_t logged, Py_ssiz
     return bad ? -1 : 0;
 }
 
+/* Run the batch node by node (got == 1) or block by block (got == 2, the node groups in
+   `groups`): each part reads its inputs in place (executor.run_batch). 0 or -1. */
 static int run_in_parts(PyObject *ctx, PyObject *nodes, int got, PyObject *groups) {
     Py_ssize_t parts = got == 1 ? PyTuple_GET_SIZE(nodes) : PyTuple_GET_SIZE(groups);
     PyObject *log = PyTuple_GET_ITEM(ctx, C_LOG);
