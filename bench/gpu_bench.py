@@ -56,7 +56,7 @@ def _dynagraph(kind: str, arrays: dict, lr: float):
     import dynagraph as dy
     from bench.dy_models import DyModel
     dy.config.set(backend="cuda")
-    return DyModel(dy, kind, arrays, lr, {"scheduler": "agenda"}).step
+    return DyModel(dy, kind, arrays, lr, {"scheduler": "lookahead"}).step
 
 
 def _torch_per_sample(kind: str, arrays: dict, lr: float):
@@ -188,10 +188,11 @@ def main(argv=None) -> None:
 
     from bench.params import init_arrays
     from bench.workloads import WORKLOADS, load, minibatches
-    rows = []
     cases = [(m, int(H), int(B)) for m in args.models.split(",") for H in args.H.split(",")
              for B in args.batch.split(",")]
-    for model, H, B in tqdm(cases, desc="gpu bench"):
+    print(f"{'model':9} {'H':>5} {'B':>4} " + " ".join(f"{s:>24}" for s in SYSTEMS)
+          + f" {'vs hand-batched':>16} {'vs per-sample':>14}", flush=True)
+    for model, H, B in (bar := tqdm(cases, desc="gpu bench")):
         w = WORKLOADS[MODELS[model]]
         samples, vocab = load(w.name, B * (args.batches + 1), 0)
         arrays = init_arrays(w.kind, H, vocab, w.n_out)
@@ -207,13 +208,10 @@ def main(argv=None) -> None:
                     step(b, True)
                 _sync()
                 best[name] = max(best[name], B * (len(batches) - 1) / (time.perf_counter() - t0))
-        rows.append((model, H, B, best))
-    print(f"{'model':9} {'H':>5} {'B':>4} " + " ".join(f"{s:>24}" for s in SYSTEMS)
-          + f" {'vs hand-batched':>16} {'vs per-sample':>14}")
-    for model, H, B, best in rows:
         dg = best["dynagraph:cuda"]
-        print(f"{model:9} {H:5d} {B:4d} " + " ".join(f"{best[s]:24.1f}" for s in SYSTEMS)
-              + f" {dg / best['torch-gpu:hand-batched']:15.2f}x {dg / best['torch-gpu:per-sample']:13.1f}x")
+        # each row as soon as it is measured: a run cut short still reports what it had
+        bar.write(f"{model:9} {H:5d} {B:4d} " + " ".join(f"{best[s]:24.1f}" for s in SYSTEMS)
+                  + f" {dg / best['torch-gpu:hand-batched']:15.2f}x {dg / best['torch-gpu:per-sample']:13.1f}x")
     print("targets: >= 0.8x hand-batched PyTorch-GPU, >= 30x PyTorch-GPU per sample (samples/s, training)")
 
 

@@ -161,9 +161,17 @@ class DeviceArray(numpy.lib.mixins.NDArrayOperatorsMixin):
         self._a[_unwrap(key)] = _unwrap(value)  # a host value is an upload: allowed
 
     # -------------------------------------------------------------- methods
+    @property
+    def flags(self):
+        """CuPy's flags: the contiguity ones alone (no writeable: device arrays always are)."""
+        f = self._a.flags
+        return types.SimpleNamespace(c_contiguous=f.c_contiguous, f_contiguous=f.f_contiguous, owndata=f.owndata)
+
     def __getattr__(self, name: str):
         if name.startswith("__"):  # __array_interface__, __array_struct__, __buffer__, ...
             raise AttributeError(name)
+        if name == "ctypes":  # CuPy has no host pointer either: backend.address(a) is the door
+            raise AttributeError("a device array has no ctypes (ask the backend: address(a))")
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)
@@ -277,6 +285,9 @@ class CheckedBackend(NumpyBackend):
         if type(a) is DeviceArray:
             return a
         return DeviceArray(np.array(a))
+
+    def address(self, a) -> int:
+        return a._a.ctypes.data
 
 
 def install() -> None:

@@ -104,7 +104,7 @@ def numeric_grad(f: Callable[[], float], x: np.ndarray, h: float = FD_STEP) -> n
         raise ValueError("numeric_grad needs a contiguous array it can perturb in place")
     g = np.zeros(flat.shape, dtype=np.float64)
     for i in range(flat.size):
-        old = flat[i]
+        old = flat[i].copy()  # CuPy's flat[i] is a 0-d view: it would follow the perturbation
         flat[i] = old + h
         fp = f()
         flat[i] = old - h

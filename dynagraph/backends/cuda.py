@@ -18,8 +18,8 @@ capabilities as device kernels.
 
 CuPy is optional: this module is imported only for backend "cuda", and raises
 ImportError without it (backends/__init__.py turns that into a clear message).
-It has never run in this repository's CI: tests/backends/test_cuda.py runs it where
-CuPy and a device are present and skips otherwise.
+CI has no GPU: tests/backends/test_cuda.py and every suite's cuda rows run where CuPy and
+a device are present and skip otherwise (they passed on an H200 with CuPy 14.2).
 """
 from __future__ import annotations
 
@@ -172,8 +172,10 @@ class CudaOptimizerRules:
             kernel(g, *[w.dtype.type(s) for s in scalars], w, *states)
             return
         r = cupy.asarray(rows)
-        ws, ss = w[r], [s[r] for s in states]  # distinct rows (trainers pass touched_rows())
-        kernel(g, *[w.dtype.type(s) for s in scalars], ws, *ss)
+        # g is the whole table's gradient, as for the C rules; the rows are distinct
+        # (trainers pass touched_rows()), so the gathered rows scatter back without loss
+        ws, ss = w[r], [s[r] for s in states]
+        kernel(g[r], *[w.dtype.type(s) for s in scalars], ws, *ss)
         w[r] = ws
         for s, v in zip(states, ss):
             s[r] = v
@@ -242,8 +244,10 @@ _NULL = np.uint64(0)  # a null pointer argument of a RawKernel
 
 
 def _row_add(g, rows, vals) -> None:
-    """g[rows] += vals in one atomicAdd kernel, repeated rows included."""
-    cupyx.scatter_add(g, cupy.asarray(rows), vals.reshape((len(rows),) + g.shape[1:]))
+    """g[rows] += vals in one atomicAdd kernel, repeated rows included (cupy.add.at from
+    CuPy 13 on, where cupyx.scatter_add is deprecated)."""
+    add_at = getattr(cupy.add, "at", None) or cupyx.scatter_add
+    add_at(g, cupy.asarray(rows), vals.reshape((len(rows),) + g.shape[1:]))
 
 
 class CudaBackend(NumpyBackend):
@@ -260,6 +264,9 @@ class CudaBackend(NumpyBackend):
 
     def to_host(self, a) -> np.ndarray:
         return cupy.asnumpy(a)
+
+    def address(self, a) -> int:
+        return a.data.ptr
 
     def row_index(self, blocks: list, blks: list, rows: list):
         if blocks is None:

@@ -40,6 +40,11 @@ class NumpyBackend:
         """An array of this backend holding a host array's (or a number's) values; may share memory."""
         return self.xp.asarray(a)
 
+    def address(self, a) -> int:
+        """The address of a's first element: dy.block checks with it that weights still sit
+        where it stacked them (same memory, no copy)."""
+        return a.__array_interface__["data"][0]
+
     # ------------------------------------------------------------ row movement
     def take_rows(self, block, rows: list):
         """block[rows] as a new contiguous array (one source block)."""

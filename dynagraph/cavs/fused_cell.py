@@ -196,7 +196,8 @@ class TreeLSTMPass:
         cl, lz = self.cl, self.lz
         if not {"h", "c"} <= set(cl.outs):
             return None
-        if lz is not None and not (lz.flags.c_contiguous and lz.flags.writeable):
+        # CuPy's flags have no writeable: its arrays always are
+        if lz is not None and not (lz.flags.c_contiguous and getattr(lz.flags, "writeable", True)):
             return None
         return self.fc.TreeCellPlan(cl.n, cl.H, self.PRE, self.W[0], self.S[cl.jc], self.ACT,
                                     [*self.S] + ([lz] if lz is not None else []))

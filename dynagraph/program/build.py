@@ -84,9 +84,9 @@ class Program(Forward, Backward):
                 for p in params):
             return None
         if all(p.values.base is not None and p.values.base is first.base for p in params) and \
-                consecutive_views([p.values for p in params]):
+                consecutive_views([p.values for p in params], params[0].backend.address):
             return first.base  # another program already stacked them in this order
-        base = np.stack([p.values for p in params])
+        base = params[0].backend.xp.stack([p.values for p in params])  # on the weights' device
         for k, p in enumerate(params):
             p.values = base[k]
         self.rehomed.extend(params)

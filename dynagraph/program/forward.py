@@ -69,7 +69,7 @@ class Forward:
                 ws = [vals[v] for v in spec[1]]
                 base = spec[2]
                 if base is not None and base.shape[0] == len(ws) and all(w.base is base for w in ws) \
-                        and consecutive_views([w[0] for w in ws]) and ws[0][0].ctypes.data == base.ctypes.data:
+                        and consecutive_views([w[0] for w in ws], be.address) and be.address(ws[0][0]) == be.address(base):
                     ins.append(base)  # the weights are the stacked array: no copy
                 else:
                     ins.append(self._gathered(xp, ws))

@@ -111,13 +111,14 @@ def _cuts(plan, consumers: list, total: int):
     return total // h, {n: s // h for n, (s, e) in ranges.items()}
 
 
-def consecutive_views(arrays: list) -> bool:
-    """Equal-sized contiguous arrays that follow each other in memory."""
+def consecutive_views(arrays: list, address) -> bool:
+    """Equal-sized contiguous arrays that follow each other in memory (address(a): the
+    backend's address of a's first element)."""
     if not all(a.flags.c_contiguous for a in arrays):
         return False
-    at = arrays[0].ctypes.data
+    at = address(arrays[0])
     for a in arrays:
-        if a.ctypes.data != at:
+        if address(a) != at:
             return False
         at += a.nbytes
     return True
