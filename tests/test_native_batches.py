@@ -342,12 +342,13 @@ def _products_graph(pc, r: int, c: int, rows: int):
 
 @needs_native
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("r,c,rows", [(256, 256, 1), (256, 257, 1), (16, 8, 4), (16, 8, 5)])
+@pytest.mark.parametrize("r,c,rows", [(256, 256, 1), (256, 257, 1), (16, 8, 4), (16, 8, 5), (256, 257, 2), (256, 257, 4)])
 def test_small_products_as_the_reference_at_their_bounds(monkeypatch, dtype, r, c, rows):
     """A shared W's products and their input gradients take the small-rows kernels (direct_batch.c,
     backward_ops.c) exactly where the backend's twins do (direct.PRODUCT_ROWS_MAX, PRODUCT_MACS_MAX;
-    the C side's MATVEC_ROWS_MAX, NB_PRODUCT_*): bit-identical values and gradients either side
-    of each bound, the compiled steps against the Python ones."""
+    the C side's MATVEC_ROWS_MAX, NB_PRODUCT_*; two to four rows take the forward kernel at any
+    size): bit-identical values and gradients either side of each bound, the compiled steps
+    against the Python ones."""
     from dynagraph.backends.cpu import direct
     assert (r * c <= direct.PRODUCT_MACS_MAX) == (c == 256 or r == 16)
     runs = []

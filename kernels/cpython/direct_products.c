@@ -33,7 +33,7 @@ void dg_set_matvec_kernels(void *f32, void *f64) {
    shared matrix (1, r, c) and every x a batch of vectors (n, c): the op's own numpy code
    (ops/linalg.py: y = x1 @ W1[0].T; y += x2 @ W2[0].T ...; y += b) made through numpy's number
    protocol, without its Python frames: the same calls on the same operands, so the same
-   values. b: (1 or n, r) with every x of n rows. At most MATVEC_ROWS_MAX rows and bound[t]
+   values. b: (1 or n, r) with every x of n rows. Two to MATVEC_ROWS_MAX rows, or one row and bound[t]
    multiply-adds take dg_rows_matvec instead (small_products), as the backend's twin does
    (backends/cpu/direct.py _products_twin).
    As direct_batch: 1 with *y, 0, -1. */
@@ -133,7 +133,9 @@ int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *b
     Py_ssize_t macs = 0;
     for (Py_ssize_t i = first; i < k; i += 2)
         macs += n * r * v[i].shape[2];
-    if (n >= 1 && n <= MATVEC_ROWS_MAX && macs <= bound[t] && matvec_fn[t])
+    /* one row: the kernel up to the bound (BLAS's gemv ties beyond); two to four rows: always,
+       since the kernel reads a shared W once for all of them and BLAS's x @ W.T repacks it */
+    if (n >= 1 && n <= MATVEC_ROWS_MAX && (n > 1 || macs <= bound[t]) && matvec_fn[t])
         return small_products(ctx, affine, t, k, v, n, r, y);
     PyObject *out = NULL;
     for (Py_ssize_t i = first; i < k; i += 2) {

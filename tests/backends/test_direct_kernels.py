@@ -149,19 +149,21 @@ def test_twins_match_the_ops_numpy_code():
 
 
 @pytest.mark.parametrize("dt,tol", [(np.float32, 2e-6), (np.float64, 1e-13)])
-@pytest.mark.parametrize("n,r,c", [(1, 8, 5), (2, 16, 9), (4, 64, 128), (1, 256, 128), (5, 8, 5), (1, 512, 128)])
+@pytest.mark.parametrize("n,r,c", [(1, 8, 5), (2, 16, 9), (4, 64, 128), (1, 256, 128), (5, 8, 5), (1, 512, 128),
+                                   (2, 512, 128), (4, 96, 1000)])
 def test_small_products_match_the_ops_numpy_code(dt, tol, n, r, c):
     """affine (two products, b of 1 or n rows) and matmul through the small-rows kernel where
-    n <= PRODUCT_ROWS_MAX and the multiply-adds fit PRODUCT_MACS_MAX, the op's numpy code beyond;
-    forward and the input gradients of the backward override against the op's own code."""
+    2 <= n <= PRODUCT_ROWS_MAX, or n = 1 and the multiply-adds fit PRODUCT_MACS_MAX, the op's
+    numpy code beyond; forward and the input gradients of the backward override against the
+    op's own code."""
     from dynagraph.ops.base import OPS
     rng = np.random.default_rng(n * 1000 + r + c)
     W1, W2 = (rng.uniform(-1, 1, (1, r, c)).astype(dt) for _ in range(2))
     x1, x2 = (rng.uniform(-1, 1, (n, c)).astype(dt) for _ in range(2))
     g = rng.uniform(-1, 1, (n, r)).astype(dt)
-    rows_fit = n <= direct.PRODUCT_ROWS_MAX
-    assert direct._small_products((W1, x1), 0) == (n if rows_fit and n * r * c <= direct.PRODUCT_MACS_MAX else 0)
-    assert direct._small_products((g, W1, x1, W2, x2), 1) == (n if rows_fit and 2 * n * r * c <= direct.PRODUCT_MACS_MAX
+    few = 2 <= n <= direct.PRODUCT_ROWS_MAX  # any size: the kernel reads the shared W once for them all
+    assert direct._small_products((W1, x1), 0) == (n if few or n == 1 and r * c <= direct.PRODUCT_MACS_MAX else 0)
+    assert direct._small_products((g, W1, x1, W2, x2), 1) == (n if few or n == 1 and 2 * r * c <= direct.PRODUCT_MACS_MAX
                                                               else 0)
     dk = direct.DirectKernels({})
     for b in (rng.uniform(-1, 1, (1, r)).astype(dt), rng.uniform(-1, 1, (n, r)).astype(dt)):

@@ -118,11 +118,13 @@ def _pnls_twin(fallback):
     return forward
 
 
-# Products of a shared matrix with at most PRODUCT_ROWS_MAX rows and PRODUCT_MACS_MAX
-# multiply-adds in all take dg_rows_matvec (rowmm.inc: 8-lane dots, four rows at a time)
-# instead of numpy's matmul, whose ufunc machinery, operand views and bias add cost ~20k
-# instructions a call: per sentence most products have one row and a small W. Beyond these
-# bounds BLAS wins or ties (the dots read W once per row; at one row and 2048 x 512 they tie).
+# Products of a shared matrix with two to PRODUCT_ROWS_MAX rows, or one row and at most
+# PRODUCT_MACS_MAX multiply-adds, take dg_rows_matvec (rowmm.inc: 8-lane dots, four rows of W
+# at a time, each block of W used by every row while it is in cache) instead of numpy's
+# matmul, whose ufunc machinery, operand views and bias add cost ~20k instructions a call:
+# per sentence most products have one row and a small W. With two to four rows the kernel
+# wins at every size (2560 x 1024 W, two rows: 0.27 ms against 0.74 for BLAS's x @ W.T,
+# which repacks W); with one row and a large W, BLAS's gemv ties.
 PRODUCT_ROWS_MAX = 4          # direct_products.c's MATVEC_ROWS_MAX, backward_batch.h's NB_PRODUCT_ROWS_MAX
 PRODUCT_MACS_MAX = 1 << 16    # e.g. one row against a 256 x 256 W; backward_batch.h's NB_PRODUCT_MACS_MAX
 _ZERO_ROWS = np.zeros(PRODUCT_ROWS_MAX, np.int64)  # every row reads matrix 0, row 0 (direct_products.c's ZERO_ROWS)
@@ -157,9 +159,9 @@ def _shared_products(args: tuple, first: int) -> tuple:
 
 def _small_products(args: tuple, first: int) -> int:
     """Rows n where the small-rows kernel takes the products: _shared_products' shapes with
-    n <= PRODUCT_ROWS_MAX and at most PRODUCT_MACS_MAX multiply-adds; 0 otherwise."""
+    2 <= n <= PRODUCT_ROWS_MAX, or n = 1 and at most PRODUCT_MACS_MAX multiply-adds; 0 otherwise."""
     n, macs = _shared_products(args, first)
-    return n if 1 <= n <= PRODUCT_ROWS_MAX and macs <= PRODUCT_MACS_MAX else 0
+    return n if 1 <= n <= PRODUCT_ROWS_MAX and (n > 1 or macs <= PRODUCT_MACS_MAX) else 0
 
 
 def _summed_products(args: tuple, first: int, product) -> np.ndarray:
@@ -195,7 +197,7 @@ def _products_twin(name: str, first: int):
         n, macs = _shared_products(args, first)
         if n > PRODUCT_ROWS_MAX:
             return _summed_products(args, first, _transposed_product)
-        if not (n and macs <= PRODUCT_MACS_MAX):
+        if not (n and (n > 1 or macs <= PRODUCT_MACS_MAX)):
             return own(xp, a, data, *args)
         dt, r = args[first].dtype, args[first].shape[1]
         fn = _fn("dg_rows_matvec", dt)
