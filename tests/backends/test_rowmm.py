@@ -165,3 +165,36 @@ def test_scatter_reads_strided_rows_in_place(dt):
     add_rows(T, [1, 1, 0, 2, 3], v)
     np.add.at(W, [1, 1, 0, 2, 3], v)
     np.testing.assert_array_equal(T, W)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n,r,c", [(1, 5, 3), (2, 9, 13), (3, 70, 40), (4, 130, 19), (2, 7, 300), (1, 150, 257),
+                                   (4, 66, 520)])
+@pytest.mark.parametrize("shared", [True, False])
+def test_small_rows_kernels_against_numpy(dt, n, r, c, shared):
+    """dg_rows_matvec and dg_rows_matvec_tgrad called directly, on the shapes that pick their
+    paths: one W shared by two to four rows (each block of four W rows serving every row),
+    W row counts and widths off the 4- and 8-lane steps, widths on either side of
+    TGRAD_WALK_MAX (256) and row counts past TGRAD_ROWS (64); against numpy's products."""
+    from dynagraph.backends.cpu.direct import _BASES, _fn, _p, _pi, ffi
+    rng = np.random.default_rng(n * 7919 + r * 31 + c)
+    dtype = np.dtype(dt)
+    blocks = [rng.standard_normal((3, r, c)).astype(dt) for _ in range(2)]
+    src = np.array([1] * n if shared else [k % 2 for k in range(n)], np.int64)
+    rows = np.array([2] * n if shared else [(k * 2) % 3 for k in range(n)], np.int64)
+    A = np.stack([blocks[b][i] for b, i in zip(src, rows)])
+    x = rng.standard_normal((n, c)).astype(dt)
+    g = rng.standard_normal((n, r)).astype(dt)
+    bases = ffi.new(_BASES[dtype].replace("[1]", "[2]"), [_p(b) for b in blocks])
+    y = np.full((n, r), np.nan, dt)
+    _fn("dg_rows_matvec", dtype)(_p(y), bases, _pi(src), _pi(rows), _p(x), c, n, r, c)
+    gx = np.full((n, c), np.nan, dt)
+    _fn("dg_rows_matvec_tgrad", dtype)(_p(gx), bases, _pi(src), _pi(rows), _p(g), n, r, c)
+    scale = dict(rtol=1e-4, atol=1e-4 * np.sqrt(max(r, c))) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(y, np.einsum("jrc,jc->jr", A, x), **scale)
+    np.testing.assert_allclose(gx, np.einsum("jrc,jr->jc", A, g), **scale)
+    if shared and n > 1:  # the shared path gives each row the bits it gets alone
+        for j in range(n):
+            yj = np.empty((1, r), dt)
+            _fn("dg_rows_matvec", dtype)(_p(yj), bases, _pi(src[j:j + 1]), _pi(rows[j:j + 1]), _p(x[j:j + 1]), c, 1, r, c)
+            np.testing.assert_array_equal(yj[0], y[j])
