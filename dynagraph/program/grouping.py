@@ -3,6 +3,8 @@ which products are written piece-major, which elementwise chains fuse, and the u
 dependency order (shallowest first)."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from .units import FUSED, LINEAR, PIECES, Unit
 
 _NEVER_GROUP = {"pick_range", "block_output", "placeholder"}
@@ -111,7 +113,7 @@ def _cuts(plan, consumers: list, total: int):
     return total // h, {n: s // h for n, (s, e) in ranges.items()}
 
 
-def consecutive_views(arrays: list, address) -> bool:
+def consecutive_views(arrays: list, address: Callable[[Any], int]) -> bool:
     """Equal-sized contiguous arrays that follow each other in memory (address(a): the
     backend's address of a's first element)."""
     if not all(a.flags.c_contiguous for a in arrays):
