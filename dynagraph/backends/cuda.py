@@ -243,11 +243,12 @@ class CudaCells(_CellsBase):
 _NULL = np.uint64(0)  # a null pointer argument of a RawKernel
 
 
+_ADD_AT = getattr(cupy.add, "at", None) or cupyx.scatter_add  # cupy.add.at from CuPy 13; scatter_add deprecated there
+
+
 def _row_add(g, rows, vals) -> None:
-    """g[rows] += vals in one atomicAdd kernel, repeated rows included (cupy.add.at from
-    CuPy 13 on, where cupyx.scatter_add is deprecated)."""
-    add_at = getattr(cupy.add, "at", None) or cupyx.scatter_add
-    add_at(g, cupy.asarray(rows), vals.reshape((len(rows),) + g.shape[1:]))
+    """g[rows] += vals in one atomicAdd kernel, repeated rows included."""
+    _ADD_AT(g, cupy.asarray(rows), vals.reshape((len(rows),) + g.shape[1:]))
 
 
 class CudaBackend(NumpyBackend):

@@ -123,7 +123,7 @@ def _pnls_twin(fallback):
 # at a time, each block of W used by every row while it is in cache) instead of numpy's
 # matmul, whose ufunc machinery, operand views and bias add cost ~20k instructions a call:
 # per sentence most products have one row and a small W. With two to four rows the kernel
-# wins at every size (2560 x 1024 W, two rows: 0.27 ms against 0.74 for BLAS's x @ W.T,
+# wins at every size (2560 x 1024 W, two rows: 0.27-0.37 ms against 1.9 for BLAS's x @ W.T,
 # which repacks W); with one row and a large W, BLAS's gemv ties.
 PRODUCT_ROWS_MAX = 4          # direct_products.c's MATVEC_ROWS_MAX, backward_batch.h's NB_PRODUCT_ROWS_MAX
 PRODUCT_MACS_MAX = 1 << 16    # e.g. one row against a 256 x 256 W; backward_batch.h's NB_PRODUCT_MACS_MAX
@@ -157,11 +157,17 @@ def _shared_products(args: tuple, first: int) -> tuple:
     return n, sum(n * r * args[i].shape[2] for i in range(first, k, 2))
 
 
+def _kernel_takes(n: int, macs: int) -> bool:
+    """Whether dg_rows_matvec takes n rows of macs multiply-adds: two to PRODUCT_ROWS_MAX rows
+    at any size, one row up to PRODUCT_MACS_MAX (direct_products.c decides the same)."""
+    return 1 <= n <= PRODUCT_ROWS_MAX and (n > 1 or macs <= PRODUCT_MACS_MAX)
+
+
 def _small_products(args: tuple, first: int) -> int:
-    """Rows n where the small-rows kernel takes the products: _shared_products' shapes with
-    2 <= n <= PRODUCT_ROWS_MAX, or n = 1 and at most PRODUCT_MACS_MAX multiply-adds; 0 otherwise."""
+    """Rows n where the small-rows kernel takes the products (_shared_products' shapes and
+    _kernel_takes); 0 otherwise."""
     n, macs = _shared_products(args, first)
-    return n if 1 <= n <= PRODUCT_ROWS_MAX and (n > 1 or macs <= PRODUCT_MACS_MAX) else 0
+    return n if _kernel_takes(n, macs) else 0
 
 
 def _summed_products(args: tuple, first: int, product) -> np.ndarray:
@@ -197,7 +203,7 @@ def _products_twin(name: str, first: int):
         n, macs = _shared_products(args, first)
         if n > PRODUCT_ROWS_MAX:
             return _summed_products(args, first, _transposed_product)
-        if not (n and (n > 1 or macs <= PRODUCT_MACS_MAX)):
+        if not _kernel_takes(n, macs):
             return own(xp, a, data, *args)
         dt, r = args[first].dtype, args[first].shape[1]
         fn = _fn("dg_rows_matvec", dt)
