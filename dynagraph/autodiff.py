@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 
 from .executor import LEAF, SLICE, TAKE, ExecutedBatch, any_true, pick
-from .ops.base import Sliced, SparseRows, one_row, reduce_to
+from .ops.base import DEFER, Sliced, SparseRows, WeightProduct, one_row, reduce_to
 from .recording import NATIVE
 from .runs import backward_run
 
@@ -139,6 +139,19 @@ def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dic
     return need if out is None else tuple(out)
 
 
+def _mark_deferred(op, xs: list, plans: list, need: tuple) -> tuple:
+    """need with DEFER at each of op.deferred_weights that is a parameter's one shared row: the
+    op's backward then hands that gradient back as a WeightProduct, which _scatter_arg adds to
+    the deferred products (lstm_step's recurrent W_h, one product per step)."""
+    out = None
+    for w in op.deferred_weights:
+        if w < len(xs) and need[w] and plans[w][0] == LEAF and xs[w].ndim == 3 and xs[w].shape[0] == 1:
+            if out is None:
+                out = list(need)
+            out[w] = DEFER
+    return need if out is None else tuple(out)
+
+
 def _weight_grads(cg, xp, gb: Grads, deferred: dict, leaf_sums: dict) -> None:
     """dW = G^T X over every deferred product of each parameter block: one GEMM each. A block whose
     only gradient is one one-row product (per sentence, most weights) keeps it unmultiplied, as an
@@ -246,7 +259,7 @@ class _NativeBackward:
             return _one_row_add(cg, xp, gb, plans, gxs, need, B, stats)
 
         def scatter_one(plan, gx, B):
-            _scatter_arg(cg, be, gb, plan, gx, B, stats, leaf_sums)
+            _scatter_arg(cg, be, gb, plan, gx, B, stats, leaf_sums, deferred)
 
         self.ctx = (cg.op, cg.needs_grad, cg.data, cg.attrs, cg.blocks, gb, gb.borrowed, _op_infos(be),
                     lambda op: (op.backward is not None, op.uses_data, op.saves_ctx, op.inner_kernels,
@@ -301,8 +314,14 @@ def _one_row_add(cg, xp, gb, plans: list, gxs, need: tuple, B: int, stats) -> bo
     return True
 
 
-def _scatter_arg(cg, be, gb, plan: tuple, gx, B: int, stats, leaf_sums: dict) -> None:
-    """One argument's gradient to its rows: a shared row is broadcast to the batch first."""
+def _scatter_arg(cg, be, gb, plan: tuple, gx, B: int, stats, leaf_sums: dict, deferred: dict) -> None:
+    """One argument's gradient to its rows: a shared row is broadcast to the batch first; a
+    parameter's WeightProduct joins the deferred products."""
+    if type(gx) is WeightProduct:
+        if plan[0] == LEAF:
+            deferred.setdefault(plan[1], []).append((gx.G, gx.X))
+            return
+        gx = gx.dense(be.xp)
     if plan[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != B:
         gx = be.xp.broadcast_to(gx, (B,) + gx.shape[1:])
     scatter(cg, be, gb, plan, gx, stats, leaf_sums)
@@ -361,6 +380,8 @@ def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: 
             return
     stats, xp = cg.stats, be.xp
     t0 = time.perf_counter()
+    if op.deferred_weights:
+        need = _mark_deferred(op, xs, plans, need)
     if op.weight_products is not None:
         need = _defer_weight_grads(op, xs, plans, g, need, deferred)
         if True not in need:
@@ -380,7 +401,7 @@ def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: 
         return
     for k, plan in enumerate(plans):
         if need[k] and gxs[k] is not None:
-            _scatter_arg(cg, be, gb, plan, gxs[k], len(nodes), stats, leaf_sums)
+            _scatter_arg(cg, be, gb, plan, gxs[k], len(nodes), stats, leaf_sums, deferred)
     stats.t_memory += time.perf_counter() - t1
 
 

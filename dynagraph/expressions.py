@@ -68,8 +68,13 @@ def _record2(op, x, y, attrs: tuple = ()):
     return record(op, (x, y), attrs)
 
 
+def _record_list(op, xs, attrs: tuple = ()):
+    return record(op, xs, attrs)
+
+
 record1 = recorder(None, ONE, _record1)
 record2 = recorder(None, TWO, _record2)
+record_list = recorder(None, LIST, _record_list)  # record_list(op, [x, y, ...], attrs)
 
 
 def record(op, args: Sequence = (), attrs: tuple = (), data=None):

@@ -250,15 +250,16 @@ class _SharedParams:
         return self.shared[0]
 
 
-def _gathered_graph(pc, H: int = 4):
+def _gathered_graph(pc, H: int = 4, steps: bool = False):
     """Per-sentence tagger outputs: every position's product reads its LSTM state from the
     step's own block (a MANY gather over many blocks; the last state is read twice, a row
     repeated in one gather). The LSTM's gates are lstm_c / lstm_h nodes, its input products
     a batch of affine nodes with a shared bias, the outputs a batch of matmul nodes; the
     esum of ten rows of one block takes the one-add path (autodiff._one_row_add); a lookup,
     an add and a pickneglogsoftmax; concatenations and a transpose, whose arguments' gradients
-    are strided views."""
+    are strided views. steps: the LSTM as lstm_step nodes (transduce's whole steps) instead."""
     lstm = dy.VanillaLSTMBuilder(1, 3, H, pc)
+    lstm.fused_step = steps
     W = dy.parameter(pc.add_parameters((2, H)))
     E = pc.add_lookup_parameters((7, 3))
     hs = lstm.initial_state().transduce([dy.lookup(E, w) for w in (1, 4, 2, 6, 1, 3, 5, 0, 2, 4)])
@@ -297,6 +298,20 @@ def test_native_backward_scatters_and_ops_as_the_reference(monkeypatch, dtype, H
     assert any(pl[0] == executor.MANY for r in a.cg.executed if type(r) is executor.ExecutedBatch for pl in r.plans)
     assert a.cg.stats.scatters == b.cg.stats.scatters > 0
     assert a.cg.stats.scatter_bytes == b.cg.stats.scatter_bytes
+    assert_same_grads_and_blocks(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("H", [4, 200])
+def test_native_backward_of_lstm_steps_as_the_reference(monkeypatch, dtype, H):
+    """lstm_step's backward in C (backward_step.c), its W_h products deferred as the Python
+    step defers them (a WeightProduct): bit-identical gradients and blocks to autodiff's Python
+    and the cpu backend's lstm_step_backward."""
+    watched = {"lstm_step_backward", "mm_grads"}
+    runs, called = native_and_python_runs(monkeypatch, lambda pc: _gathered_graph(pc, H, steps=True), dtype, watched)
+    assert called[1]["lstm_step_backward"] > 0 and not called[0]["lstm_step_backward"]
+    a, b = runs
+    assert "lstm_step" in {op.name for op in a.cg.op}
     assert_same_grads_and_blocks(a, b)
 
 

@@ -132,6 +132,10 @@ class _Model:
                     at = e
             if len(pieces) >= 2 and sum(self.sizes[p] for p in pieces) == self.sizes[src] == rest * self.shape[src][0]:
                 groups[src] = pieces
+        # a slice that is itself sliced whole (a view of a view): its own slices stay copies, since
+        # the tree places the outer source's pieces, and the inner source is one of them
+        for src in [s for s in groups if any(s in ps for ps in groups.values())]:
+            del groups[src]
         return groups
 
     def _batches(self, plan) -> list:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..expression import Expression, record1, record2
-from ..expressions import cmult, logistic, pick_range, tanh
+from ..expressions import cmult, logistic, pick_range, record_list, tanh
 from ..ops import OPS
 
-__all__ = ["lstm_update", "tree_lstm_update"]
-_LSTM_C, _LSTM_H = OPS["lstm_c"], OPS["lstm_h"]
+__all__ = ["lstm_update", "lstm_step", "tree_lstm_update"]
+_LSTM_C, _LSTM_H, _LSTM_STEP = OPS["lstm_c"], OPS["lstm_h"], OPS["lstm_step"]
 
 
 def lstm_update(pre: Expression, c_prev: Expression | None = None, forget_bias: float = 1.0) -> tuple:
@@ -23,6 +23,22 @@ def lstm_update(pre: Expression, c_prev: Expression | None = None, forget_bias: 
     attrs = (shape[0] // 4, float(forget_bias))
     c = record1(_LSTM_C, pre, attrs) if c_prev is None else record2(_LSTM_C, pre, c_prev, attrs)
     return record2(_LSTM_H, pre, c, attrs[:1]), c
+
+
+def lstm_step(pre_x: Expression, W_h: Expression | None = None, state: Expression | None = None,
+              forget_bias: float = 1.0) -> Expression:
+    """A whole vanilla LSTM step as one node (op lstm_step): from the input's pre-activations
+    pre_x (4H, i.e. W_x x + b), the recurrent weight W_h (4H x H) and the previous step's
+    state, the new state [h | c | i f o g tanh(c)] (7H); h is pick_range(state, 0, H) and c
+    pick_range(state, H, 2H). Without W_h and state, the first step (c = s(i) tanh(g)).
+    VanillaLSTMBuilder.transduce records its steps with it."""
+    shape = pre_x.shape
+    if len(shape) != 1 or shape[0] % 4:
+        raise TypeError(f"lstm_step: pre-activations must be a vector of 4H elements, got shape {shape}")
+    if (W_h is None) != (state is None):
+        raise TypeError("lstm_step: give both the recurrent weight and the previous state, or neither")
+    attrs = (shape[0] // 4, float(forget_bias))
+    return record1(_LSTM_STEP, pre_x, attrs) if W_h is None else record_list(_LSTM_STEP, [pre_x, W_h, state], attrs)
 
 
 def tree_lstm_update(pre: Expression, child_cells: Sequence[Expression], hidden: int) -> tuple:

@@ -39,6 +39,7 @@ import functools
 from typing import Callable, Sequence
 
 from ..expression import Expression, record1, record2
+from ..expressions import record_list
 from ..expressions import (
     affine_transform, cmult, concatenate, dropout, logistic, pick_range, random_normal, tanh, zeros,
 )
@@ -47,7 +48,7 @@ from ..ops import OPS
 from ..subgraph import block
 from .rnn_base import RNNState, _err, _layer_norm, _positive, _RNNBuilder, _Sequence
 
-_LSTM_C, _LSTM_H = OPS["lstm_c"], OPS["lstm_h"]
+_LSTM_C, _LSTM_H, _LSTM_STEP = OPS["lstm_c"], OPS["lstm_h"], OPS["lstm_step"]
 
 __all__ = ["RNNState", "SimpleRNNBuilder", "GRUBuilder", "VanillaLSTMBuilder", "LSTMBuilder",
            "CompactVanillaLSTMBuilder", "CoupledLSTMBuilder", "BiRNNBuilder"]
@@ -142,6 +143,12 @@ def _cell_attrs(hd: int, fb: float) -> tuple:
     return (hd, fb), (hd,)
 
 
+@functools.lru_cache(maxsize=64)
+def _step_attrs(hd: int, fb: float) -> tuple:
+    """lstm_step's attrs, one tuple per builder shape (as _cell_attrs)."""
+    return (hd, fb)
+
+
 def _lstm_update(pre, cp, hd: int, fb: float):
     """Vanilla LSTM gates (i, f, o, g stacked in `pre`) -> (h, c); cp None at the first step."""
     a_f = pick_range(pre, hd, 2 * hd)
@@ -182,6 +189,11 @@ class VanillaLSTMBuilder(_LSTMBase):
     # per layer and sequence), then b' + W_h h per step: the same sum, added in another order.
     # False records DyNet's single affine_transform([b, W_x, x, W_h, h]) per step.
     hoist_inputs = True
+    # with hoist_inputs, transduce() from the initial state records each step as one lstm_step
+    # node (ops/cells.py: W_h h_prev, the cell and h in one; a state [h | c | gates]) and each
+    # output as pick_range(state, 0, h): per sentence and direction one batch a step, not three.
+    # False records the step's affine_transform, lstm_c and lstm_h.
+    fused_step = True
 
     def __init__(self, layers: int, input_dim: int, hidden_dim: int, model: ParameterCollection,
                  ln_lstm: bool = False, forget_bias: float = 1.0):
@@ -233,6 +245,16 @@ class VanillaLSTMBuilder(_LSTMBase):
             out_c.append(c)
         return out_h, out_c, x
 
+    def _fused_steps(self, pres: list, W_h) -> list:
+        """One layer's steps from the initial state as lstm_step nodes; its outputs h."""
+        H = self.hidden_dim
+        attrs = _step_attrs(H, self.forget_bias)
+        state, out = None, []
+        for pre in pres:
+            state = record1(_LSTM_STEP, pre, attrs) if state is None else record_list(_LSTM_STEP, [pre, W_h, state], attrs)
+            out.append(pick_range(state, 0, H))
+        return out
+
     def _transduce(self, state: RNNState, xs: list) -> list | None:
         """RNNState.transduce without the intermediate states, when every input is a plain
         Expression of the input shape and the cell is plain (None otherwise: the general
@@ -257,6 +279,9 @@ class VanillaLSTMBuilder(_LSTMBase):
             # runs them as one GEMM (W_x read once per sequence, not once per word), and each
             # step's own product is W_h h alone.
             pres = [affine_transform([b, W_x, x]) for x in xs]
+            if hs is None and self.fused_step:
+                xs = self._fused_steps(pres, W_h)
+                continue
             h, c = (None, None) if hs is None else (hs[i], cs[i])
             out = []
             for pre in pres:

@@ -47,6 +47,10 @@ class OpDef:
     # gathered from several blocks arrives as the backend's rows_operand (in_place()); a vector
     # is copied (executor._gather_arg: its copy is the cheap part)
     rows_args: tuple | bool = ()
+    # argument positions of shared weights whose gradient the op's backward can hand back as a
+    # WeightProduct (G, X) when autodiff passes DEFER in `need` there: products inside the op
+    # (lstm_step's W_h h_prev), deferred and summed as weight_products' are
+    deferred_weights: tuple = ()
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"
@@ -81,6 +85,35 @@ def in_place(x) -> bool:
     """x is a backend's rows operand (OpDef.rows_args): rows of several earlier blocks left
     where they lie, read through a row table (shape, dtype, dense(); see ops/linalg.py)."""
     return getattr(x, "reads_in_place", False)
+
+
+class _Defer:
+    """need[k] for a deferred_weights argument whose gradient autodiff sums at the end of the
+    pass (autodiff._defer_weight_grads): truthy, so code that only asks whether a gradient is
+    needed still computes it."""
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "DEFER"
+
+
+DEFER = _Defer()
+
+
+class WeightProduct:
+    """A shared weight's gradient sum_b G_b^T X_b not yet summed: G (B, r), X (B, c). autodiff
+    adds the pair to the pass's deferred products (one GEMM per parameter at the end);
+    dense() is the (1, r, c) gradient itself."""
+    __slots__ = ("G", "X")
+
+    def __init__(self, G, X):
+        self.G, self.X = G, X
+
+    def dense(self, xp):
+        return one_row(self.G.T @ self.X)
 
 
 class Sliced:

@@ -10,7 +10,8 @@ enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_IN
        B_GRAD_BLOCK, B_ROWINDEX, B_REDUCE_TO, B_EMPTY, B_DTYPE, B_KERNELS, B_LSTM_F64_MAX,
        B_TABLE_ARRAYS, B_ZEROS, B_SIZE };
 /* backward_ops.c's op codes (info[6]; backends/cpu/backward.py names them) */
-enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS, NB_TANH, NB_LOGISTIC, NB_CONCAT };
+enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS, NB_TANH, NB_LOGISTIC, NB_CONCAT,
+       NB_LSTM_STEP };
 /* NB_TANH, NB_LOGISTIC: batches of fewer elements than this take backward_ops.c's loop; the cpu
    adapter's threshold (overrides.UNARY_BWD_MIN), below which it runs the op's numpy code */
 #define NB_UNARY_MAX 16384
@@ -26,6 +27,7 @@ enum { LEAF = 0, SLICE = 1, TAKE = 2, MANY = 3 };
 /* grad_scatter.c: the scatters done in C and the weight-product deferral (see there) */
 int dg_scatter_here(PyObject *ctx, PyObject *plan, PyObject *gx, Py_ssize_t B);
 int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *plans, PyObject *g, PyObject **need);
+int dg_defer_pair(PyObject *ctx, PyObject *b, PyObject *g, PyObject *x);
 
 /* grad_rows.c: scatters into gradient blocks made on demand (see there) */
 PyObject *dg_writable_grad(PyObject *ctx, Py_ssize_t b);
@@ -49,5 +51,10 @@ PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x);
 
 /* backward_products.c: NB_MATMUL and NB_AFFINE (first: the first product's W; 1 for affine's b) */
 PyObject *dg_nb_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need, Py_ssize_t first);
+PyObject *dg_nb_product_grad(PyObject *ctx, PyObject *g, PyObject *W);
+
+/* backward_step.c: NB_LSTM_STEP */
+PyObject *dg_nb_lstm_step(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g, PyObject *need,
+                          PyObject *plans);
 
 #endif

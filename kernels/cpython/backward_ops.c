@@ -23,6 +23,7 @@ for these operands, so the gradients are bit-identical; any operand it does not 
     NB_TANH, NB_LOGISTIC  backends/cpu/overrides.py _unary_backward below its threshold, i.e.
                ops/elementwise.py _tanh_grad / _logistic_grad: the same float operations in the same
                order, one loop instead of three numpy calls and the adapter's Python frames
+    NB_LSTM_STEP  backends/cpu/lstm_step.py lstm_step_backward (backward_step.c)
     NB_CONCAT  ops/shape.py Concatenate.backward for per-node vectors: each needed argument's
                gradient is its columns of g (copied here; the op hands views of the same values)
 
@@ -422,6 +423,8 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
         return unary(ctx, code, xs, y, g, need);
     case NB_CONCAT:
         return concat(ctx, attrs, xs, g, need);
+    case NB_LSTM_STEP:
+        return dg_nb_lstm_step(ctx, attrs, xs, y, g, need, plans);
     default:
         return NULL;
     }

@@ -41,7 +41,7 @@ static PyObject *small_product_grad(PyObject *ctx, PyObject *g, PyObject *W) {
 }
 
 /* x's gradient of the product W x: g @ W[0] (a new reference), or NULL (error set or not). */
-static PyObject *product_grad(PyObject *ctx, PyObject *g, PyObject *W) {
+PyObject *dg_nb_product_grad(PyObject *ctx, PyObject *g, PyObject *W) {
     PyObject *small = small_product_grad(ctx, g, W);
     if (small || PyErr_Occurred())
         return small;
@@ -79,7 +79,7 @@ PyObject *dg_nb_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *nee
             if (i < first) {  /* affine's b: reduce_to(g, b.shape), as the reference */
                 gi = dg_nb_reduced(ctx, g, PyList_GET_ITEM(xs, i));
             } else {
-                gi = product_grad(ctx, g, PyList_GET_ITEM(xs, i - 1));
+                gi = dg_nb_product_grad(ctx, g, PyList_GET_ITEM(xs, i - 1));
             }
             if (!gi) {
                 Py_DECREF(out);

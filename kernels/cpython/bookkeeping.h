@@ -291,6 +291,10 @@ void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t);
 int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *bound, int t, PyObject *xs,
                        const Py_buffer *v, PyObject **y);
 void dg_set_matvec_kernels(void *f32, void *f64);
+/* direct_step.c: lstm_step's forward (as dg_direct_batch: 1 with *y, 0, -1) and its cell kernels */
+int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
+                        PyObject *attrs, PyObject **y);
+void dg_set_step_kernels(void *f32, void *f64);
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -12,7 +12,8 @@ same decision and calls the same kernel, so both paths leave identical values.
 
 enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH,
        DIRECT_KINDS = DIRECT_LSTMH,
-       DIRECT_CONCAT, DIRECT_AFFINE, DIRECT_MATMUL };  /* copies here; numpy's products: no kernel pointer */
+       DIRECT_CONCAT, DIRECT_AFFINE, DIRECT_MATMUL,  /* copies here; numpy's products: no kernel pointer */
+       DIRECT_LSTM_STEP };                           /* direct_step.c, its kernel set apart */
 typedef void (*unary_f32)(int, float *, const float *, int64_t);
 typedef void (*unary_f64)(int, double *, const double *, int64_t);
 typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
@@ -31,18 +32,18 @@ typedef void (*lstmh_f64)(const double *, const double *, double *, int64_t, int
 /* [kind - 1][0: float32, 1: float64]; NULL until set_direct_kernels */
 static void *direct_fn[DIRECT_KINDS][2];
 
-/* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., lstmh_f64, matvec_f32, matvec_f64): the
-   kernels' addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_*,
-   dg_lstmc_fwd_*, dg_lstmh_fwd_*, dg_rows_matvec_* of dynagraph._kernels), set once by
-   backends/cpu/direct.py. */
+/* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., lstmh_f64, matvec_f32, matvec_f64, lstm_f32,
+   lstm_f64): the kernels' addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*,
+   dg_take_rows_*, dg_lstmc_fwd_*, dg_lstmh_fwd_*, dg_rows_matvec_*, dg_lstm_fwd_* of dynagraph._kernels),
+   set once by backends/cpu/direct.py. */
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2 * DIRECT_KINDS + 2) {
-        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 16 kernel addresses");
+    if (nargs != 2 * DIRECT_KINDS + 4) {
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 18 kernel addresses");
         return NULL;
     }
-    void *got[2 * DIRECT_KINDS + 2];
-    for (int i = 0; i < 2 * DIRECT_KINDS + 2; i++) {
+    void *got[2 * DIRECT_KINDS + 4];
+    for (int i = 0; i < 2 * DIRECT_KINDS + 4; i++) {
         got[i] = PyLong_AsVoidPtr(argv[i]);
         if (!got[i]) {
             if (!PyErr_Occurred())
@@ -53,6 +54,7 @@ PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_
     for (int i = 0; i < 2 * DIRECT_KINDS; i++)
         direct_fn[i / 2][i % 2] = got[i];
     dg_set_matvec_kernels(got[2 * DIRECT_KINDS], got[2 * DIRECT_KINDS + 1]);
+    dg_set_step_kernels(got[2 * DIRECT_KINDS + 2], got[2 * DIRECT_KINDS + 3]);
     Py_RETURN_NONE;
 }
 
@@ -364,7 +366,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
     if (PyErr_Occurred())
         return -1;
     Py_ssize_t k = PyList_GET_SIZE(xs);
-    if (kind < DIRECT_UNARY || kind > DIRECT_MATMUL || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
+    if (kind < DIRECT_UNARY || kind > DIRECT_LSTM_STEP || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
         || ((kind == DIRECT_UNARY || kind == DIRECT_PNLS || kind == DIRECT_TAKE) && k != 1)
         || (kind == DIRECT_BINARY && k != 2)
         || ((kind == DIRECT_PNLS || kind == DIRECT_TAKE) != (data != Py_None)))
@@ -393,6 +395,10 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
     }
     if (kind == DIRECT_AFFINE || kind == DIRECT_MATMUL) {
         rc = dg_direct_products(ctx, kind == DIRECT_AFFINE, bound, t, xs, v, y);
+        goto out;
+    }
+    if (kind == DIRECT_LSTM_STEP) {
+        rc = dg_direct_lstm_step(ctx, bound, t, xs, v, attrs, y);
         goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;

@@ -338,7 +338,7 @@ static int check_pairs(PyObject *ctx, PyObject *pairs, PyObject *xs, PyObject *p
 }
 
 /* (g, x) appended to deferred[b], b the weight's block. 0, or -1 with an exception set. */
-static int defer_pair(PyObject *ctx, PyObject *b, PyObject *g, PyObject *x) {
+int dg_defer_pair(PyObject *ctx, PyObject *b, PyObject *g, PyObject *x) {
     PyObject *deferred = PyTuple_GET_ITEM(ctx, B_DEFERRED);
     PyObject *lst = PyDict_GetItemWithError(deferred, b);
     if (!lst) {
@@ -399,7 +399,7 @@ int dg_defer_here(PyObject *ctx, PyObject *products_fn, PyObject *xs, PyObject *
         if (!take[p])
             continue;
         PyObject *b = PyTuple_GET_ITEM(PyList_GET_ITEM(plans, w_of[p]), 1);
-        if (defer_pair(ctx, b, g, PyList_GET_ITEM(xs, x_of[p])) < 0 || drop_need(*need, &out, w_of[p]) < 0)
+        if (dg_defer_pair(ctx, b, g, PyList_GET_ITEM(xs, x_of[p])) < 0 || drop_need(*need, &out, w_of[p]) < 0)
             rc = -1;
     }
     Py_DECREF(pairs);

@@ -19,7 +19,7 @@ static PyMethodDef functions[] = {
     FAST(place, "place(blk, row, nodes, bid): blk[n] = bid, row[n] = r for the r-th node."),
     FAST(locate, "locate(blk, row, ids): (1, b, r0) | (2, b, rows) | (3, blks, rows); see executor.gather."),
     FAST(run_batch_native, "run_batch_native(ctx, nodes): executor.run_batch for one batch; see batch_run.c."),
-    FAST(set_direct_kernels, "set_direct_kernels(6 addresses): the kernels run_batch_native calls directly; "
+    FAST(set_direct_kernels, "set_direct_kernels(18 addresses): the kernels run_batch_native calls directly; "
                              "see batch_run.c and backends/cpu/direct.py."),
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),

@@ -35,7 +35,7 @@ def _native_with_direct():
 
 def _graph(pc, n: int = H, shared_row: bool = True):
     """lookup; tanh, logistic, rectify, square, neg; add/sub/cmult/cdiv (one operand a shared row);
-    esum; lstm_c, lstm_h; concatenate; affine, matmul; pickneglogsoftmax."""
+    esum; lstm_step; lstm_c, lstm_h; concatenate; affine, matmul; pickneglogsoftmax."""
     W = dy.parameter(pc.add_parameters((n, n), init=dy.UniformInitializer(0.5)))
     b = dy.parameter(pc.add_parameters(n, init=dy.UniformInitializer(0.5)))
     E = pc.add_lookup_parameters((5, n), init=dy.UniformInitializer(0.5))
@@ -44,7 +44,10 @@ def _graph(pc, n: int = H, shared_row: bool = True):
     hs += [dy.logistic(h) - dy.rectify(h) for h in hs]
     hs += [dy.cmult(h, dy.square(h)) for h in hs[:2]]
     hs += [dy.cdiv(h, dy.exp(h)) for h in hs[:2]]
-    hs += dy.VanillaLSTMBuilder(1, n, n, pc).initial_state().transduce(xs)  # lstm_c, lstm_h
+    hs += dy.VanillaLSTMBuilder(1, n, n, pc).initial_state().transduce(xs)  # lstm_step (whole steps)
+    cells = dy.VanillaLSTMBuilder(1, n, n, pc)
+    cells.fused_step = False
+    hs += cells.initial_state().transduce(xs)  # lstm_c, lstm_h
     hs += [dy.affine_transform([b, W, h, W, hs[0]]) for h in hs[-2:]]
     hs += [W * dy.concatenate([dy.pick_range(h, 0, n // 2), dy.pick_range(h, n // 2, n)]) for h in hs[-2:]]
     losses = [dy.pickneglogsoftmax(h, k % n) for k, h in enumerate(hs[:3])]
@@ -201,9 +204,9 @@ def test_set_direct_kernels_checks_its_arguments():
     with pytest.raises(TypeError):
         native.set_direct_kernels(1, 2)
     with pytest.raises(TypeError):
-        native.set_direct_kernels(*[1] * 14)  # the two small-product kernels missing
+        native.set_direct_kernels(*[1] * 16)  # the two LSTM step kernels missing
     with pytest.raises(ValueError):
-        native.set_direct_kernels(*[0] * 16)
+        native.set_direct_kernels(*[0] * 18)
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -53,13 +53,33 @@ def _program(how: str, layers: int, fb: float):
 def test_fused_cell_gives_the_thirteen_node_cells_values_and_gradients(monkeypatch, layers, fb, how):
     build = _program(how, layers, fb)
     fused = run_graph("none", build)
-    assert {"lstm_c", "lstm_h"} <= {op.name for op in fused.cg.op}
+    # transduce from the initial state records whole steps (lstm_step); the rest the cell ops
+    assert ({"lstm_step"} if how == "transduce" else {"lstm_c", "lstm_h"}) <= {op.name for op in fused.cg.op}
     with monkeypatch.context() as m:
         m.setattr(rnn.VanillaLSTMBuilder, "fused_cell", False)
         general = run_graph("none", build)
-    assert "lstm_c" not in {op.name for op in general.cg.op}
+    assert not {"lstm_c", "lstm_step"} & {op.name for op in general.cg.op}
     assert len(fused.cg.op) < len(general.cg.op)
     assert_same_run(fused, general, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layers, fb", [(1, 1.0), (2, 0.5)])
+def test_whole_steps_give_the_cell_ops_values_and_gradients(monkeypatch, layers, fb):
+    """transduce's lstm_step nodes against the same steps as affine_transform, lstm_c and lstm_h."""
+    build = _program("transduce", layers, fb)
+    steps = run_graph("none", build)
+    with monkeypatch.context() as m:
+        m.setattr(rnn.VanillaLSTMBuilder, "fused_step", False)
+        cells = run_graph("none", build)
+    assert "lstm_step" in {op.name for op in steps.cg.op} and "lstm_step" not in {op.name for op in cells.cg.op}
+    assert len(steps.cg.op) < len(cells.cg.op)
+    assert_same_run(steps, cells, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_whole_steps_are_scheduler_invariant(scheduler):
+    build = _program("transduce", 2, 1.0)
+    assert_same_run(run_graph(scheduler, build), run_graph("none", build), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
@@ -166,8 +186,10 @@ def test_hoisted_inputs_give_the_per_step_values_and_gradients(monkeypatch, laye
     with monkeypatch.context() as m:
         m.setattr(rnn.VanillaLSTMBuilder, "hoist_inputs", False)
         per_step = run_graph("none", build)
-    n_affine = lambda run: sum(op.name == "affine" for op in run.cg.op)  # noqa: E731
-    assert n_affine(hoisted) > n_affine(per_step)  # the step's W_h h is its own affine node
+    def n_products(run):  # affine nodes, and the W_h h_prev inside each later lstm_step
+        return sum(op.name == "affine" or (op.name == "lstm_step" and len(run.cg.args[i]) == 3)
+                   for i, op in enumerate(run.cg.op))
+    assert n_products(hoisted) > n_products(per_step)  # the step's W_h h is a product of its own
     assert_same_run(hoisted, per_step, rtol=1e-10, atol=1e-12)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dynagraph.nn.cells import lstm_update
+from dynagraph.nn.cells import lstm_step, lstm_update
 from opcases import A, Case
 
 H = 3
@@ -23,6 +23,18 @@ def _h(pre, c):
     return _sig(pre[2 * H:3 * H]) * np.tanh(c)
 
 
+STATE = A((7 * H,), -1.5, 1.5)
+W_H = A((4 * H, H), -1.0, 1.0)
+
+
+def _step(pre_x, W=None, s=None, fb=1.0):
+    """lstm_step's state [h | c | i f o g tanh(c)], the cell written out."""
+    pre = pre_x if W is None else pre_x + W @ s[:H]
+    i, f, o, g = _sig(pre[:H]), _sig(pre[H:2 * H] + fb), _sig(pre[2 * H:3 * H]), np.tanh(pre[3 * H:])
+    c = i * g if s is None else f * s[H:2 * H] + i * g
+    return np.concatenate([o * np.tanh(c), c, i, f, o, g, np.tanh(c)])
+
+
 CASES = [
     Case("lstm_c", "lstm_c", lambda k, p, c: lstm_update(p, c)[1], [PRE, CELL], lambda k, p, c: _c(p, c)),
     Case("lstm_c_first_step", "lstm_c", lambda k, p: lstm_update(p, None, 0.5)[1], [PRE],
@@ -33,4 +45,10 @@ CASES = [
          lambda k, p, c: _h(p, _c(p, c))),
     Case("lstm_h_first_step", "lstm_h", lambda k, p: lstm_update(p, None, 2.0)[0], [PRE],
          lambda k, p: _h(p, _c(p, None, 2.0))),
+    Case("lstm_step", "lstm_step", lambda k, p, W, s: lstm_step(p, W, s), [PRE, W_H, STATE],
+         lambda k, p, W, s: _step(p, W, s)),
+    Case("lstm_step_first", "lstm_step", lambda k, p: lstm_step(p, forget_bias=0.5), [PRE],
+         lambda k, p: _step(p, fb=0.5)),
+    Case("lstm_step_chain", "lstm_step", lambda k, p, q, W, s: lstm_step(q, W, lstm_step(p, W, s, 0.0), 0.0),
+         [PRE, PRE, W_H, STATE], lambda k, p, q, W, s: _step(q, W, _step(p, W, s, 0.0), 0.0)),
 ]

@@ -16,6 +16,7 @@ import math
 from hypothesis import strategies as st
 
 import dynagraph as dy
+from dynagraph.nn.cells import lstm_step
 
 VECS = ("v2", "v3", "v5")
 SIZES = {"v2": 2, "v3": 3, "v5": 5, "m32": 6, "s1": 1}
@@ -26,7 +27,7 @@ INIT = 0.5     # parameters are uniform in [-INIT, INIT]
 
 OPCODES = ("unary", "binary", "scale", "matvec", "matmul_node", "affine", "concat", "concat_cols",
            "pick_range", "pick", "sum_elems", "dot", "softmax", "log_softmax", "dropout", "lookup",
-           "esum", "nobackprop")
+           "esum", "nobackprop", "lstm_step")
 
 _small_int = st.integers(0, 63)
 instruction = st.tuples(st.sampled_from(OPCODES), _small_int, _small_int, _small_int)
@@ -45,6 +46,7 @@ class Params:
         self.M = pc.add_parameters((3, 2), init=u)
         self.E3 = pc.add_lookup_parameters((6, 3), init=u)
         self.E2 = pc.add_lookup_parameters((4, 2), init=u)
+        self.Wh = pc.add_parameters((4, 1), init=u)  # lstm_step's recurrent weight (H = 1)
 
 
 # Unary ops: (function, bound of the output from the bound of the input, squash input first?)
@@ -66,6 +68,7 @@ class Sample:
         self.put("v5", dy.inputVector([math.sin(r + k) for k in range(5)]), 1.0)
         self.put("m32", dy.parameter(P.M), INIT)  # a shared leaf in the matrix pool
         self.put("s1", dy.scalarInput(0.3 + 0.1 * r), 1.0)
+        self.state, self.c_bound = None, 0.0  # the last lstm_step's state, and a bound on its c
 
     # ------------------------------------------------------------------ pools
     def put(self, cls: str, e, bound: float) -> None:
@@ -186,6 +189,21 @@ class Sample:
         cls = (*VECS, "s1")[a % 4]
         xs = [self.take(cls, i) for i in (b, c, a)[:2 + (a // 4) % 2]]
         self.put(cls, dy.esum([e for e, _ in xs]), sum(bx for _, bx in xs))
+
+    def op_lstm_step(self, a, b, c):
+        """A whole LSTM step with H = 1 from pre = [x; y] (two v2 entries): the next step of the
+        sample's chain (W_h shared), or a first step when a % 3 == 0; h and c join s1, the five
+        activations v5 (so their own gradients reach the op too)."""
+        (x, _), (y, _) = self.take("v2", b), self.take("v2", c)
+        pre, fb = dy.concatenate([x, y]), 0.5 * (a % 2)
+        if self.state is None or a % 3 == 0:
+            s, self.c_bound = lstm_step(pre, forget_bias=fb), 1.0
+        else:
+            s, self.c_bound = lstm_step(pre, dy.parameter(self.P.Wh), self.state, fb), self.c_bound + 1.0
+        self.state = s
+        self.put("s1", dy.pick_range(s, 0, 1), 1.0)
+        self.put("s1", dy.pick_range(s, 1, 2), self.c_bound)
+        self.put("v5", dy.pick_range(s, 2, 7), 1.0)
 
     def op_nobackprop(self, a, b, c):
         cls = VECS[a % 3]

@@ -43,6 +43,7 @@ from .rowmm import RowsOperand, OuterRows, rows_operand  # noqa: F401
 from .heap import keep_freed_memory
 from . import direct
 from .direct import DirectKernels
+from .lstm_step import lstm_step_backward, lstm_step_forward
 from .backward import NATIVE_BACKWARD
 from .pool import block_pool
 from .optim import (_rule_args, _rows_ptr, sgd_update, momentum_update, adagrad_update, adam_update)  # noqa: F401
@@ -76,6 +77,8 @@ class CpuBackend(NumpyBackend):
             self.forward_kernels.update(fwd)
             self.backward_kernels.update(bwd)
             self.backward_kernels.update(direct.PRODUCT_BACKWARD)  # small products' input gradients
+            self.forward_kernels["lstm_step"] = lstm_step_forward  # the recurrent product and the fused cell
+            self.backward_kernels["lstm_step"] = lstm_step_backward
         # small elementwise batches called from the compiled batch step (direct.py), where it is built
         self.direct_kernels = DirectKernels(self.forward_kernels) if install and direct.register() else None
         self.native_backward = NATIVE_BACKWARD

@@ -11,7 +11,8 @@ them. Here the step may
     a product's input gradient by the small-rows kernel or numpy's @ (direct.PRODUCT_BACKWARD), the LSTM gates and pickneglogsoftmax through the
     C kernels' addresses, esum's and add's (the output gradient, shared), a lookup's rows
     added into its table's gradient by the embedding kernel (embedding_backward's), tanh's and
-    logistic's by a loop of the numpy code's float operations (below the adapter's threshold).
+    logistic's by a loop of the numpy code's float operations (below the adapter's threshold),
+    lstm_step's by the fused cell kernel and the products' (lstm_step.py's twin).
     An op is offered only where the step's code is the path this backend runs for it: the
     op's own backward where no override replaces it, the C adapters (overrides.py) where they
     are installed, with the same size thresholds.
@@ -25,6 +26,7 @@ from ...ops.base import OPS
 from .ffi import ffi, lib
 from .direct import PRODUCT_BACKWARD
 from .overrides import LSTM_F64_MAX, _lstm_c_backward, _lstm_h_backward, _pnls_backward
+from .lstm_step import lstm_step_backward
 from .rows import RowIndex
 
 # backward_ops.c's op codes (its NB_* enum) and the overrides they stand for (None: the op's own)
@@ -32,7 +34,8 @@ _UNARY = "unary adapter"  # the op's own backward, or overrides._unary_backward 
 _CODES = {"matmul": (1, PRODUCT_BACKWARD["matmul"]), "affine": (2, PRODUCT_BACKWARD["affine"]),
           "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
           "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward),
-          "tanh": (9, _UNARY), "logistic": (10, _UNARY), "concatenate": (11, None)}
+          "tanh": (9, _UNARY), "logistic": (10, _UNARY), "concatenate": (11, None),
+          "lstm_step": (12, lstm_step_backward)}
 # backward_batch.h's NB_UNARY_MAX: smaller tanh/logistic batches take backward_ops.c's loop, which is
 # the op's numpy code; the adapter runs that code below its threshold, so it must be this one
 NB_UNARY_MAX = 16384
@@ -41,7 +44,7 @@ _OWN_BACKWARD = {name: OPS[name].backward for name in ("tanh", "logistic")}
 # backward_ops.c's kernel table, in its slot order
 _KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
             "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64",
-            "dg_rows_matvec_tgrad_f32", "dg_rows_matvec_tgrad_f64")
+            "dg_rows_matvec_tgrad_f32", "dg_rows_matvec_tgrad_f64", "dg_lstm_bwd_f32", "dg_lstm_bwd_f64")
 
 
 def _addresses() -> bytes:

@@ -7,7 +7,7 @@ step (kernels/cpython/batch_run.c, direct_batch.c) instead calls these kernels t
 function pointers handed to it once (`register`), after checking every operand's type,
 dtype, layout, shape and indices itself: unary maps, binary maps whose operands share a
 row shape (one of them may be a shared row), esum, pickneglogsoftmax, lookup and the
-fused LSTM cell ops (lstm_c, lstm_h). Concatenate along the first per-node axis is copied
+fused LSTM cell ops (lstm_c, lstm_h) and whole LSTM steps (lstm_step). Concatenate along the first per-node axis is copied
 there, and affine/matmul with shared weights make the op's own numpy calls there.
 
 Each op's entry is (descriptor, twin, split). The descriptor tells direct_batch.c which
@@ -34,7 +34,7 @@ from .rows import RowIndex
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
 (DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH, DIRECT_CONCAT,
- DIRECT_AFFINE, DIRECT_MATMUL) = range(1, 11)
+ DIRECT_AFFINE, DIRECT_MATMUL, DIRECT_LSTM_STEP) = range(1, 12)
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
 TRANSCENDENTAL_F32_MAX = 2048  # vectorized dg_expf; numpy's loop is faster beyond
@@ -283,7 +283,8 @@ def register() -> bool:
         return False
     if not _REGISTERED:
         setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows",
-                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec") for t in ("f32", "f64")))
+                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec", "lstm_fwd")
+                 for t in ("f32", "f64")))
         _REGISTERED = True
     return True
 
@@ -326,3 +327,8 @@ class DirectKernels(dict):
         rows = (DIRECT_AFFINE, 0, PRODUCT_MACS_MAX, PRODUCT_MACS_MAX)
         self["affine"] = (rows, _products_twin("affine", 1), 1)
         self["matmul"] = ((DIRECT_MATMUL,) + rows[1:], _products_twin("matmul", 0), 0)
+        # a whole LSTM step: the affine's products for its gates, then the fused cell kernel
+        # (direct_step.c; its twin is the cpu backend's kernel for the op). Never split: the two
+        # directions' steps never share a batch (their weights differ)
+        from .lstm_step import lstm_step_forward
+        self["lstm_step"] = ((DIRECT_LSTM_STEP,) + rows[1:], lstm_step_forward, 0)

@@ -1,0 +1,145 @@
+/* lstm_step's forward in the compiled batch step (part of dynagraph._bookkeeping; direct_batch.c
+calls dg_direct_lstm_step for the DIRECT_LSTM_STEP descriptor).
+
+ops/cells.py defines the op: from pre_x (B, 4H), W_h (1, 4H, H) and the previous state (B, 7H),
+the state [h | c | i f o g tanh(c)] (B, 7H). The gates are b + W x as the affine's direct
+products make them (dg_direct_products: b = pre_x, x = the previous states' h copied out), then
+the fused LSTM kernel (gates.inc dg_lstm_fwd) writes c, h and the activations straight into each
+row of the state. backends/cpu/lstm_step.py's lstm_step_forward is the twin: the same product,
+the same kernel over the batch at once (the kernel works row by row), so the same bits.
+*/
+#include <string.h>
+
+#include "bookkeeping.h"
+
+typedef void (*cell_f32)(const float *, const float *, float *, float *, float *, int64_t, int64_t, double);
+typedef void (*cell_f64)(const double *, const double *, double *, double *, double *, int64_t, int64_t, double);
+static void *cell_fn[2];  /* dg_lstm_fwd_f32 / _f64, set by set_direct_kernels */
+
+enum { STATE_WIDTH = 7 };  /* ops/cells.py STATE_WIDTH: h, c and five activations, in units of H */
+
+void dg_set_step_kernels(void *f32, void *f64) {
+    cell_fn[0] = f32;
+    cell_fn[1] = f64;
+}
+
+/* A new (B, H) array of each row's first H elements of the state v (B, 7H), with its buffer. */
+static PyObject *h_of(const dg_direct_ctx *ctx, int t, const Py_buffer *v, Py_ssize_t B, Py_ssize_t H, Py_buffer *hv) {
+    PyObject *shape = dg_tuple_nn(B, H);
+    PyObject *hp = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
+    Py_XDECREF(shape);
+    if (!hp || dg_get_buffer(hp, hv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(hp);
+        return NULL;
+    }
+    if (hv->len != B * H * v->itemsize) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
+        PyBuffer_Release(hv);
+        Py_DECREF(hp);
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < B; j++)
+        memcpy((char *)hv->buf + j * H * v->itemsize, (const char *)v->buf + j * STATE_WIDTH * H * v->itemsize,
+               (size_t)(H * v->itemsize));
+    return hp;
+}
+
+/* The gates b + W h_prev (B, 4H) by dg_direct_products, as a new reference with its buffer in *gv;
+   NULL with *declined set when the products do not take the operands, NULL with an error set on
+   failure. */
+static PyObject *gates_of(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
+                          Py_ssize_t B, Py_ssize_t H, Py_buffer *gv, int *declined) {
+    Py_buffer pv[3] = {v[0], v[1]};
+    PyObject *hp = h_of(ctx, t, &v[2], B, H, &pv[2]);
+    if (!hp)
+        return NULL;
+    PyObject *args = PyList_New(3), *gates = NULL;
+    if (args) {
+        PyList_SET_ITEM(args, 0, Py_NewRef(PyList_GET_ITEM(xs, 0)));
+        PyList_SET_ITEM(args, 1, Py_NewRef(PyList_GET_ITEM(xs, 1)));
+        PyList_SET_ITEM(args, 2, Py_NewRef(hp));
+        int rc = dg_direct_products(ctx, 1, bound, t, args, pv, &gates);
+        Py_DECREF(args);
+        if (rc == 0)
+            *declined = 1;
+        if (rc <= 0)
+            gates = NULL;
+    }
+    PyBuffer_Release(&pv[2]);
+    Py_DECREF(hp);
+    if (gates && dg_get_buffer(gates, gv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        Py_CLEAR(gates);
+        PyErr_Clear();
+        *declined = 1;  /* not a plain array: the twin decides (it makes the same one) */
+    } else if (gates && (gv->ndim != 2 || gv->shape[0] != B || gv->shape[1] != 4 * H || gv->itemsize != v[0].itemsize)) {
+        PyBuffer_Release(gv);
+        Py_CLEAR(gates);
+        *declined = 1;
+    }
+    return gates;
+}
+
+/* lstm_step (DIRECT_LSTM_STEP): pre_x (B, 4H)[, W (1, 4H, H), state (B, 7H)]; attrs (H, forget_bias).
+   As dg_direct_batch: 1 with *y, 0 when it does not fit, -1 on error. */
+int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
+                        PyObject *attrs, PyObject **y) {
+    Py_ssize_t k = PyList_GET_SIZE(xs);
+    if ((k != 1 && k != 3) || !cell_fn[t] || !PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) != 2)
+        return 0;
+    Py_ssize_t H = PyLong_AsSsize_t(PyTuple_GET_ITEM(attrs, 0));
+    double fb = PyFloat_AsDouble(PyTuple_GET_ITEM(attrs, 1));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t B = v[0].shape[0], item = v[0].itemsize;
+    if (H <= 0 || v[0].ndim != 2 || v[0].shape[1] != 4 * H
+        || (k == 3 && (v[1].ndim != 3 || v[1].shape[0] != 1 || v[1].shape[1] != 4 * H || v[1].shape[2] != H
+                       || v[2].ndim != 2 || v[2].shape[0] != B || v[2].shape[1] != STATE_WIDTH * H)))
+        return 0;
+    PyObject *gates = NULL;
+    Py_buffer gv;
+    const char *gp = v[0].buf;
+    if (k == 3) {
+        int declined = 0;
+        if (!(gates = gates_of(ctx, bound, t, xs, v, B, H, &gv, &declined)))
+            return declined && !PyErr_Occurred() ? 0 : -1;
+        gp = gv.buf;
+    }
+    PyObject *shape = dg_tuple_nn(B, STATE_WIDTH * H);
+    PyObject *made = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
+    Py_XDECREF(shape);
+    Py_buffer w;
+    int rc = -1;
+    if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(made);
+        goto out;
+    }
+    if (w.len != B * STATE_WIDTH * H * item) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: an lstm_step state of another size");
+        PyBuffer_Release(&w);
+        Py_DECREF(made);
+        goto out;
+    }
+    for (Py_ssize_t j = 0; j < B; j++) {  /* row by row: c, h and the activations go into the state's row */
+        const char *g = gp + j * 4 * H * item;
+        char *s = (char *)w.buf + j * STATE_WIDTH * H * item;
+        const char *cp = k == 3 ? (const char *)v[2].buf + (j * STATE_WIDTH + 1) * H * item : NULL;
+        if (t == 0)
+            ((cell_f32)cell_fn[0])((const float *)g, (const float *)cp, (float *)(s + H * item), (float *)s,
+                                   (float *)(s + 2 * H * item), 1, (int64_t)H, fb);
+        else
+            ((cell_f64)cell_fn[1])((const double *)g, (const double *)cp, (double *)(s + H * item), (double *)s,
+                                   (double *)(s + 2 * H * item), 1, (int64_t)H, fb);
+    }
+    dg_direct_mark_ready(ctx, &w, t);
+    PyBuffer_Release(&w);
+    *y = made;
+    rc = 1;
+out:
+    if (gates) {
+        PyBuffer_Release(&gv);
+        Py_DECREF(gates);
+    }
+    return rc;
+}
