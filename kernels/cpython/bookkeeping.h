@@ -291,6 +291,7 @@ void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t);
 int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *bound, int t, PyObject *xs,
                        const Py_buffer *v, PyObject **y);
 void dg_set_matvec_kernels(void *f32, void *f64);
+void *dg_matvec_kernel(int t);  /* dg_rows_matvec_f32 (t 0) or _f64 (1), or NULL before set_direct_kernels */
 /* direct_step.c: lstm_step's forward (as dg_direct_batch: 1 with *y, 0, -1) and its cell kernels */
 int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
                         PyObject *attrs, PyObject **y);

@@ -29,6 +29,10 @@ void dg_set_matvec_kernels(void *f32, void *f64) {
     matvec_fn[1] = f64;
 }
 
+void *dg_matvec_kernel(int t) {
+    return matvec_fn[t];
+}
+
 /* affine (DIRECT_AFFINE: b, W1, x1, W2, x2, ...) and matmul (DIRECT_MATMUL: W, x) with every W a
    shared matrix (1, r, c) and every x a batch of vectors (n, c): the op's own numpy code
    (ops/linalg.py: y = x1 @ W1[0].T; y += x2 @ W2[0].T ...; y += b) made through numpy's number

@@ -79,6 +79,46 @@ static PyObject *gates_of(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int
     return gates;
 }
 
+typedef void (*matvec_f32)(float *, const float *const *, const int64_t *, const int64_t *, const float *, int64_t,
+                           int64_t, int64_t, int64_t);
+typedef void (*matvec_f64)(double *, const double *const *, const int64_t *, const int64_t *, const double *, int64_t,
+                           int64_t, int64_t, int64_t);
+static const int64_t ROW0[4];  /* every row reads matrix 0, row 0: the shared W (at most four rows) */
+
+/* The gates of B <= 4 rows where the small-rows kernel takes the product (dg_direct_products'
+   rule: two to four rows, or one within the bound): gates = W h_prev, h_prev read in place from
+   the states (row stride 7H), then + pre_x, one add per element, as small_products makes them
+   (and the twin: the same kernel, then numpy's +=). A PyMem buffer, or NULL with *declined set
+   when the rule says BLAS, NULL with an error set on failure. */
+static char *small_gates(const Py_ssize_t *bound, int t, const Py_buffer *v, Py_ssize_t B, Py_ssize_t H, int *declined) {
+    void *fn = dg_matvec_kernel(t);
+    if (!fn || B > 4 || (B == 1 && 4 * H * H > bound[t])) {
+        *declined = 1;
+        return NULL;
+    }
+    Py_ssize_t n = B * 4 * H;
+    char *g = PyMem_Malloc((size_t)(n * v[0].itemsize));
+    if (!g) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    const void *W = v[1].buf;
+    if (t == 0) {
+        float *y = (float *)g;
+        const float *b = (const float *)v[0].buf;
+        ((matvec_f32)fn)(y, (const float *const *)&W, ROW0, ROW0, (const float *)v[2].buf, STATE_WIDTH * H, B, 4 * H, H);
+        for (Py_ssize_t e = 0; e < n; e++)
+            y[e] += b[e];
+    } else {
+        double *y = (double *)g;
+        const double *b = (const double *)v[0].buf;
+        ((matvec_f64)fn)(y, (const double *const *)&W, ROW0, ROW0, (const double *)v[2].buf, STATE_WIDTH * H, B, 4 * H, H);
+        for (Py_ssize_t e = 0; e < n; e++)
+            y[e] += b[e];
+    }
+    return g;
+}
+
 /* lstm_step (DIRECT_LSTM_STEP): pre_x (B, 4H)[, W (1, 4H, H), state (B, 7H)]; attrs (H, forget_bias).
    As dg_direct_batch: 1 with *y, 0 when it does not fit, -1 on error. */
 int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
@@ -100,11 +140,19 @@ int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t
     PyObject *gates = NULL;
     Py_buffer gv;
     const char *gp = v[0].buf;
+    char *small = NULL;
     if (k == 3) {
         int declined = 0;
-        if (!(gates = gates_of(ctx, bound, t, xs, v, B, H, &gv, &declined)))
-            return declined && !PyErr_Occurred() ? 0 : -1;
-        gp = gv.buf;
+        if ((small = small_gates(bound, t, v, B, H, &declined))) {
+            gp = small;
+        } else if (!declined) {
+            return -1;
+        } else {
+            declined = 0;
+            if (!(gates = gates_of(ctx, bound, t, xs, v, B, H, &gv, &declined)))
+                return declined && !PyErr_Occurred() ? 0 : -1;
+            gp = gv.buf;
+        }
     }
     PyObject *shape = dg_tuple_nn(B, STATE_WIDTH * H);
     PyObject *made = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
@@ -141,5 +189,6 @@ out:
         PyBuffer_Release(&gv);
         Py_DECREF(gates);
     }
+    PyMem_Free(small);
     return rc;
 }
