@@ -139,12 +139,12 @@ def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dic
     return need if out is None else tuple(out)
 
 
-def _mark_deferred(op, xs: list, plans: list, need: tuple) -> tuple:
+def _mark_deferred(op, attrs, xs: list, plans: list, need: tuple) -> tuple:
     """need with DEFER at each of op.deferred_weights that is a parameter's one shared row: the
     op's backward then hands that gradient back as a WeightProduct, which _scatter_arg adds to
     the deferred products (lstm_step's recurrent W_h, one product per step)."""
     out = None
-    for w in op.deferred_weights:
+    for w in op.deferred_weights(attrs, len(xs)):
         if w < len(xs) and need[w] and plans[w][0] == LEAF and xs[w].ndim == 3 and xs[w].shape[0] == 1:
             if out is None:
                 out = list(need)
@@ -380,8 +380,8 @@ def _batch_step(cg, be, gb: Grads, record: ExecutedBatch, full: bool, deferred: 
             return
     stats, xp = cg.stats, be.xp
     t0 = time.perf_counter()
-    if op.deferred_weights:
-        need = _mark_deferred(op, xs, plans, need)
+    if op.deferred_weights is not None:
+        need = _mark_deferred(op, cg.attrs[n0], xs, plans, need)
     if op.weight_products is not None:
         need = _defer_weight_grads(op, xs, plans, g, need, deferred)
         if True not in need:

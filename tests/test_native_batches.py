@@ -315,6 +315,30 @@ def test_native_backward_of_lstm_steps_as_the_reference(monkeypatch, dtype, H):
     assert_same_grads_and_blocks(a, b)
 
 
+def _birnn_graph(pc, H: int):
+    """Two sentences through a two-layer BiRNNBuilder: each layer's steps as two-chain lstm_step
+    nodes (both directions at once), their outputs sliced and concatenated, a loss on top."""
+    birnn = dy.BiRNNBuilder(2, 3, 2 * H, pc, dy.VanillaLSTMBuilder)
+    E = pc.add_lookup_parameters((7, 3))
+    W = dy.parameter(pc.add_parameters((2, 2 * H)))
+    outs = []
+    for sent in ((1, 4, 2, 6, 1), (3, 5, 0)):
+        outs += [dy.pickneglogsoftmax(W * h, k % 2) for k, h in enumerate(birnn.transduce([dy.lookup(E, w) for w in sent]))]
+    return outs
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("H", [4, 200])
+def test_native_backward_of_bidirectional_steps_as_the_reference(monkeypatch, dtype, H):
+    """Two chains per lstm_step node (BiRNNBuilder): the compiled forward and backward steps
+    against the cpu backend's Python twins, bit for bit, each direction's W_h deferred."""
+    runs, called = native_and_python_runs(monkeypatch, lambda pc: _birnn_graph(pc, H), dtype, {"lstm_step_backward"})
+    assert called[1]["lstm_step_backward"] > 0 and not called[0]["lstm_step_backward"]
+    a, b = runs
+    assert any(op.name == "lstm_step" and len(at) == 3 for op, at in zip(a.cg.op, a.cg.attrs))
+    assert_same_grads_and_blocks(a, b)
+
+
 def _squashed_graph(pc, n: int):
     """tanh and logistic of products (per sentence: one node each), and of a batch of
     n-wide rows: past backward_ops.c's NB_UNARY_MAX the cpu adapter's C kernel runs instead."""

@@ -45,6 +45,7 @@ from ..expressions import (
 )
 from ..parameters import ConstInitializer, ParameterCollection
 from ..ops import OPS
+from ..ops.cells import STATE_WIDTH
 from ..subgraph import block
 from .rnn_base import RNNState, _err, _layer_norm, _positive, _RNNBuilder, _Sequence
 
@@ -144,9 +145,9 @@ def _cell_attrs(hd: int, fb: float) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _step_attrs(hd: int, fb: float) -> tuple:
+def _step_attrs(hd: int, fb: float, chains: int = 1) -> tuple:
     """lstm_step's attrs, one tuple per builder shape (as _cell_attrs)."""
-    return (hd, fb)
+    return (hd, fb) if chains == 1 else (hd, fb, chains)
 
 
 def _lstm_update(pre, cp, hd: int, fb: float):
@@ -255,18 +256,52 @@ class VanillaLSTMBuilder(_LSTMBase):
             out.append(pick_range(state, 0, H))
         return out
 
+    def _plain_inputs(self, state: RNNState, xs: list) -> bool:
+        """Whether every input is a plain Expression of the input shape and the state and the
+        cell are plain: what _transduce's fast paths take."""
+        want = (self.input_dim,)
+        for x in xs:
+            if type(x) is not Expression or x.cg.shape[x.i] != want:
+                return False
+        hs, cs = state._h, state._c
+        return (hs is None or all(type(e) is Expression for e in (*hs, *cs))) and self._plain(state._seq)
+
+    def _paired_steps(self, other: "VanillaLSTMBuilder", xs: list) -> list | None:
+        """A bidirectional layer (BiRNNBuilder) as one chain of lstm_step nodes that step both
+        directions at once (K = 2: this builder over xs, `other` over xs reversed), when both are
+        one-layer plain VanillaLSTMBuilders of one shape and forget bias transducing from their
+        initial states (None otherwise). Per sentence the two directions' steps could not share
+        a batch (their weights differ): now a time step is one batch, not two. Returns each
+        position's [forward h; backward h]."""
+        if not (type(self) is type(other) is VanillaLSTMBuilder and self.layers == other.layers == 1
+                and self.fused_step and other.fused_step and self.hoist_inputs and other.hoist_inputs
+                and self.input_dim == other.input_dim and self.hidden_dim == other.hidden_dim
+                and self.forget_bias == other.forget_bias and xs):
+            return None
+        sf, sb = self.initial_state(), other.initial_state()
+        if not (self._plain_inputs(sf, xs) and other._plain_inputs(sb, xs)):
+            return None
+        (Wx_f, Wh_f, b_f), = sf._seq.vars
+        (Wx_b, Wh_b, b_b), = sb._seq.vars
+        pres_f = [affine_transform([b_f, Wx_f, x]) for x in xs]
+        pres_b = [affine_transform([b_b, Wx_b, x]) for x in reversed(xs)]
+        H = self.hidden_dim
+        attrs = _step_attrs(H, self.forget_bias, 2)
+        state, fwd, bwd = None, [], []
+        for pf, pb in zip(pres_f, pres_b):
+            state = record_list(_LSTM_STEP, [pf, pb] if state is None else [pf, pb, Wh_f, Wh_b, state], attrs)
+            fwd.append(pick_range(state, 0, H))
+            bwd.append(pick_range(state, STATE_WIDTH * H, (STATE_WIDTH + 1) * H))
+        return [concatenate([f, b]) for f, b in zip(fwd, reversed(bwd))]
+
     def _transduce(self, state: RNNState, xs: list) -> list | None:
         """RNNState.transduce without the intermediate states, when every input is a plain
         Expression of the input shape and the cell is plain (None otherwise: the general
         path). Outputs are the nodes add_inputs would record, in the same order."""
         seq = state._seq
-        want = (self.input_dim,)
-        for x in xs:
-            if type(x) is not Expression or x.cg.shape[x.i] != want:
-                return None
-        hs, cs = state._h, state._c
-        if (hs is not None and any(type(e) is not Expression for e in (*hs, *cs))) or not self._plain(seq):
+        if not self._plain_inputs(state, xs):
             return None
+        hs, cs = state._h, state._c
         if not self.hoist_inputs:
             out, step = [], self._plain_step
             for x in xs:
@@ -481,6 +516,10 @@ class BiRNNBuilder:
 
     @staticmethod
     def _run(fb, bb, es: list) -> list:
+        if isinstance(fb, VanillaLSTMBuilder):
+            paired = fb._paired_steps(bb, es)  # both directions stepped by one chain of nodes
+            if paired is not None:
+                return paired
         fs = fb.initial_state().transduce(es)
         bs = bb.initial_state().transduce(es[::-1])
         return [concatenate([f, b]) for f, b in zip(fs, reversed(bs))]

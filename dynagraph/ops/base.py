@@ -47,10 +47,10 @@ class OpDef:
     # gathered from several blocks arrives as the backend's rows_operand (in_place()); a vector
     # is copied (executor._gather_arg: its copy is the cheap part)
     rows_args: tuple | bool = ()
-    # argument positions of shared weights whose gradient the op's backward can hand back as a
-    # WeightProduct (G, X) when autodiff passes DEFER in `need` there: products inside the op
-    # (lstm_step's W_h h_prev), deferred and summed as weight_products' are
-    deferred_weights: tuple = ()
+    # (attrs, number of arguments) -> argument positions of shared weights whose gradient the op's
+    # backward can hand back as a WeightProduct (G, X) when autodiff passes DEFER in `need` there:
+    # products inside the op (lstm_step's W_h h_prev), deferred and summed as weight_products' are
+    deferred_weights: Callable[[tuple, int], tuple] | None = None
 
     def __repr__(self) -> str:
         return f"<op {self.name}>"

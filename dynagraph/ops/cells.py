@@ -21,9 +21,11 @@ and the output in one node,
         gates = pre_x + W_h h_prev, h_prev = s_prev[:H], c_prev = s_prev[H:2H]
 
 with the formulas above. The state carries the activations, so the backward needs no
-recomputation. Per sentence a bidirectional LSTM step was six small batches (two products
-that cannot share a batch, their weights differing, then lstm_c and lstm_h, each run node
-by node because the two directions' products lie in two blocks); it is two.
+recomputation. One node may step K independent chains side by side (attrs (H, fb, K):
+K pre_x, K W_h, a state of 7KH): BiRNNBuilder steps a layer's two directions together.
+Per sentence a bidirectional LSTM step was six small batches (two products that cannot
+share a batch, their weights differing, then lstm_c and lstm_h, each run node by node
+because the two directions' products lie in two blocks); it is one.
 """
 from __future__ import annotations
 
@@ -115,68 +117,113 @@ class LstmH:
         return d_pre, d_c
 
 
-STATE_WIDTH = 7  # lstm_step's value per node, in units of H: h, c and the five activations
+STATE_WIDTH = 7  # lstm_step's value per chain, in units of H: h, c and the five activations
 
 
-def _lstm_step_shape(a, pre, *rest):
-    H = a[0]
-    _pre_shape(H, pre)
-    if len(rest) not in (0, 2):
-        raise ValueError(f"takes the input pre-activations alone, or with the recurrent weight and the previous "
-                         f"state, got {1 + len(rest)} arguments")
-    if rest:
-        W, prev = rest
-        if W != (4 * H, H):
-            raise ValueError(f"the recurrent weight must have shape ({4 * H}, {H}), got {W}")
-        if prev != (STATE_WIDTH * H,):
-            raise ValueError(f"the previous state must have shape ({STATE_WIDTH * H},) (an lstm_step's value), got {prev}")
-    return (STATE_WIDTH * H,)
+def chains(a) -> int:
+    """K, the number of independent LSTM chains an lstm_step node steps: attrs (H, fb[, K])."""
+    return a[2] if len(a) > 2 else 1
 
 
-@op("lstm_step", _lstm_step_shape, cost=GEMM, deferred_weights=(1,))
+def _lstm_step_shape(a, *shapes):
+    H, K = a[0], chains(a)
+    if not isinstance(K, int) or K < 1:
+        raise ValueError(f"the number of chains must be a positive int, got {K!r}")
+    if len(shapes) not in (K, 2 * K + 1):
+        raise ValueError(f"takes {K} input pre-activations, alone or with {K} recurrent weights and the previous "
+                         f"state, got {len(shapes)} arguments")
+    for pre in shapes[:K]:
+        _pre_shape(H, pre)
+    if len(shapes) > K:
+        for W in shapes[K:2 * K]:
+            if W != (4 * H, H):
+                raise ValueError(f"the recurrent weight must have shape ({4 * H}, {H}), got {W}")
+        if shapes[2 * K] != (K * STATE_WIDTH * H,):
+            raise ValueError(f"the previous state must have shape ({K * STATE_WIDTH * H},) (an lstm_step's value), "
+                             f"got {shapes[2 * K]}")
+    return (K * STATE_WIDTH * H,)
+
+
+def _step_weights(a, n_args: int) -> tuple:
+    """The argument positions of an lstm_step's recurrent weights (OpDef.deferred_weights)."""
+    K = chains(a)
+    return tuple(range(K, 2 * K)) if n_args == 2 * K + 1 else ()
+
+
+def _one_state(xp, H, fb, pre, W=None, prev=None):
+    """One chain's state [h | c | i f o g tanh(c)] from its pre_x, W_h and previous state (or none)."""
+    gates = pre if W is None else mm(xp, W, prev[:, :H]) + pre
+    ig = _logistic(xp, gates[:, :H])
+    fg = _logistic(xp, gates[:, H:2 * H] + fb)
+    og = _logistic(xp, gates[:, 2 * H:3 * H])
+    gg = xp.tanh(gates[:, 3 * H:4 * H])
+    c = ig * gg if W is None else fg * prev[:, H:2 * H] + ig * gg
+    tc = xp.tanh(c)
+    return xp.concatenate([og * tc, c, xp.broadcast_to(ig, c.shape), xp.broadcast_to(fg, c.shape),
+                           xp.broadcast_to(og, c.shape), xp.broadcast_to(gg, c.shape), tc], axis=1)
+
+
+def _one_grads(xp, H, pre, y, g, need, W=None, prev=None):
+    """One chain's (d pre_x, W_h's gradient, d prev) from its state y and the state's gradient g;
+    need: (pre_x, W_h, prev)."""
+    ig, fg, og, gg, tc = (y[:, k * H:(k + 1) * H] for k in range(2, STATE_WIDTH))
+    gh, gc, gi, gf, go, g_g, gt = (g[:, k * H:(k + 1) * H] for k in range(STATE_WIDTH))
+    dc = gc + (gh * og + gt) * (1 - tc * tc)
+    d_f = (dc * prev[:, H:2 * H] + gf) * fg * (1 - fg) if W is not None else gf * fg * (1 - fg)
+    dpre = xp.concatenate([(dc * gg + gi) * ig * (1 - ig), d_f, (gh * tc + go) * og * (1 - og),
+                           (dc * ig + g_g) * (1 - gg * gg)], axis=1)
+    d_x = reduce_to(dpre, pre.shape) if need[0] else None
+    if W is None:
+        return d_x, None, None
+    B = dpre.shape[0]
+    hp = xp.broadcast_to(prev[:, :H], (B, H))
+    gW = d_prev = None
+    if need[1] is DEFER:  # autodiff sums every batch's pairs in one product (shared W only)
+        gW = WeightProduct(dpre, xp.ascontiguousarray(hp))
+    elif need[1]:
+        gW = one_row(dpre.T @ hp) if W.shape[0] == 1 else reduce_to(dpre[:, :, None] * hp[:, None, :], W.shape)
+    if need[2]:
+        d_prev = xp.zeros((B, STATE_WIDTH * H), dtype=dpre.dtype)
+        d_prev[:, :H] = dpre @ W[0] if W.shape[0] == 1 else xp.matmul(W.transpose(0, 2, 1), dpre[:, :, None])[:, :, 0]
+        d_prev[:, H:2 * H] = dc * fg
+    return d_x, gW, d_prev
+
+
+@op("lstm_step", _lstm_step_shape, cost=GEMM, deferred_weights=_step_weights)
 class LstmStep:
-    """attrs (H, forget_bias); arguments pre_x (4H), then optionally W_h (4H, H) and the previous
-    state (7H). The value is [h | c | i f o g tanh(c)]."""
+    """attrs (H, forget_bias[, K]); arguments K input pre-activations pre_x (4H each), then
+    optionally K recurrent weights W_h (4H, H) and the previous state (7KH). The value is each
+    chain's [h | c | i f o g tanh(c)] side by side (K = 2: a bidirectional layer's two
+    directions, stepped together)."""
 
-    def forward(xp, a, data, pre, *rest):
-        H, fb = a
-        if rest:
-            W, prev = rest
-            gates = mm(xp, W, prev[:, :H]) + pre
-        else:
-            gates = pre
-        ig = _logistic(xp, gates[:, :H])
-        fg = _logistic(xp, gates[:, H:2 * H] + fb)
-        og = _logistic(xp, gates[:, 2 * H:3 * H])
-        gg = xp.tanh(gates[:, 3 * H:4 * H])
-        c = fg * rest[1][:, H:2 * H] + ig * gg if rest else ig * gg
-        tc = xp.tanh(c)
-        return xp.concatenate([og * tc, c, xp.broadcast_to(ig, c.shape), xp.broadcast_to(fg, c.shape),
-                               xp.broadcast_to(og, c.shape), xp.broadcast_to(gg, c.shape), tc], axis=1)
+    def forward(xp, a, data, *xs):
+        H, fb, K = a[0], a[1], chains(a)
+        full = len(xs) > K
+        W = STATE_WIDTH * H
+        states = [_one_state(xp, H, fb, xs[k], *((xs[K + k], xs[2 * K][:, k * W:(k + 1) * W]) if full else ()))
+                  for k in range(K)]
+        if K == 1:
+            return states[0]
+        B = max(st.shape[0] for st in states)  # a chain of shared rows only is one row: broadcast it
+        return xp.concatenate([xp.broadcast_to(st, (B, st.shape[1])) for st in states], axis=1)
 
     def backward(xp, a, data, xs, y, g, need):
-        H = a[0]
-        pre = xs[0]
-        ig, fg, og, gg, tc = (y[:, k * H:(k + 1) * H] for k in range(2, STATE_WIDTH))
-        gh, gc, gi, gf, go, g_g, gt = (g[:, k * H:(k + 1) * H] for k in range(STATE_WIDTH))
-        dc = gc + (gh * og + gt) * (1 - tc * tc)
-        d_f = (dc * xs[2][:, H:2 * H] + gf) * fg * (1 - fg) if len(xs) == 3 else gf * fg * (1 - fg)
-        dpre = xp.concatenate([(dc * gg + gi) * ig * (1 - ig), d_f, (gh * tc + go) * og * (1 - og),
-                               (dc * ig + g_g) * (1 - gg * gg)], axis=1)
-        out = [reduce_to(dpre, pre.shape) if need[0] else None]
-        if len(xs) == 3:
-            W, prev = xs[1], xs[2]
-            B = dpre.shape[0]
-            hp = xp.broadcast_to(prev[:, :H], (B, H))
-            gW = d_prev = None
-            if need[1] is DEFER:  # autodiff sums every batch's pairs in one product (shared W only)
-                gW = WeightProduct(dpre, xp.ascontiguousarray(hp))
-            elif need[1]:
-                gW = one_row(dpre.T @ hp) if W.shape[0] == 1 else reduce_to(dpre[:, :, None] * hp[:, None, :], W.shape)
-            if need[2]:
-                d_prev = xp.zeros((B, STATE_WIDTH * H), dtype=dpre.dtype)
-                d_prev[:, :H] = dpre @ W[0] if W.shape[0] == 1 else xp.matmul(W.transpose(0, 2, 1), dpre[:, :, None])[:, :, 0]
-                d_prev[:, H:2 * H] = dc * fg
-                d_prev = reduce_to(d_prev, prev.shape)
-            out += [gW, d_prev]
-        return tuple(out)
+        H, K = a[0], chains(a)
+        full = len(xs) > K
+        W = STATE_WIDTH * H
+        d_pres, d_ws, d_prevs = [], [], []
+        for k in range(K):
+            sl = slice(k * W, (k + 1) * W)
+            extra = (xs[K + k], xs[2 * K][:, sl]) if full else ()
+            want = (need[k], need[K + k], need[2 * K]) if full else (need[k], False, False)
+            d_x, gW, d_prev = _one_grads(xp, H, xs[k], y[:, sl], g[:, sl], want, *extra)
+            d_pres.append(d_x)
+            d_ws.append(gW)
+            d_prevs.append(d_prev)
+        if not full:
+            return tuple(d_pres)
+        d_prev = None
+        if need[2 * K]:
+            d_prev = d_prevs[0] if K == 1 else xp.concatenate(d_prevs, axis=1)
+            d_prev = reduce_to(d_prev, xs[2 * K].shape)
+        return tuple(d_pres + d_ws + [d_prev])

@@ -48,6 +48,7 @@ def _graph(pc, n: int = H, shared_row: bool = True):
     cells = dy.VanillaLSTMBuilder(1, n, n, pc)
     cells.fused_step = False
     hs += cells.initial_state().transduce(xs)  # lstm_c, lstm_h
+    hs += [dy.pick_range(h, 0, n) for h in dy.BiRNNBuilder(1, n, 2 * n, pc, dy.VanillaLSTMBuilder).transduce(xs)]
     hs += [dy.affine_transform([b, W, h, W, hs[0]]) for h in hs[-2:]]
     hs += [W * dy.concatenate([dy.pick_range(h, 0, n // 2), dy.pick_range(h, n // 2, n)]) for h in hs[-2:]]
     losses = [dy.pickneglogsoftmax(h, k % n) for k, h in enumerate(hs[:3])]

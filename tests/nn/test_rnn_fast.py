@@ -76,6 +76,42 @@ def test_whole_steps_give_the_cell_ops_values_and_gradients(monkeypatch, layers,
     assert_same_run(steps, cells, rtol=1e-10, atol=1e-12)
 
 
+def _birnn_program(layers: int = 2):
+    def build(pc):
+        E = pc.lookup_parameters_from_numpy(np.random.default_rng(5).uniform(-1, 1, (20, 5)))
+        birnn = dy.BiRNNBuilder(layers, 5, 8, pc, dy.VanillaLSTMBuilder)
+        rng = np.random.default_rng(3)
+        for fb in birnn.builder_layers:
+            for b in fb:
+                for p in b.get_parameters()[0]:
+                    p.set_value(rng.uniform(-0.5, 0.5, p.shape()))
+        outs = []
+        for sent in ([3, 1, 4, 1, 5, 9, 2], [6, 5, 3], [5]):  # several sentences in one graph
+            outs += birnn.transduce([E[w] for w in sent])
+        return outs
+    return build
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_bidirectional_steps_give_the_cell_ops_values_and_gradients(monkeypatch, layers):
+    """BiRNNBuilder's layers as one chain of two-direction lstm_step nodes against each
+    direction's own affine_transform, lstm_c and lstm_h nodes."""
+    build = _birnn_program(layers)
+    paired = run_graph("none", build)
+    assert any(op.name == "lstm_step" and len(a) == 3 for op, a in zip(paired.cg.op, paired.cg.attrs))
+    with monkeypatch.context() as m:
+        m.setattr(rnn.VanillaLSTMBuilder, "fused_step", False)
+        cells = run_graph("none", build)
+    assert "lstm_step" not in {op.name for op in cells.cg.op}
+    assert_same_run(paired, cells, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_bidirectional_steps_are_scheduler_invariant(scheduler):
+    build = _birnn_program(2)
+    assert_same_run(run_graph(scheduler, build), run_graph("none", build), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_whole_steps_are_scheduler_invariant(scheduler):
     build = _program("transduce", 2, 1.0)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dynagraph.expressions import record_list
 from dynagraph.nn.cells import lstm_step, lstm_update
+from dynagraph.ops import OPS
 from opcases import A, Case
 
 H = 3
@@ -24,6 +26,12 @@ def _h(pre, c):
 
 
 STATE = A((7 * H,), -1.5, 1.5)
+STATE2 = A((14 * H,), -1.5, 1.5)
+
+
+def _two_chains(pres: list, rest: list = (), fb: float = 1.0):
+    """An lstm_step node stepping two chains (what BiRNNBuilder records per time step)."""
+    return record_list(OPS["lstm_step"], list(pres) + list(rest), (H, fb, 2))
 W_H = A((4 * H, H), -1.0, 1.0)
 
 
@@ -49,6 +57,11 @@ CASES = [
          lambda k, p, W, s: _step(p, W, s)),
     Case("lstm_step_first", "lstm_step", lambda k, p: lstm_step(p, forget_bias=0.5), [PRE],
          lambda k, p: _step(p, fb=0.5)),
+    Case("lstm_step_two_chains", "lstm_step", lambda k, p, q, W, U, s: _two_chains([p, q], [W, U, s]),
+         [PRE, PRE, W_H, W_H, STATE2],
+         lambda k, p, q, W, U, s: np.concatenate([_step(p, W, s[:7 * H]), _step(q, U, s[7 * H:])])),
+    Case("lstm_step_two_chains_first", "lstm_step", lambda k, p, q: _two_chains([p, q], fb=0.0), [PRE, PRE],
+         lambda k, p, q: np.concatenate([_step(p, fb=0.0), _step(q, fb=0.0)])),
     Case("lstm_step_chain", "lstm_step", lambda k, p, q, W, s: lstm_step(q, W, lstm_step(p, W, s, 0.0), 0.0),
          [PRE, PRE, W_H, STATE], lambda k, p, q, W, s: _step(q, W, _step(p, W, s, 0.0), 0.0)),
 ]

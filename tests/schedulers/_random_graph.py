@@ -16,7 +16,10 @@ import math
 from hypothesis import strategies as st
 
 import dynagraph as dy
-from dynagraph.nn.cells import lstm_step
+from dynagraph.expressions import record_list
+from dynagraph.ops import OPS
+
+LSTM_STEP = OPS["lstm_step"]
 
 VECS = ("v2", "v3", "v5")
 SIZES = {"v2": 2, "v3": 3, "v5": 5, "m32": 6, "s1": 1}
@@ -46,7 +49,7 @@ class Params:
         self.M = pc.add_parameters((3, 2), init=u)
         self.E3 = pc.add_lookup_parameters((6, 3), init=u)
         self.E2 = pc.add_lookup_parameters((4, 2), init=u)
-        self.Wh = pc.add_parameters((4, 1), init=u)  # lstm_step's recurrent weight (H = 1)
+        self.Wh = [pc.add_parameters((4, 1), init=u) for _ in range(2)]  # lstm_step's recurrent weights (H = 1)
 
 
 # Unary ops: (function, bound of the output from the bound of the input, squash input first?)
@@ -68,7 +71,7 @@ class Sample:
         self.put("v5", dy.inputVector([math.sin(r + k) for k in range(5)]), 1.0)
         self.put("m32", dy.parameter(P.M), INIT)  # a shared leaf in the matrix pool
         self.put("s1", dy.scalarInput(0.3 + 0.1 * r), 1.0)
-        self.state, self.c_bound = None, 0.0  # the last lstm_step's state, and a bound on its c
+        self.states: dict = {}  # chains per node -> (the last lstm_step's state, a bound on its c)
 
     # ------------------------------------------------------------------ pools
     def put(self, cls: str, e, bound: float) -> None:
@@ -191,19 +194,25 @@ class Sample:
         self.put(cls, dy.esum([e for e, _ in xs]), sum(bx for _, bx in xs))
 
     def op_lstm_step(self, a, b, c):
-        """A whole LSTM step with H = 1 from pre = [x; y] (two v2 entries): the next step of the
-        sample's chain (W_h shared), or a first step when a % 3 == 0; h and c join s1, the five
-        activations v5 (so their own gradients reach the op too)."""
+        """A whole LSTM step with H = 1 from pre = [x; y] (two v2 entries), one chain or two
+        (a // 6 odd: BiRNNBuilder's two directions in one node, the second from [y; x]): the next
+        step of the sample's chain of that kind (its W_h shared), or a first step when a % 3 == 0.
+        Each chain's h and c join s1, the last chain's five activations v5 (so their own
+        gradients reach the op too)."""
         (x, _), (y, _) = self.take("v2", b), self.take("v2", c)
-        pre, fb = dy.concatenate([x, y]), 0.5 * (a % 2)
-        if self.state is None or a % 3 == 0:
-            s, self.c_bound = lstm_step(pre, forget_bias=fb), 1.0
+        K, fb = 1 + (a // 6) % 2, 0.5 * (a % 2)
+        pres = [dy.concatenate([x, y]), dy.concatenate([y, x])][:K]
+        state, bound = self.states.get(K, (None, 0.0))
+        attrs = (1, fb) if K == 1 else (1, fb, K)
+        if state is None or a % 3 == 0:
+            state, bound = record_list(LSTM_STEP, pres, attrs), 1.0
         else:
-            s, self.c_bound = lstm_step(pre, dy.parameter(self.P.Wh), self.state, fb), self.c_bound + 1.0
-        self.state = s
-        self.put("s1", dy.pick_range(s, 0, 1), 1.0)
-        self.put("s1", dy.pick_range(s, 1, 2), self.c_bound)
-        self.put("v5", dy.pick_range(s, 2, 7), 1.0)
+            state, bound = record_list(LSTM_STEP, pres + [dy.parameter(w) for w in self.P.Wh[:K]] + [state], attrs), bound + 1.0
+        self.states[K] = (state, bound)
+        for k in range(K):
+            self.put("s1", dy.pick_range(state, 7 * k, 7 * k + 1), 1.0)
+            self.put("s1", dy.pick_range(state, 7 * k + 1, 7 * k + 2), bound)
+        self.put("v5", dy.pick_range(state, 7 * K - 5, 7 * K), 1.0)
 
     def op_nobackprop(self, a, b, c):
         cls = VECS[a % 3]
