@@ -245,22 +245,10 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
     for (Py_ssize_t i = 1; i < k; i++)
         if (v[i].ndim != 2 || v[i].shape[0] != B || v[i].shape[1] != H)
             return 0;
-    PyObject *shape = dg_tuple_nn(B, H);
-    PyObject *made = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
-    Py_XDECREF(shape);
+    Py_buffer w;
+    PyObject *made = dg_direct_new_rows(ctx, B, H, t, &w);
     if (!made)
         return -1;
-    Py_buffer w;
-    if (dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_DECREF(made);
-        return -1;
-    }
-    if (w.len != B * H * v[0].itemsize) {
-        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: an lstm output of another size");
-        PyBuffer_Release(&w);
-        Py_DECREF(made);
-        return -1;
-    }
     void *fn = direct_fn[kind - 1][t];
     const void *c = k == 2 ? v[1].buf : NULL;
     if (kind == DIRECT_LSTMC) {

@@ -22,3 +22,22 @@ PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t) {
     PyObject *argv[2] = {shape, ctx->dtypes[t]};
     return PyObject_Vectorcall(ctx->empty, argv, 2, NULL);
 }
+
+/* numpy.empty((rows, cols), dtype t) with its writable buffer in *w (released by the caller), the
+   size checked: a kernel writes rows * cols elements through it. NULL with an error set on failure. */
+PyObject *dg_direct_new_rows(const dg_direct_ctx *ctx, Py_ssize_t rows, Py_ssize_t cols, int t, Py_buffer *w) {
+    PyObject *shape = dg_tuple_nn(rows, cols);
+    PyObject *out = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
+    Py_XDECREF(shape);
+    if (!out || dg_get_buffer(out, w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    if (w->len != rows * cols * (t ? 8 : 4)) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
+        PyBuffer_Release(w);
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}

@@ -195,14 +195,10 @@ static void add_rows(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssiz
 static int small_products(const dg_direct_ctx *ctx, int affine, int t, Py_ssize_t k, const Py_buffer *v,
                           Py_ssize_t n, Py_ssize_t r, PyObject **y) {
     Py_ssize_t first = affine ? 1 : 0, size = t ? 8 : 4;
-    PyObject *shape = dg_tuple_nn(n, r);
-    PyObject *out = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
-    Py_XDECREF(shape);
     Py_buffer w;
-    if (!out || dg_get_buffer(out, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_XDECREF(out);
+    PyObject *out = dg_direct_new_rows(ctx, n, r, t, &w);
+    if (!out)
         return -1;
-    }
     char *tmp = k - first > 2 ? PyMem_Malloc((size_t)(n * r * size)) : NULL;
     if (k - first > 2 && !tmp) {
         PyBuffer_Release(&w);

@@ -27,19 +27,9 @@ void dg_set_step_kernels(void *f32, void *f64) {
    rows `stride` elements apart), with its buffer. */
 static PyObject *h_of(const dg_direct_ctx *ctx, int t, const char *prev, Py_ssize_t stride, Py_ssize_t item,
                       Py_ssize_t B, Py_ssize_t H, Py_buffer *hv) {
-    PyObject *shape = dg_tuple_nn(B, H);
-    PyObject *hp = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
-    Py_XDECREF(shape);
-    if (!hp || dg_get_buffer(hp, hv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-        Py_XDECREF(hp);
+    PyObject *hp = dg_direct_new_rows(ctx, B, H, t, hv);
+    if (!hp)
         return NULL;
-    }
-    if (hv->len != B * H * item) {
-        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
-        PyBuffer_Release(hv);
-        Py_DECREF(hp);
-        return NULL;
-    }
     for (Py_ssize_t j = 0; j < B; j++)
         memcpy((char *)hv->buf + j * H * item, prev + j * stride * item, (size_t)(H * item));
     return hp;
@@ -179,27 +169,17 @@ int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t
     }
     if (H <= 0 || K <= 0 || (n != K && n != 2 * K + 1))
         return 0;
-    Py_ssize_t B = v[0].shape[0], item = v[0].itemsize, S = STATE_WIDTH * H;
+    Py_ssize_t B = v[0].shape[0], S = STATE_WIDTH * H;
     for (Py_ssize_t k = 0; k < K; k++)
         if (v[k].ndim != 2 || v[k].shape[0] != B || v[k].shape[1] != 4 * H
             || (n > K && (v[K + k].ndim != 3 || v[K + k].shape[0] != 1 || v[K + k].shape[1] != 4 * H || v[K + k].shape[2] != H)))
             return 0;
     if (n > K && (v[2 * K].ndim != 2 || v[2 * K].shape[0] != B || v[2 * K].shape[1] != K * S))
         return 0;
-    PyObject *shape = dg_tuple_nn(B, K * S);
-    PyObject *made = shape ? dg_direct_empty_of(ctx, shape, t) : NULL;
-    Py_XDECREF(shape);
     Py_buffer w;
-    if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_XDECREF(made);
+    PyObject *made = dg_direct_new_rows(ctx, B, K * S, t, &w);
+    if (!made)
         return -1;
-    }
-    if (w.len != B * K * S * item) {
-        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: an lstm_step state of another size");
-        PyBuffer_Release(&w);
-        Py_DECREF(made);
-        return -1;
-    }
     int declined = 0;
     for (Py_ssize_t k = 0; k < K; k++)
         if (one_chain(ctx, bound, t, xs, v, K, k, B, H, fb, w.buf, &declined) < 0) {
