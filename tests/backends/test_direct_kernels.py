@@ -16,7 +16,7 @@ import pytest
 import dynagraph as dy
 from dynagraph import executor
 from dynagraph.backends import get_backend
-from refcheck import using
+from refcheck import run_graph, using
 
 from ._util import kernels
 
@@ -333,3 +333,32 @@ def test_transposed_products_match_the_ops_numpy_code():
                                    OPS["affine"].forward(np, (), None, b, W1, x1, W2, x2), rtol=tol, atol=tol)
         np.testing.assert_allclose(dk.get("matmul")[1](np, (), None, W1, x1), OPS["matmul"].forward(np, (), None, W1, x1),
                                    rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_transposed_weights_are_exact_copies_at_any_shape(monkeypatch, dtype):
+    """Products of more than PRODUCT_ROWS_MAX rows read W transposed into a copy (4 x 4 blocks of
+    registers for float32, element by element at the edges): weights whose sides are and are not
+    multiples of 4 and of the tile give the twin's values bit for bit (numpy's own copy of W.T)."""
+    _native_with_direct()
+    shapes = [(4, 4), (13, 7), (16, 12), (37, 21), (64, 33), (5, 64)]
+    n = direct.PRODUCT_ROWS_MAX + 3
+
+    def build(pc):
+        rng = np.random.default_rng(7)
+        outs = []
+        for r, c in shapes:
+            W = dy.parameter(pc.parameters_from_numpy(rng.uniform(-1, 1, (r, c))))
+            outs += [dy.sum_elems(W * dy.inputVector(list(rng.uniform(-1, 1, c)))) for _ in range(n)]
+        return outs
+    runs = []
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(dy.config.config, "backend", "cpu")
+            if not native:
+                m.setattr(executor, "_run_batch_native", None)
+            runs.append(run_graph("agenda", build, dtype=dtype))
+    for a, b in zip(runs[0].values, runs[1].values):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(runs[0].cg.blocks, runs[1].cg.blocks):
+        np.testing.assert_array_equal(a, b)
