@@ -130,7 +130,7 @@ def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dic
     out = None
     for w, x in op.weight_products(len(xs)):
         W, X = xs[w], xs[x]
-        if need[w] and plans[w][0] == LEAF and W.ndim == 3 and W.shape[0] == 1 and X.ndim == 2 \
+        if need[w] and _shared_leaf(W, plans[w]) and X.ndim == 2 \
                 and X.shape[0] == g.shape[0] and g.shape[1] == W.shape[1] and X.shape[1] == W.shape[2]:
             deferred.setdefault(plans[w][1], []).append((g, X))
             if out is None:
@@ -139,13 +139,18 @@ def _defer_weight_grads(op, xs: list, plans: list, g, need: tuple, deferred: dic
     return need if out is None else tuple(out)
 
 
+def _shared_leaf(W, plan: tuple) -> bool:
+    """W is a parameter's block read as its one shared row (1, r, c): a gradient that can be deferred."""
+    return plan[0] == LEAF and W.ndim == 3 and W.shape[0] == 1
+
+
 def _mark_deferred(op, attrs, xs: list, plans: list, need: tuple) -> tuple:
     """need with DEFER at each of op.deferred_weights that is a parameter's one shared row: the
     op's backward then hands that gradient back as a WeightProduct, which _scatter_arg adds to
     the deferred products (lstm_step's recurrent W_h, one product per step)."""
     out = None
     for w in op.deferred_weights(attrs, len(xs)):
-        if w < len(xs) and need[w] and plans[w][0] == LEAF and xs[w].ndim == 3 and xs[w].shape[0] == 1:
+        if need[w] and _shared_leaf(xs[w], plans[w]):
             if out is None:
                 out = list(need)
             out[w] = DEFER
@@ -316,12 +321,11 @@ def _one_row_add(cg, xp, gb, plans: list, gxs, need: tuple, B: int, stats) -> bo
 
 def _scatter_arg(cg, be, gb, plan: tuple, gx, B: int, stats, leaf_sums: dict, deferred: dict) -> None:
     """One argument's gradient to its rows: a shared row is broadcast to the batch first; a
-    parameter's WeightProduct joins the deferred products."""
+    parameter's WeightProduct (only ever asked for a shared leaf: _mark_deferred) joins the
+    deferred products."""
     if type(gx) is WeightProduct:
-        if plan[0] == LEAF:
-            deferred.setdefault(plan[1], []).append((gx.G, gx.X))
-            return
-        gx = gx.dense(be.xp)
+        deferred.setdefault(plan[1], []).append((gx.G, gx.X))
+        return
     if plan[0] != LEAF and not isinstance(gx, (SparseRows, Sliced)) and gx.shape[0] != B:
         gx = be.xp.broadcast_to(gx, (B,) + gx.shape[1:])
     scatter(cg, be, gb, plan, gx, stats, leaf_sums)

@@ -39,9 +39,8 @@ import functools
 from typing import Callable, Sequence
 
 from ..expression import Expression, record1, record2
-from ..expressions import record_list
 from ..expressions import (
-    affine_transform, cmult, concatenate, dropout, logistic, pick_range, random_normal, tanh, zeros,
+    affine_transform, cmult, concatenate, dropout, logistic, pick_range, random_normal, record_list, tanh, zeros,
 )
 from ..parameters import ConstInitializer, ParameterCollection
 from ..ops import OPS
@@ -246,15 +245,20 @@ class VanillaLSTMBuilder(_LSTMBase):
             out_c.append(c)
         return out_h, out_c, x
 
-    def _fused_steps(self, pres: list, W_h) -> list:
-        """One layer's steps from the initial state as lstm_step nodes; its outputs h."""
-        H = self.hidden_dim
-        attrs = _step_attrs(H, self.forget_bias)
-        state, out = None, []
-        for pre in pres:
-            state = record1(_LSTM_STEP, pre, attrs) if state is None else record_list(_LSTM_STEP, [pre, W_h, state], attrs)
-            out.append(pick_range(state, 0, H))
-        return out
+    def _step_chains(self, pres: list, W_hs: list) -> list:
+        """K chains of steps from the initial state as one chain of lstm_step nodes (K = len(pres):
+        each chain's input pre-activations, one list per chain, and its W_h); each chain's
+        outputs h, as pick_range of its part of every state."""
+        H, K = self.hidden_dim, len(pres)
+        attrs, step_op, W_hs = _step_attrs(H, self.forget_bias, K), _LSTM_STEP, list(W_hs)
+        # (outputs, first, end) per chain, made once: recording runs the loop per step of every sentence
+        slices = [([], k * STATE_WIDTH * H, k * STATE_WIDTH * H + H) for k in range(K)]
+        state = None
+        for step in zip(*pres):
+            state = record_list(step_op, [*step] if state is None else [*step, *W_hs, state], attrs)
+            for out, lo, hi in slices:
+                out.append(pick_range(state, lo, hi))
+        return [out for out, _, _ in slices]
 
     def _plain_inputs(self, state: RNNState, xs: list) -> bool:
         """Whether every input is a plain Expression of the input shape and the state and the
@@ -285,13 +289,7 @@ class VanillaLSTMBuilder(_LSTMBase):
         (Wx_b, Wh_b, b_b), = sb._seq.vars
         pres_f = [affine_transform([b_f, Wx_f, x]) for x in xs]
         pres_b = [affine_transform([b_b, Wx_b, x]) for x in reversed(xs)]
-        H = self.hidden_dim
-        attrs = _step_attrs(H, self.forget_bias, 2)
-        state, fwd, bwd = None, [], []
-        for pf, pb in zip(pres_f, pres_b):
-            state = record_list(_LSTM_STEP, [pf, pb] if state is None else [pf, pb, Wh_f, Wh_b, state], attrs)
-            fwd.append(pick_range(state, 0, H))
-            bwd.append(pick_range(state, STATE_WIDTH * H, (STATE_WIDTH + 1) * H))
+        fwd, bwd = self._step_chains([pres_f, pres_b], [Wh_f, Wh_b])
         return [concatenate([f, b]) for f, b in zip(fwd, reversed(bwd))]
 
     def _transduce(self, state: RNNState, xs: list) -> list | None:
@@ -315,7 +313,7 @@ class VanillaLSTMBuilder(_LSTMBase):
             # step's own product is W_h h alone.
             pres = [affine_transform([b, W_x, x]) for x in xs]
             if hs is None and self.fused_step:
-                xs = self._fused_steps(pres, W_h)
+                xs = self._step_chains([pres], [W_h])[0]
                 continue
             h, c = (None, None) if hs is None else (hs[i], cs[i])
             out = []

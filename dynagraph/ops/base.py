@@ -89,7 +89,7 @@ def in_place(x) -> bool:
 
 class _Defer:
     """need[k] for a deferred_weights argument whose gradient autodiff sums at the end of the
-    pass (autodiff._defer_weight_grads): truthy, so code that only asks whether a gradient is
+    pass (autodiff._mark_deferred): truthy, so code that only asks whether a gradient is
     needed still computes it."""
     __slots__ = ()
 
@@ -105,15 +105,11 @@ DEFER = _Defer()
 
 class WeightProduct:
     """A shared weight's gradient sum_b G_b^T X_b not yet summed: G (B, r), X (B, c). autodiff
-    adds the pair to the pass's deferred products (one GEMM per parameter at the end);
-    dense() is the (1, r, c) gradient itself."""
+    adds the pair to the pass's deferred products (one GEMM per parameter at the end)."""
     __slots__ = ("G", "X")
 
     def __init__(self, G, X):
         self.G, self.X = G, X
-
-    def dense(self, xp):
-        return one_row(self.G.T @ self.X)
 
 
 class Sliced:

@@ -199,8 +199,8 @@ class LstmStep:
     def forward(xp, a, data, *xs):
         H, fb, K = a[0], a[1], chains(a)
         full = len(xs) > K
-        W = STATE_WIDTH * H
-        states = [_one_state(xp, H, fb, xs[k], *((xs[K + k], xs[2 * K][:, k * W:(k + 1) * W]) if full else ()))
+        S = STATE_WIDTH * H
+        states = [_one_state(xp, H, fb, xs[k], *((xs[K + k], xs[2 * K][:, k * S:(k + 1) * S]) if full else ()))
                   for k in range(K)]
         if K == 1:
             return states[0]
@@ -210,10 +210,10 @@ class LstmStep:
     def backward(xp, a, data, xs, y, g, need):
         H, K = a[0], chains(a)
         full = len(xs) > K
-        W = STATE_WIDTH * H
+        S = STATE_WIDTH * H
         d_pres, d_ws, d_prevs = [], [], []
         for k in range(K):
-            sl = slice(k * W, (k + 1) * W)
+            sl = slice(k * S, (k + 1) * S)
             extra = (xs[K + k], xs[2 * K][:, sl]) if full else ()
             want = (need[k], need[K + k], need[2 * K]) if full else (need[k], False, False)
             d_x, gW, d_prev = _one_grads(xp, H, xs[k], y[:, sl], g[:, sl], want, *extra)

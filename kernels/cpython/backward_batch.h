@@ -52,6 +52,7 @@ PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x);
 /* backward_products.c: NB_MATMUL and NB_AFFINE (first: the first product's W; 1 for affine's b) */
 PyObject *dg_nb_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need, Py_ssize_t first);
 PyObject *dg_nb_product_grad(PyObject *ctx, PyObject *g, PyObject *W);
+int dg_nb_tgrad_into(PyObject *ctx, void *out, const void *W, const void *g, Py_ssize_t n, Py_ssize_t r, Py_ssize_t c);
 
 /* backward_step.c: NB_LSTM_STEP */
 PyObject *dg_nb_lstm_step(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g, PyObject *need,

@@ -16,6 +16,23 @@ typedef void (*tgrad_f64)(double *, const double *const *, const int64_t *, cons
                           int64_t, int64_t);
 static const int64_t ZERO_ROWS[NB_PRODUCT_ROWS_MAX];  /* every row reads matrix 0, row 0: the shared W */
 
+/* out (n, c) = g (n, r) W (r, c) by dg_rows_matvec_tgrad where n and n*r*c are within the bounds
+   (backends/cpu/direct.py _tgrad_fits): 1 when it ran, 0 when they do not fit or the kernel is
+   missing (nothing written). */
+int dg_nb_tgrad_into(PyObject *ctx, void *out, const void *W, const void *g, Py_ssize_t n, Py_ssize_t r, Py_ssize_t c) {
+    if (n < 1 || n > NB_PRODUCT_ROWS_MAX || n * r * c > NB_PRODUCT_MACS_MAX)
+        return 0;
+    int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
+    uintptr_t fn = dg_nb_kernel_address(ctx, f32 ? 8 : 9);
+    if (!fn)
+        return 0;
+    if (f32)
+        ((tgrad_f32)fn)(out, (const float *const *)&W, ZERO_ROWS, ZERO_ROWS, g, n, r, c);
+    else
+        ((tgrad_f64)fn)(out, (const double *const *)&W, ZERO_ROWS, ZERO_ROWS, g, n, r, c);
+    return 1;
+}
+
 /* g @ W[0] by dg_rows_matvec_tgrad for g (n, r) and W (1, r, c) C-contiguous with n and n*r*c within
    the bounds, as the backend's override (backends/cpu/direct.py _products_backward); NULL with no
    error when they do not fit. */
@@ -25,18 +42,11 @@ static PyObject *small_product_grad(PyObject *ctx, PyObject *g, PyObject *W) {
     if (!dg_nb_operand(ctx, g, 2, gs, 1, &gb) || !dg_nb_operand(ctx, W, 3, ws, 1, &wb) || ws[0] != 1 || ws[1] != gs[1]
         || gs[0] < 1 || gs[0] > NB_PRODUCT_ROWS_MAX || gs[0] * ws[1] * ws[2] > NB_PRODUCT_MACS_MAX)
         return NULL;
-    int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
-    uintptr_t fn = dg_nb_kernel_address(ctx, f32 ? 8 : 9);
-    if (!fn)
+    if (!dg_nb_kernel_address(ctx, *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f' ? 8 : 9))
         return NULL;
     PyObject *out = dg_nb_new_block(ctx, gs[0], ws[2], &out_b);
-    if (!out)
-        return NULL;
-    const void *base = wb;
-    if (f32)
-        ((tgrad_f32)fn)(out_b, (const float *const *)&base, ZERO_ROWS, ZERO_ROWS, gb, gs[0], ws[1], ws[2]);
-    else
-        ((tgrad_f64)fn)(out_b, (const double *const *)&base, ZERO_ROWS, ZERO_ROWS, gb, gs[0], ws[1], ws[2]);
+    if (out)
+        dg_nb_tgrad_into(ctx, out_b, wb, gb, gs[0], ws[1], ws[2]);
     return out;
 }
 

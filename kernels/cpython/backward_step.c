@@ -50,26 +50,14 @@ static int leaf_plan(PyObject *plan, PyObject **b) {
     return kind == LEAF;
 }
 
-typedef void (*tgrad_f32)(float *, const float *const *, const int64_t *, const int64_t *, const float *, int64_t,
-                          int64_t, int64_t);
-typedef void (*tgrad_f64)(double *, const double *const *, const int64_t *, const int64_t *, const double *, int64_t,
-                          int64_t, int64_t);
-static const int64_t ROW0[1];  /* the one row reads matrix 0, row 0: the shared W */
-
 enum { MAX_CHAINS = 8 };  /* the most chains one node steps that run here */
 
 /* Chain k's part [dpre W | dcp] of the previous states' gradient out (B rows, `stride` elements
    apart; zero elsewhere): dpre W as dg_nb_product_grad makes it (the small-rows kernel for one row
    within its bound, written straight into the row; else its array, copied). 0, or -1 with an error set. */
 static int chain_state_grad(PyObject *ctx, char *out, Py_ssize_t stride, PyObject *dp, const void *dpre, PyObject *W_o,
-                            const void *W, const char *dcp, Py_ssize_t B, Py_ssize_t H, Py_ssize_t item, int f32) {
-    uintptr_t fn = dg_nb_kernel_address(ctx, f32 ? 8 : 9);  /* dg_rows_matvec_tgrad */
-    if (B == 1 && fn && 4 * H * H <= NB_PRODUCT_MACS_MAX) {
-        if (f32)
-            ((tgrad_f32)fn)((float *)out, (const float *const *)&W, ROW0, ROW0, dpre, 1, 4 * H, H);
-        else
-            ((tgrad_f64)fn)((double *)out, (const double *const *)&W, ROW0, ROW0, dpre, 1, 4 * H, H);
-    } else {
+                            const void *W, const char *dcp, Py_ssize_t B, Py_ssize_t H, Py_ssize_t item) {
+    if (B != 1 || !dg_nb_tgrad_into(ctx, out, W, dpre, 1, 4 * H, H)) {
         PyObject *gh = dg_nb_product_grad(ctx, dp, W_o);
         Py_ssize_t s[2];
         void *ghb;
@@ -204,7 +192,7 @@ PyObject *dg_nb_lstm_step(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject
         memset(ob, 0, (size_t)(B * stride * item));
         for (Py_ssize_t k = 0; k < K; k++)
             if (chain_state_grad(ctx, (char *)ob + k * S * item, stride, dp[k], dpre[k], PyList_GET_ITEM(xs, K + k), W[k],
-                                 dcp + k * B * H * item, B, H, item, f32) < 0) {
+                                 dcp + k * B * H * item, B, H, item) < 0) {
                 Py_DECREF(gs);
                 goto fail;
             }

@@ -292,7 +292,9 @@ PyObject *dg_direct_new_rows(const dg_direct_ctx *ctx, Py_ssize_t rows, Py_ssize
 int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *bound, int t, PyObject *xs,
                        const Py_buffer *v, PyObject **y);
 void dg_set_matvec_kernels(void *f32, void *f64);
-void *dg_matvec_kernel(int t);  /* dg_rows_matvec_f32 (t 0) or _f64 (1), or NULL before set_direct_kernels */
+int dg_shared_matvec(int t, void *y, const void *W, const void *x, Py_ssize_t xstride, Py_ssize_t n, Py_ssize_t r,
+                     Py_ssize_t c);
+void dg_add_row_block(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssize_t width, Py_ssize_t step);
 /* direct_step.c: lstm_step's forward (as dg_direct_batch: 1 with *y, 0, -1) and its cell kernels */
 int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
                         PyObject *attrs, PyObject **y);

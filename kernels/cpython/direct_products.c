@@ -29,8 +29,17 @@ void dg_set_matvec_kernels(void *f32, void *f64) {
     matvec_fn[1] = f64;
 }
 
-void *dg_matvec_kernel(int t) {
-    return matvec_fn[t];
+/* y (n, r) = x W^T, W (r, c) one shared matrix, the rows of x xstride elements apart, by the
+   small-rows kernel (n <= MATVEC_ROWS_MAX). 0, or -1 when the kernel is not registered. */
+int dg_shared_matvec(int t, void *y, const void *W, const void *x, Py_ssize_t xstride, Py_ssize_t n, Py_ssize_t r,
+                     Py_ssize_t c) {
+    if (!matvec_fn[t] || n > MATVEC_ROWS_MAX)
+        return -1;
+    if (t == 0)
+        ((matvec_f32)matvec_fn[0])(y, (const float *const *)&W, ZERO_ROWS, ZERO_ROWS, x, xstride, n, r, c);
+    else
+        ((matvec_f64)matvec_fn[1])(y, (const double *const *)&W, ZERO_ROWS, ZERO_ROWS, x, xstride, n, r, c);
+    return 0;
 }
 
 /* affine (DIRECT_AFFINE: b, W1, x1, W2, x2, ...) and matmul (DIRECT_MATMUL: W, x) with every W a
@@ -208,7 +217,7 @@ int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *b
 
 /* dst (rows, width) += src rows, src row j at src + j * step (step 0: one row for all); t 0 float32,
    1 float64. One IEEE add per element, as numpy's in-place add. */
-static void add_rows(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssize_t width, Py_ssize_t step) {
+void dg_add_row_block(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssize_t width, Py_ssize_t step) {
     for (Py_ssize_t j = 0; j < rows; j++) {
         if (t == 0) {
             float *d = (float *)dst + j * width;
@@ -241,19 +250,15 @@ static int small_products(const dg_direct_ctx *ctx, int affine, int t, Py_ssize_
         return -1;
     }
     for (Py_ssize_t i = first; i < k; i += 2) {
-        const void *base = v[i].buf;
         void *dst = i == first ? w.buf : tmp;
         Py_ssize_t c = v[i].shape[2];
-        if (t == 0)
-            ((matvec_f32)matvec_fn[0])(dst, (const float *const *)&base, ZERO_ROWS, ZERO_ROWS, v[i + 1].buf, c, n, r, c);
-        else
-            ((matvec_f64)matvec_fn[1])(dst, (const double *const *)&base, ZERO_ROWS, ZERO_ROWS, v[i + 1].buf, c, n, r, c);
+        dg_shared_matvec(t, dst, v[i].buf, v[i + 1].buf, c, n, r, c);  /* registered: checked by the caller */
         if (i != first)
-            add_rows(t, w.buf, tmp, n, r, r);
+            dg_add_row_block(t, w.buf, tmp, n, r, r);
     }
     PyMem_Free(tmp);
     if (affine)
-        add_rows(t, w.buf, v[0].buf, n, r, v[0].shape[0] == 1 ? 0 : r);  /* + b, one row or n */
+        dg_add_row_block(t, w.buf, v[0].buf, n, r, v[0].shape[0] == 1 ? 0 : r);  /* + b, one row or n */
     dg_direct_mark_ready(ctx, &w, t);
     PyBuffer_Release(&w);
     *y = out;

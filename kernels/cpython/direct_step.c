@@ -71,12 +71,6 @@ static PyObject *gates_of(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int
     return gates;
 }
 
-typedef void (*matvec_f32)(float *, const float *const *, const int64_t *, const int64_t *, const float *, int64_t,
-                           int64_t, int64_t, int64_t);
-typedef void (*matvec_f64)(double *, const double *const *, const int64_t *, const int64_t *, const double *, int64_t,
-                           int64_t, int64_t, int64_t);
-static const int64_t ROW0[4];  /* every row reads matrix 0, row 0: the shared W (at most four rows) */
-
 /* One chain's gates for B <= 4 rows where the small-rows kernel takes the product (dg_direct_products'
    rule: two to four rows, or one within the bound): gates = W h_prev, h_prev read in place from the
    states (rows `stride` elements apart), then + pre_x, one add per element, as small_products makes
@@ -84,30 +78,21 @@ static const int64_t ROW0[4];  /* every row reads matrix 0, row 0: the shared W 
    when the rule says BLAS, NULL with an error set on failure. */
 static char *small_gates(const Py_ssize_t *bound, int t, const void *pre, const void *W, const char *prev,
                          Py_ssize_t stride, Py_ssize_t item, Py_ssize_t B, Py_ssize_t H, int *declined) {
-    void *fn = dg_matvec_kernel(t);
-    if (!fn || B > 4 || (B == 1 && 4 * H * H > bound[t])) {
+    if (B > 4 || (B == 1 && 4 * H * H > bound[t])) {
         *declined = 1;
         return NULL;
     }
-    Py_ssize_t n = B * 4 * H;
-    char *g = PyMem_Malloc((size_t)(n * item));
+    char *g = PyMem_Malloc((size_t)(B * 4 * H * item));
     if (!g) {
         PyErr_NoMemory();
         return NULL;
     }
-    if (t == 0) {
-        float *y = (float *)g;
-        const float *b = (const float *)pre;
-        ((matvec_f32)fn)(y, (const float *const *)&W, ROW0, ROW0, (const float *)prev, stride, B, 4 * H, H);
-        for (Py_ssize_t e = 0; e < n; e++)
-            y[e] += b[e];
-    } else {
-        double *y = (double *)g;
-        const double *b = (const double *)pre;
-        ((matvec_f64)fn)(y, (const double *const *)&W, ROW0, ROW0, (const double *)prev, stride, B, 4 * H, H);
-        for (Py_ssize_t e = 0; e < n; e++)
-            y[e] += b[e];
+    if (dg_shared_matvec(t, g, W, prev, stride, B, 4 * H, H) < 0) {
+        PyMem_Free(g);
+        *declined = 1;
+        return NULL;
     }
+    dg_add_row_block(t, g, pre, B, 4 * H, 4 * H);
     return g;
 }
 

@@ -233,6 +233,16 @@ def _tgrad_fits(W, g) -> bool:
     return 1 <= n <= PRODUCT_ROWS_MAX and n * W.shape[1] * W.shape[2] <= PRODUCT_MACS_MAX
 
 
+def small_product_grad(W: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """g @ W[0] by dg_rows_matvec_tgrad (rowmm.inc: the rows of W added in order), for operands
+    that _tgrad_fits; backward_products.c's dg_nb_tgrad_into calls the same kernel."""
+    n, r, c = g.shape[0], W.shape[1], W.shape[2]
+    gx = np.empty((n, c), W.dtype)
+    _fn("dg_rows_matvec_tgrad", W.dtype)(_p(gx), ffi.new(_BASES[W.dtype], [_p(W)]), _pi(_ZERO_ROWS), _pi(_ZERO_ROWS),
+                                         _p(g), n, r, c)
+    return gx
+
+
 def _products_backward(name: str, first: int):
     """The op's own backward, with each fitting product's input gradient g @ W[0] made by
     dg_rows_matvec_tgrad (rowmm.inc: the rows of W added in order) instead of numpy's matmul;
@@ -249,12 +259,7 @@ def _products_backward(name: str, first: int):
             rest[i + 1] = False
         out = list(own(xp, a, data, xs, y, g, tuple(rest)))
         for i in fit:
-            W = xs[i]
-            n, r, c = g.shape[0], W.shape[1], W.shape[2]
-            gx = np.empty((n, c), W.dtype)
-            _fn("dg_rows_matvec_tgrad", W.dtype)(_p(gx), ffi.new(_BASES[W.dtype], [_p(W)]), _pi(_ZERO_ROWS),
-                                                 _pi(_ZERO_ROWS), _p(g), n, r, c)
-            out[i + 1] = gx
+            out[i + 1] = small_product_grad(xs[i], g)
         return tuple(out)
     return backward
 

@@ -15,8 +15,8 @@ import numpy as np
 from ...ops.base import DEFER, OPS, WeightProduct, one_row
 from ...ops.cells import STATE_WIDTH, chains
 from ..._kernels import ffi
-from .direct import _BASES, _ZERO_ROWS, _products_twin, _tgrad_fits
-from .ffi import F32, F64, _fn, _p, _pi
+from .direct import _products_twin, _tgrad_fits, small_product_grad
+from .ffi import F32, F64, _fn, _p
 
 _OP = OPS["lstm_step"]
 _AFFINE = _products_twin("affine", 1)  # b + W x as direct_products.c makes it
@@ -85,13 +85,7 @@ def _pre_grad(H: int, y, g, c_prev):
 def _product_grad(W, dpre):
     """dpre W[0], as the affine's input gradient is made (direct.py _products_backward: the
     small-rows kernel where it fits)."""
-    if not _tgrad_fits(W, dpre):
-        return dpre @ W[0]
-    B, H, dt = dpre.shape[0], W.shape[2], dpre.dtype
-    gx = np.empty((B, H), dt)
-    _fn("dg_rows_matvec_tgrad", dt)(_p(gx), ffi.new(_BASES[dt], [_p(W)]), _pi(_ZERO_ROWS), _pi(_ZERO_ROWS),
-                                    _p(dpre), B, 4 * H, H)
-    return gx
+    return small_product_grad(W, dpre) if _tgrad_fits(W, dpre) else dpre @ W[0]
 
 
 def lstm_step_backward(xp, a, data, xs, y, g, need):
