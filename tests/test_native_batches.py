@@ -369,6 +369,62 @@ def test_native_tanh_and_logistic_backward_as_the_reference(monkeypatch, dtype, 
     assert_same_grads_and_blocks(a, b)
 
 
+def _attention_graph(pc, H: int, T: int):
+    """DyNet's attention step, three times over T encoder columns: colwise_add, tanh of a matrix,
+    transpose of a row, softmax of a column, the context (a matrix times that column) beside a
+    vector (concatenate pads the vector) and reshaped into a vector; the kinds of direct_shaped.c
+    and backward_shaped.c, and the padded concatenation and N-d tanh of direct_batch.c and
+    backward_ops.c."""
+    E = pc.add_lookup_parameters((9, H))
+    W1, W2 = dy.parameter(pc.add_parameters((H, H))), dy.parameter(pc.add_parameters((H, H)))
+    v = dy.parameter(pc.add_parameters((1, H)))
+    enc = dy.concatenate_cols([dy.lookup(E, w % 9) for w in range(T)])
+    w1enc, s, outs = W1 * enc, dy.lookup(E, 2), []
+    for step in range(3):
+        scores = dy.transpose(v * dy.tanh(dy.colwise_add(w1enc, W2 * s)))
+        context = enc * dy.softmax(scores)
+        x = dy.reshape(dy.concatenate([context, dy.lookup(E, step)]), (2 * H,))
+        s = dy.tanh(dy.pick_range(x, 0, H) + dy.pick_range(x, H, 2 * H))
+        outs += [x, scores]
+    return outs
+
+
+_SHAPED_BACKWARD = {"Reshape.backward", "Transpose.backward", "Concatenate.backward", "_softmax_backward",
+                    "_colwise_add_backward", "_tanh_grad"}
+_SHAPED_FORWARD = {"Reshape.forward", "Transpose.forward", "_softmax_forward", "ColwiseAdd.forward"}
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("H,T", [(4, 3), (64, 14), (16, 300)])
+def test_native_attention_steps_as_the_reference(monkeypatch, dtype, H, T):
+    """An attention step's batches run in C both ways (direct_shaped.c forward, backward_shaped.c
+    and backward_ops.c backward: none of the ops' Python backward is called) and leave the values,
+    blocks and gradients of the Python batch step and backward, bit for bit. T = 300 sums g's rows
+    past numpy's pairwise block of 128 (colwise_add's, softmax's)."""
+    fwd = []
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(executor, "_run_batch_native", None)
+            runs, called = native_and_python_runs(monkeypatch, lambda pc: _attention_graph(pc, H, T), dtype,
+                                                  _SHAPED_BACKWARD | _SHAPED_FORWARD, fuse=False)
+        fwd.append(runs[0])
+        forward_calls = [sum(c[k] for k in _SHAPED_FORWARD) for c in called]
+        assert forward_calls == [0, 0] if native else min(forward_calls) > 0
+        # natively only concatenate_cols' backward (along the second axis) is Python's
+        assert {k: v for k, v in called[0].items() if k in _SHAPED_BACKWARD} == {"Concatenate.backward": 1}
+        assert called[1]["_softmax_backward"] == called[1]["_colwise_add_backward"] == 3
+        assert_same_grads_and_blocks(*runs)
+        for x, y in zip(runs[0].values, runs[1].values):
+            np.testing.assert_array_equal(x, y)
+    for x, y in zip(fwd[0].values, fwd[1].values):  # the compiled forward against the Python batch step
+        np.testing.assert_array_equal(x, y)
+    assert_same_grads_and_blocks(*fwd)
+    names = {op.name for op in fwd[0].cg.op}
+    assert {"colwise_add", "transpose", "softmax", "reshape", "concatenate"} <= names
+
+
 def _products_graph(pc, r: int, c: int, rows: int):
     """rows products W x (+ b) per batch with W (r, c): matmul and affine, forward and backward
     (x from a lookup table, so its gradient g @ W is needed)."""

@@ -11,7 +11,7 @@ enum { B_OP, B_NEEDS, B_DATA, B_ATTRS, B_BLOCKS, B_GB, B_BORROWED, B_INFOS, B_IN
        B_TABLE_ARRAYS, B_ZEROS, B_SIZE };
 /* backward_ops.c's op codes (info[6]; backends/cpu/backward.py names them) */
 enum { NB_NONE, NB_MATMUL, NB_AFFINE, NB_LSTM_C, NB_LSTM_H, NB_ESUM, NB_ADD, NB_LOOKUP, NB_PNLS, NB_TANH, NB_LOGISTIC, NB_CONCAT,
-       NB_LSTM_STEP };
+       NB_LSTM_STEP, NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE };
 /* NB_TANH, NB_LOGISTIC: batches of fewer elements than this take backward_ops.c's loop; the cpu
    adapter's threshold (overrides.UNARY_BWD_MIN), below which it runs the op's numpy code */
 #define NB_UNARY_MAX 16384
@@ -48,11 +48,17 @@ int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int c
 PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf);
 uintptr_t dg_nb_kernel_address(PyObject *ctx, int i);
 PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x);
+int dg_nb_contiguous(PyObject *ctx, PyObject *a, Py_ssize_t *shape, void **buf);
+PyObject *dg_nb_new_shaped(PyObject *ctx, const Py_ssize_t *shape, int nd, void **buf);
 
 /* backward_products.c: NB_MATMUL and NB_AFFINE (first: the first product's W; 1 for affine's b) */
 PyObject *dg_nb_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need, Py_ssize_t first);
 PyObject *dg_nb_product_grad(PyObject *ctx, PyObject *g, PyObject *W);
 int dg_nb_tgrad_into(PyObject *ctx, void *out, const void *W, const void *g, Py_ssize_t n, Py_ssize_t r, Py_ssize_t c);
+
+/* backward_shaped.c: NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE */
+PyObject *dg_nb_shaped(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
+                       PyObject *need);
 
 /* backward_step.c: NB_LSTM_STEP */
 PyObject *dg_nb_lstm_step(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g, PyObject *need,

@@ -87,3 +87,39 @@ PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x) {
     Py_DECREF(shape);
     return r;
 }
+
+/* A C-contiguous exact ndarray of the graph's dtype with at most 8 axes: its number of axes (its
+   shape into shape, its address into *buf), else -1 with no error set. */
+int dg_nb_contiguous(PyObject *ctx, PyObject *a, Py_ssize_t *shape, void **buf) {
+    int nd = dg_array_shape(ctx, a, 8, shape);
+    if (nd < 1 || !dg_nb_operand(ctx, a, nd, shape, 1, buf)) {
+        PyErr_Clear();
+        return -1;
+    }
+    return nd;
+}
+
+/* A new array of the graph's dtype and shape (shape, nd axes) (np.empty), its address in *buf, or
+   NULL with an exception set. */
+PyObject *dg_nb_new_shaped(PyObject *ctx, const Py_ssize_t *shape, int nd, void **buf) {
+    PyObject *t = PyTuple_New(nd);
+    for (int d = 0; t && d < nd; d++) {
+        PyObject *e = PyLong_FromSsize_t(shape[d]);
+        if (!e)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, d, e);
+    }
+    if (!t)
+        return NULL;
+    PyObject *argv[2] = {t, PyTuple_GET_ITEM(ctx, B_DTYPE)};
+    PyObject *a = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
+    Py_DECREF(t);
+    Py_ssize_t s[8];
+    if (a && dg_nb_contiguous(ctx, a, s, buf) != nd) {
+        Py_DECREF(a);
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: empty() made an unexpected array");
+        return NULL;
+    }
+    return a;
+}

@@ -26,6 +26,7 @@ for these operands, so the gradients are bit-identical; any operand it does not 
     NB_LSTM_STEP  backends/cpu/lstm_step.py lstm_step_backward (backward_step.c)
     NB_CONCAT  ops/shape.py Concatenate.backward for per-node vectors: each needed argument's
                gradient is its columns of g (copied here; the op hands views of the same values)
+    NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE  backward_shaped.c
 
 The codes and kernel addresses come from the backend's native_backward capability
 (backends/cpu/backward.py), which offers a case only where the backend runs that reference. */
@@ -322,20 +323,27 @@ UNARY_GRAD(tanh_grad_f64, double, t = y[i] * y[i]; t = (double)1 - t; t = t * g[
 UNARY_GRAD(logistic_grad_f32, float, t = (float)1 - y[i]; t = t * y[i]; t = t * g[i])
 UNARY_GRAD(logistic_grad_f64, double, t = (double)1 - y[i]; t = t * y[i]; t = t * g[i])
 
-/* NB_TANH, NB_LOGISTIC: y (B, n) and g (B, n) of the graph's dtype, contiguous, fewer than
+/* NB_TANH, NB_LOGISTIC: y and g of one shape (B, ...) of the graph's dtype, contiguous, fewer than
    NB_UNARY_MAX elements (where the cpu adapter runs the op's numpy code) -> (gx,). */
 static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyObject *g, PyObject *need) {
-    Py_ssize_t ys[2], gs[2];
+    Py_ssize_t ys[8], gs[8], n = 1;
     void *yp, *gp, *op;
-    if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True
-        || !dg_nb_operand(ctx, y, 2, ys, 1, &yp) || !dg_nb_operand(ctx, g, 2, gs, 1, &gp) || ys[0] != gs[0] || ys[1] != gs[1]
-        || ys[0] * ys[1] >= NB_UNARY_MAX)
+    if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True)
         return NULL;
-    PyObject *out = dg_nb_new_block(ctx, ys[0], ys[1], &op);
+    int nd = dg_nb_contiguous(ctx, y, ys, &yp);
+    if (nd < 1 || dg_nb_contiguous(ctx, g, gs, &gp) != nd)
+        return NULL;
+    for (int d = 0; d < nd; d++) {
+        if (ys[d] != gs[d])
+            return NULL;
+        n *= ys[d];
+    }
+    if (n >= NB_UNARY_MAX)
+        return NULL;
+    PyObject *out = dg_nb_new_shaped(ctx, ys, nd, &op);
     if (!out)
         return NULL;
     int f32 = *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
-    Py_ssize_t n = ys[0] * ys[1];
     if (code == NB_TANH) {
         if (f32)
             tanh_grad_f32(op, yp, gp, n);
@@ -354,48 +362,60 @@ static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyOb
 
 /* The gradients of one batch by op code (a new reference), or NULL: with an exception set on
    error, without one when the operands are not a case of ours (the op's backward runs). */
-/* NB_CONCAT: Concatenate.backward where g is (B, W) and every argument a (B, w_k) array of the
-   graph's dtype with the w_k adding up to W, along the first per-node axis (attrs (0,)): the
-   argument's columns of g, row by row, into a new (B, w_k) block. Anything else (matrices,
-   shared or broadcast arguments, in-place operands, more than CONCAT_MAX arguments) returns NULL
-   with no exception: the op's own backward runs. */
+/* NB_CONCAT: Concatenate.backward along the first per-node axis (attrs (0,)) where g is a contiguous
+   (B, W, ...) array of the graph's dtype and every argument (B, w_k, ...) with the w_k adding up
+   to W and g's trailing axes (an argument with fewer axes counts the missing ones as 1: attention's
+   (2H, 1) context beside an (H,) vector): the argument's part of each row of g, into a new array of
+   its shape. Anything else (shared or broadcast arguments, in-place operands, more than CONCAT_MAX
+   arguments) returns NULL with no exception: the op's own backward runs. */
 #define CONCAT_MAX 16
 static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t k = PyList_GET_SIZE(xs), gs[2], s[2], width[CONCAT_MAX], total = 0;
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[8], s[CONCAT_MAX][8], total = 0, tail = 1;
+    int nds[CONCAT_MAX];
     void *gbuf;
     if (k > CONCAT_MAX || !PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
-        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || PyTuple_GET_SIZE(need) != k
-        || !dg_nb_operand(ctx, g, 2, gs, 1, &gbuf)) {
+        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || PyTuple_GET_SIZE(need) != k) {
         PyErr_Clear();
         return NULL;
     }
+    int gn = dg_nb_contiguous(ctx, g, gs, &gbuf);
+    if (gn < 2)
+        return NULL;
+    for (int d = 2; d < gn; d++)
+        tail *= gs[d];
     for (Py_ssize_t i = 0; i < k; i++) {
-        if (!dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), 2, s, 0, NULL) || s[0] != gs[0])
+        int nd = nds[i] = dg_array_shape(ctx, PyList_GET_ITEM(xs, i), 8, s[i]);
+        if (nd < 2 || nd > gn || s[i][0] != gs[0] || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), nd, s[i], 0, NULL)) {
+            PyErr_Clear();
             return NULL;
-        total += width[i] = s[1];
+        }
+        for (int d = 2; d < gn; d++)
+            if ((d < nd ? s[i][d] : 1) != gs[d])
+                return NULL;
+        total += s[i][1];
     }
     const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     if (!fmt || total != gs[1]) {
         PyErr_Clear();
         return NULL;
     }
-    Py_ssize_t item = !strcmp(fmt, "f") ? 4 : 8, B = gs[0], W = gs[1], off = 0;
+    Py_ssize_t item = !strcmp(fmt, "f") ? 4 : 8, B = gs[0], row = gs[1] * tail * item, off = 0;
     PyObject *out = PyTuple_New(k);
     for (Py_ssize_t i = 0; out && i < k; i++) {
-        Py_ssize_t w = width[i];
+        Py_ssize_t part = s[i][1] * tail * item;
         PyObject *gi;
         void *dst;
         if (PyTuple_GET_ITEM(need, i) != Py_True) {
             gi = Py_NewRef(Py_None);
-        } else if ((gi = dg_nb_new_block(ctx, B, w, &dst)) != NULL) {
+        } else if ((gi = dg_nb_new_shaped(ctx, s[i], nds[i], &dst)) != NULL) {
             for (Py_ssize_t r = 0; r < B; r++)
-                memcpy((char *)dst + r * w * item, (const char *)gbuf + (r * W + off) * item, (size_t)(w * item));
+                memcpy((char *)dst + r * part, (const char *)gbuf + r * row + off, (size_t)part);
         } else {
             Py_CLEAR(out);
             break;
         }
         PyTuple_SET_ITEM(out, i, gi);
-        off += w;
+        off += part;
     }
     return out;
 }
@@ -425,6 +445,11 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
         return concat(ctx, attrs, xs, g, need);
     case NB_LSTM_STEP:
         return dg_nb_lstm_step(ctx, attrs, xs, y, g, need, plans);
+    case NB_RESHAPE:
+    case NB_TRANSPOSE:
+    case NB_SOFTMAX:
+    case NB_COLWISE:
+        return dg_nb_shaped(ctx, code, attrs, xs, y, g, need);
     default:
         return NULL;
     }

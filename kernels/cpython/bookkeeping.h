@@ -261,6 +261,13 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+/* the direct kernels' kinds (backends/cpu/direct.py's DIRECT_*): the first DIRECT_KINDS through
+   direct_batch.c's kernel table */
+enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH,
+       DIRECT_KINDS = DIRECT_LSTMH,
+       DIRECT_CONCAT, DIRECT_AFFINE, DIRECT_MATMUL,  /* copies; numpy's products: no kernel pointer */
+       DIRECT_LSTM_STEP,                             /* direct_step.c, its kernel set apart */
+       DIRECT_COPY, DIRECT_SOFTMAX, DIRECT_COLWISE }; /* direct_shaped.c */
 /* direct_batch.c, for batch_run.c: numpy's array type and allocators, then one batch's direct kernel
    (1 with *y its output, 0 when the batch does not fit it, -1 on error) */
 typedef struct {
@@ -299,6 +306,12 @@ void dg_add_row_block(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssi
 int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
                         PyObject *attrs, PyObject **y);
 void dg_set_step_kernels(void *f32, void *f64);
+/* direct_shaped.c: reshape's copy, softmax of columns, colwise_add (as dg_direct_batch) */
+int dg_direct_shaped(const dg_direct_ctx *ctx, long kind, long code, const Py_ssize_t *bound, int t, PyObject *xs,
+                     const Py_buffer *v, PyObject *attrs, PyObject *shape, Py_ssize_t B, PyObject **y);
+int dg_order_kept(PyObject *attrs, const Py_ssize_t *s, int nd);
+int dg_same_squeezed(const Py_ssize_t *a, int na, const Py_ssize_t *b, int nb);
+void dg_set_softmax_kernels(void *f32, void *f64);
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

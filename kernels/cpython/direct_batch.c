@@ -10,10 +10,6 @@ same decision and calls the same kernel, so both paths leave identical values.
 
 #include "bookkeeping.h"
 
-enum { DIRECT_UNARY = 1, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH,
-       DIRECT_KINDS = DIRECT_LSTMH,
-       DIRECT_CONCAT, DIRECT_AFFINE, DIRECT_MATMUL,  /* copies here; numpy's products: no kernel pointer */
-       DIRECT_LSTM_STEP };                           /* direct_step.c, its kernel set apart */
 typedef void (*unary_f32)(int, float *, const float *, int64_t);
 typedef void (*unary_f64)(int, double *, const double *, int64_t);
 typedef void (*binary_f32)(int, float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
@@ -33,17 +29,18 @@ typedef void (*lstmh_f64)(const double *, const double *, double *, int64_t, int
 static void *direct_fn[DIRECT_KINDS][2];
 
 /* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., lstmh_f64, matvec_f32, matvec_f64, lstm_f32,
-   lstm_f64): the kernels' addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*,
-   dg_take_rows_*, dg_lstmc_fwd_*, dg_lstmh_fwd_*, dg_rows_matvec_*, dg_lstm_fwd_* of dynagraph._kernels),
+   lstm_f64, softmax_f32, softmax_f64): the kernels' addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*,
+   dg_pnls_fwd_*, dg_take_rows_*, dg_lstmc_fwd_*, dg_lstmh_fwd_*, dg_rows_matvec_*, dg_lstm_fwd_*,
+   dg_softmax_fwd_* of dynagraph._kernels),
    set once by backends/cpu/direct.py. */
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2 * DIRECT_KINDS + 4) {
-        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 18 kernel addresses");
+    if (nargs != 2 * DIRECT_KINDS + 6) {
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 20 kernel addresses");
         return NULL;
     }
-    void *got[2 * DIRECT_KINDS + 4];
-    for (int i = 0; i < 2 * DIRECT_KINDS + 4; i++) {
+    void *got[2 * DIRECT_KINDS + 6];
+    for (int i = 0; i < 2 * DIRECT_KINDS + 6; i++) {
         got[i] = PyLong_AsVoidPtr(argv[i]);
         if (!got[i]) {
             if (!PyErr_Occurred())
@@ -55,6 +52,7 @@ PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_
         direct_fn[i / 2][i % 2] = got[i];
     dg_set_matvec_kernels(got[2 * DIRECT_KINDS], got[2 * DIRECT_KINDS + 1]);
     dg_set_step_kernels(got[2 * DIRECT_KINDS + 2], got[2 * DIRECT_KINDS + 3]);
+    dg_set_softmax_kernels(got[2 * DIRECT_KINDS + 4], got[2 * DIRECT_KINDS + 5]);
     Py_RETURN_NONE;
 }
 
@@ -270,8 +268,8 @@ static int direct_lstm(const dg_direct_ctx *ctx, long kind, const Py_ssize_t *bo
 
 /* concatenate along the first per-node axis (DIRECT_CONCAT; attrs (0,)): the output
    (B,) + shape (shape: the node's, from the graph), each node's row the arguments' rows one
-   after another (a row-major array's first axis). Every argument has the output's number of
-   axes, its trailing axes, and 1 or B rows; their first per-node axes add up to the output's.
+   after another (a row-major array's first axis). Every argument has the output's trailing
+   axes (missing ones counting as 1: attention's (2H, 1) context beside an (H,) vector), and 1 or B rows; their first per-node axes add up to the output's.
    A copy, exact as numpy's. As direct_batch: 1 with *y, 0 when it does not fit, -1. */
 static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, Py_buffer *v,
                          PyObject *attrs, PyObject *shape, Py_ssize_t B, PyObject **y) {
@@ -291,11 +289,11 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
         else
             tail *= e;
     }
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (v[i].ndim != nd + 1 || (v[i].shape[0] != 1 && v[i].shape[0] != B))
+    for (Py_ssize_t i = 0; i < k; i++) {  /* an argument with fewer axes is padded with axes of 1 */
+        if (v[i].ndim < 2 || v[i].ndim > nd + 1 || (v[i].shape[0] != 1 && v[i].shape[0] != B))
             return 0;
         for (Py_ssize_t d = 1; d < nd; d++)
-            if (v[i].shape[d + 1] != PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)))
+            if ((d + 1 < v[i].ndim ? v[i].shape[d + 1] : 1) != PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)))
                 return 0;
         first += v[i].shape[1];
     }
@@ -354,7 +352,7 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
     if (PyErr_Occurred())
         return -1;
     Py_ssize_t k = PyList_GET_SIZE(xs);
-    if (kind < DIRECT_UNARY || kind > DIRECT_LSTM_STEP || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
+    if (kind < DIRECT_UNARY || kind > DIRECT_COLWISE || (kind <= DIRECT_KINDS && !direct_fn[kind - 1][0]) || k < 1
         || ((kind == DIRECT_UNARY || kind == DIRECT_PNLS || kind == DIRECT_TAKE) && k != 1)
         || (kind == DIRECT_BINARY && k != 2)
         || ((kind == DIRECT_PNLS || kind == DIRECT_TAKE) != (data != Py_None)))
@@ -387,6 +385,10 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
     }
     if (kind == DIRECT_LSTM_STEP) {
         rc = dg_direct_lstm_step(ctx, bound, t, xs, v, attrs, y);
+        goto out;
+    }
+    if (kind >= DIRECT_COPY) {
+        rc = dg_direct_shaped(ctx, kind, code, bound, t, xs, v, attrs, shape, nodes, y);
         goto out;
     }
     Py_ssize_t lead = 0, n = v[0].len / v[0].itemsize, B = 1;

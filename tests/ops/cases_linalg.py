@@ -51,6 +51,11 @@ OTHER = [
          lambda k, x: x.transpose(2, 0, 1)),
     Case("colwise_add", "colwise_add", lambda k, x, b: dy.colwise_add(x, b), [A((3, 4)), A((3,))],
          lambda k, x, b: x + b[:, None]),
+    Case("colwise_add_column_b", "colwise_add", lambda k, x, b: dy.colwise_add(x, b), [A((3, 4)), A((3, 1))],
+         lambda k, x, b: x + b),
+    # a row into a column: only an axis of 1 moves, the values keep their order (a copy in C)
+    Case("transpose_row_to_column", "transpose", lambda k, x: dy.transpose(x), [A((1, 4))],
+         lambda k, x: x.reshape(4, 1)),
 ]
 
 CASES = MATMUL + AFFINE + OTHER

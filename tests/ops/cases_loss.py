@@ -33,6 +33,8 @@ SOFTMAX = [
     Case("softmax_vector", "softmax", lambda k, x: dy.softmax(x), [V5], lambda k, x: _softmax(x)),
     # Matrices: softmax over each column (DyNet's d=0), or over rows with d=1.
     Case("softmax_matrix_columns", "softmax", lambda k, x: dy.softmax(x), [M34], lambda k, x: _softmax(x, 0)),
+    # attention's scores: one column (n, 1), the kernels' row-wise softmax of its (B, n) view
+    Case("softmax_column", "softmax", lambda k, x: dy.softmax(x), [A((5, 1), -2.0, 2.0)], lambda k, x: _softmax(x, 0)),
     Case("softmax_matrix_d1", "softmax", lambda k, x: dy.softmax(x, 1), [M34], lambda k, x: _softmax(x, 1)),
     Case("log_softmax_vector", "log_softmax", lambda k, x: dy.log_softmax(x), [V5], lambda k, x: _log_softmax(x)),
     Case("log_softmax_matrix_columns", "log_softmax", lambda k, x: dy.log_softmax(x), [M34],

@@ -25,6 +25,7 @@ RESHAPE = [
        lambda k, x: x.flatten(order="F")),
     _c("reshape_int_dim", "reshape", lambda k, x: dy.reshape(x, 6), [(3, 2)], lambda k, x: x.flatten(order="F")),
     _c("reshape_3d", "reshape", lambda k, x: dy.reshape(x, (3, 2, 2)), [(4, 3)], lambda k, x: _F(x, (3, 2, 2))),
+    _c("reshape_column_to_vector", "reshape", lambda k, x: dy.reshape(x, (4,)), [(4, 1)], lambda k, x: x[:, 0]),
 ]
 
 CONCAT = [
@@ -36,6 +37,9 @@ CONCAT = [
        lambda k, x, y: np.stack([x, y], axis=1)),
     _c("concatenate_d1_matrices", "concatenate", lambda k, x, y: dy.concatenate([x, y], d=1), [(3, 2), (3, 1)],
        lambda k, x, y: np.concatenate([x, y], axis=1)),
+    # attention's context (2H, 1) beside a vector (H,): the vector is padded to (H, 1)
+    _c("concatenate_column_and_vector", "concatenate", lambda k, x, y: dy.concatenate([x, y]), [(3, 1), (2,)],
+       lambda k, x, y: np.concatenate([x, y[:, None]])),
     _c("concatenate_cols", "concatenate", lambda k, *xs: dy.concatenate_cols(list(xs)), [(3,), (3,), (3,)],
        lambda k, *xs: np.stack(xs, axis=1)),
 ]

@@ -48,8 +48,8 @@ from .backward import NATIVE_BACKWARD
 from .pool import block_pool
 from .optim import (_rule_args, _rows_ptr, sgd_update, momentum_update, adagrad_update, adam_update)  # noqa: F401
 from .overrides import (_is_real, _exp_worth, UNARY_FWD_MIN, UNARY_FWD_F32_ONLY, UNARY_BWD_MIN, CMULT_SHARED_BWD_MIN,
-    ROW_SUMS_MIN, SOFTMAX_BWD_MIN, _unary_forward, _unary_backward, _binary_fits, _binary_forward, _binary_backward,
-    _esum_forward, _row_sums_forward, _softmax_forward, _softmax_backward, _log_softmax_forward,
+    ROW_SUMS_MIN, _unary_forward, _unary_backward, _binary_fits, _binary_forward, _binary_backward,
+    _esum_forward, _row_sums_forward, _softmax_forward, _softmax_backward, _colwise_add_backward, _log_softmax_forward,
     _log_softmax_backward, _pnls_forward, _pnls_backward, _lookup_forward, all_forward_kernels, all_backward_kernels,
     installed_kernels)  # noqa: F401
 

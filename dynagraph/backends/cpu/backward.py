@@ -12,7 +12,9 @@ them. Here the step may
     C kernels' addresses, esum's and add's (the output gradient, shared), a lookup's rows
     added into its table's gradient by the embedding kernel (embedding_backward's), tanh's and
     logistic's by a loop of the numpy code's float operations (below the adapter's threshold),
-    lstm_step's by the fused cell kernel and the products' (lstm_step.py's twin).
+    lstm_step's by the fused cell kernel and the products' (lstm_step.py's twin); reshape's and
+    transpose's where the values keep their order, softmax's and colwise_add's through their
+    adapters' kernels (backward_shaped.c).
     An op is offered only where the step's code is the path this backend runs for it: the
     op's own backward where no override replaces it, the C adapters (overrides.py) where they
     are installed, with the same size thresholds.
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from ...ops.base import OPS
 from .ffi import ffi, lib
 from .direct import PRODUCT_BACKWARD
-from .overrides import LSTM_F64_MAX, _lstm_c_backward, _lstm_h_backward, _pnls_backward
+from .overrides import LSTM_F64_MAX, _colwise_add_backward, _lstm_c_backward, _lstm_h_backward, _pnls_backward, \
+    _softmax_backward
 from .lstm_step import lstm_step_backward
 from .rows import RowIndex
 
@@ -35,7 +38,8 @@ _CODES = {"matmul": (1, PRODUCT_BACKWARD["matmul"]), "affine": (2, PRODUCT_BACKW
           "lstm_c": (3, _lstm_c_backward), "lstm_h": (4, _lstm_h_backward),
           "esum": (5, None), "add": (6, None), "lookup": (7, None), "pickneglogsoftmax": (8, _pnls_backward),
           "tanh": (9, _UNARY), "logistic": (10, _UNARY), "concatenate": (11, None),
-          "lstm_step": (12, lstm_step_backward)}
+          "lstm_step": (12, lstm_step_backward), "reshape": (13, None), "transpose": (14, None),
+          "softmax": (15, _softmax_backward), "colwise_add": (16, _colwise_add_backward)}
 # backward_batch.h's NB_UNARY_MAX: smaller tanh/logistic batches take backward_ops.c's loop, which is
 # the op's numpy code; the adapter runs that code below its threshold, so it must be this one
 NB_UNARY_MAX = 16384
@@ -44,7 +48,8 @@ _OWN_BACKWARD = {name: OPS[name].backward for name in ("tanh", "logistic")}
 # backward_ops.c's kernel table, in its slot order
 _KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
             "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64",
-            "dg_rows_matvec_tgrad_f32", "dg_rows_matvec_tgrad_f64", "dg_lstm_bwd_f32", "dg_lstm_bwd_f64")
+            "dg_rows_matvec_tgrad_f32", "dg_rows_matvec_tgrad_f64", "dg_lstm_bwd_f32", "dg_lstm_bwd_f64",
+            "dg_softmax_bwd_f32", "dg_softmax_bwd_f64", "dg_row_sums_f32", "dg_row_sums_f64")
 
 
 def _addresses() -> bytes:

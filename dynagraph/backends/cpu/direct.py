@@ -8,7 +8,9 @@ function pointers handed to it once (`register`), after checking every operand's
 dtype, layout, shape and indices itself: unary maps, binary maps whose operands share a
 row shape (one of them may be a shared row), esum, pickneglogsoftmax, lookup and the
 fused LSTM cell ops (lstm_c, lstm_h) and whole LSTM steps (lstm_step). Concatenate along the first per-node axis is copied
-there, and affine/matmul with shared weights make the op's own numpy calls there.
+there, and affine/matmul with shared weights make the op's own numpy calls there. An
+attention step's reshape and transpose of columns, softmax over a column and colwise_add run
+there too (direct_shaped.c).
 
 Each op's entry is (descriptor, twin, split). The descriptor tells direct_batch.c which
 kernel and up to how many elements it takes the C path; the twin is the same decision and
@@ -29,12 +31,12 @@ from ..._kernels import ffi, lib
 from ...ops.base import OPS
 from .elementwise import binary_forward, pickneglogsoftmax_forward, sum_args
 from .ffi import BINARY, F32, F64, UNARY, _fn, _p, _pi
-from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward
+from .overrides import LSTM_F64_MAX, _lstm_c_forward, _lstm_h_forward, _softmax_forward
 from .rows import RowIndex
 
 # descriptor kinds (the DIRECT_* enum in batch_run.c)
 (DIRECT_UNARY, DIRECT_BINARY, DIRECT_SUM, DIRECT_PNLS, DIRECT_TAKE, DIRECT_LSTMC, DIRECT_LSTMH, DIRECT_CONCAT,
- DIRECT_AFFINE, DIRECT_MATMUL, DIRECT_LSTM_STEP) = range(1, 12)
+ DIRECT_AFFINE, DIRECT_MATMUL, DIRECT_LSTM_STEP, DIRECT_COPY, DIRECT_SOFTMAX, DIRECT_COLWISE) = range(1, 15)
 
 SIMPLE_MAX = 16384        # output elements: neg, rectify, square, sqrt, add, sub, cmult, cdiv, esum
 TRANSCENDENTAL_F32_MAX = 2048  # vectorized dg_expf; numpy's loop is faster beyond
@@ -268,6 +270,14 @@ def _products_backward(name: str, first: int):
 PRODUCT_BACKWARD = {"matmul": _products_backward("matmul", 0), "affine": _products_backward("affine", 1)}
 
 
+def _own_twin(name: str, fallback):
+    """The backend's usual kernel for the op, looked up per call: where the C path's result is
+    exact (copies, one rounded add per element) it is its own twin."""
+    def forward(xp, a, data, *xs):
+        return fallback(name)(xp, a, data, *xs)
+    return forward
+
+
 def _address(name: str) -> int:
     return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
@@ -288,7 +298,7 @@ def register() -> bool:
         return False
     if not _REGISTERED:
         setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows",
-                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec", "lstm_fwd")
+                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec", "lstm_fwd", "softmax_fwd")
                  for t in ("f32", "f64")))
         _REGISTERED = True
     return True
@@ -317,15 +327,13 @@ class DirectKernels(dict):
         self["esum"] = ((DIRECT_SUM, 0) + _bounds("esum"), _esum_twin(fallback), 1)
         self["pickneglogsoftmax"] = ((DIRECT_PNLS, 0) + _bounds("pickneglogsoftmax"), _pnls_twin(fallback), 1)
         # a lookup's rows are copied exactly by either path: its twin is the backend's own kernel
-        self["lookup"] = ((DIRECT_TAKE, 0, TAKE_MAX, TAKE_MAX),
-                          lambda xp, a, data, table: fallback("lookup")(xp, a, data, table), 1)
+        self["lookup"] = ((DIRECT_TAKE, 0, TAKE_MAX, TAKE_MAX), _own_twin("lookup", fallback), 1)
         # the fused LSTM cell ops: their cpu adapters take the C kernel for every batch the pointer
         # path takes (unbroadcast rows; float64 up to LSTM_F64_MAX elements of pre) and are the twins
         self["lstm_c"] = ((DIRECT_LSTMC, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_c_forward, 1)
         self["lstm_h"] = ((DIRECT_LSTMH, 0, TAKE_MAX, LSTM_F64_MAX), _lstm_h_forward, 1)
         # concatenate along the first per-node axis: copied in C, as exact as the op's own code
-        self["concatenate"] = ((DIRECT_CONCAT, 0, TAKE_MAX, TAKE_MAX),
-                               lambda xp, a, data, *xs: fallback("concatenate")(xp, a, data, *xs), 2)
+        self["concatenate"] = ((DIRECT_CONCAT, 0, TAKE_MAX, TAKE_MAX), _own_twin("concatenate", fallback), 2)
         # products with shared weights: up to PRODUCT_ROWS_MAX rows the small-rows kernel, above it
         # the op's own numpy calls made from C without its Python frames (the same calls, so the same
         # values); the twin decides and computes the same way
@@ -337,3 +345,12 @@ class DirectKernels(dict):
         # directions' steps never share a batch (their weights differ)
         from .lstm_step import lstm_step_forward
         self["lstm_step"] = ((DIRECT_LSTM_STEP,) + rows[1:], lstm_step_forward, 0)
+        # an attention step's per-node matrices and columns (direct_shaped.c): reshape and transpose
+        # that keep the values' order are copies (the op's own code: a view or a copy, the same
+        # values); softmax over a column takes the adapter's kernel within the adapter's bounds
+        # (_exp_worth: float32 rows under 1000 classes, float64 batches of at most 1024 elements);
+        # colwise_add is one add per element, as numpy's
+        for code, name in enumerate(("reshape", "transpose")):
+            self[name] = ((DIRECT_COPY, code, TAKE_MAX, TAKE_MAX), _own_twin(name, fallback), 1)
+        self["softmax"] = ((DIRECT_SOFTMAX, 0, 999, 1024), _softmax_forward, 1)
+        self["colwise_add"] = ((DIRECT_COLWISE, 0, SIMPLE_MAX, SIMPLE_MAX), _own_twin("colwise_add", fallback), 1)

@@ -43,7 +43,6 @@ UNARY_FWD_F32_ONLY = {"logistic"}
 UNARY_BWD_MIN = {"tanh": 16384, "logistic": 16384, "rectify": 16384}
 CMULT_SHARED_BWD_MIN = 16384
 ROW_SUMS_MIN = 4096
-SOFTMAX_BWD_MIN = 1024
 
 
 def _unary_forward(name: str, min_size: int):
@@ -120,16 +119,35 @@ def _row_sums_forward(name: str, mean: bool, min_size: int):
     return forward
 
 
+def _columns(x) -> bool:
+    """Whether x is a real (B, n) or (B, n, 1, ...) array: softmax along its first per-node axis is
+    the kernels' row-wise softmax of its (B, n) view (attention's scores are an (n, 1) column)."""
+    return _is_real(x) and x.ndim >= 2 and all(d == 1 for d in x.shape[2:])
+
+
 def _softmax_forward(xp, a, data, x):
-    if a[0] != 0 or not _is_real(x) or x.ndim != 2 or not _exp_worth(x, x.shape[1]):
+    if a[0] != 0 or not _columns(x) or not _exp_worth(x, x.shape[1]):
         return OPS["softmax"].forward(xp, a, data, x)
-    return softmax_forward(x)
+    return softmax_forward(x.reshape(x.shape[:2])).reshape(x.shape)
 
 
 def _softmax_backward(xp, a, data, xs, y, g, need):
-    if a[0] != 0 or not _is_real(y, g) or y.ndim != 2 or y.shape != g.shape or y.size < SOFTMAX_BWD_MIN:
+    """The kernel at every size (backward_shaped.c's NB_SOFTMAX stands for this: per sentence the
+    compiled step takes it without a Python frame, where numpy's three calls cost more)."""
+    if a[0] != 0 or not (_columns(y) and _is_real(g)) or y.shape != g.shape:
         return OPS["softmax"].backward(xp, a, data, xs, y, g, need)
-    return (softmax_backward(y, g),)
+    return (softmax_backward(y.reshape(y.shape[:2]), g.reshape(g.shape[:2])).reshape(y.shape),)
+
+
+def _colwise_add_backward(xp, a, data, xs, y, g, need):
+    """dx = g, db = g's rows summed by dg_row_sums (numpy's pairwise order), for x of g's shape
+    (B, r, c) and b (B, r) or (B, r, 1); backward_shaped.c's NB_COLWISE stands for this."""
+    x, b = xs
+    if not (_is_real(x, b, g) and g.ndim == 3 and x.shape == g.shape and b.shape[0] == g.shape[0]
+            and b.shape[1:] in ((g.shape[1],), (g.shape[1], 1))):
+        return OPS["colwise_add"].backward(xp, a, data, xs, y, g, need)
+    gb = row_sums(g.reshape(-1, g.shape[2])).reshape(b.shape) if need[1] else None
+    return (g if need[0] else None, gb)
 
 
 def _log_softmax_forward(xp, a, data, x):
@@ -257,7 +275,7 @@ def all_backward_kernels(min_size: int = 0) -> dict:
     k = {name: _unary_backward(name, min_size) for name in UNARY}
     k.update({name: _binary_backward(name, min_size, False) for name in BINARY})
     k.update(softmax=_softmax_backward, log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward,
-             lstm_c=_lstm_c_backward, lstm_h=_lstm_h_backward)
+             lstm_c=_lstm_c_backward, lstm_h=_lstm_h_backward, colwise_add=_colwise_add_backward)
     return k
 
 
@@ -271,5 +289,5 @@ def installed_kernels() -> tuple:
     bwd = {name: _unary_backward(name, m) for name, m in UNARY_BWD_MIN.items()}
     bwd.update(cmult=_binary_backward("cmult", CMULT_SHARED_BWD_MIN, True), softmax=_softmax_backward,
                log_softmax=_log_softmax_backward, pickneglogsoftmax=_pnls_backward,
-               lstm_c=_lstm_c_backward, lstm_h=_lstm_h_backward)
+               lstm_c=_lstm_c_backward, lstm_h=_lstm_h_backward, colwise_add=_colwise_add_backward)
     return fwd, bwd

@@ -1,0 +1,135 @@
+/* The backward of direct_shaped.c's ops, run by the backward step itself (part of
+dynagraph._bookkeeping; backward_ops.c dispatches here and documents the contract: a tuple of
+gradients, or NULL without an exception for operands that are not a case of ours, when the
+op's own backward or the backend's override runs, or NULL with one on error).
+
+    NB_RESHAPE, NB_TRANSPOSE  ops/shape.py Reshape.backward, ops/linalg.py Transpose.backward where
+               the values keep their order (direct_shaped.c's test): g.reshape(x.shape), the view
+               both of those return
+    NB_SOFTMAX backends/cpu/overrides.py _softmax_backward: dg_softmax_bwd through its address, for
+               (B, n) and (B, n, 1, ...) operands
+    NB_COLWISE backends/cpu/overrides.py _colwise_add_backward: dx = g, db = the rows of g summed
+               by dg_row_sums through its address
+*/
+#include "backward_batch.h"
+
+#include <stdint.h>
+
+typedef void (*softmax_bwd_f32)(float *, const float *, const float *, int64_t, int64_t);
+typedef void (*softmax_bwd_f64)(double *, const double *, const double *, int64_t, int64_t);
+typedef void (*row_sums_f32)(float *, const float *, int64_t, int64_t, int64_t);
+typedef void (*row_sums_f64)(double *, const double *, int64_t, int64_t, int64_t);
+
+enum { SLOT_SOFTMAX = 12, SLOT_ROW_SUMS = 14 };  /* backends/cpu/backward.py _KERNELS */
+
+static PyObject *NAME_RESHAPE, *NAME_SHAPE;
+
+static int is_f32(PyObject *ctx) {
+    return *PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT)) == 'f';
+}
+
+static PyObject *one(PyObject *gx) {
+    if (!gx)
+        return NULL;
+    PyObject *r = PyTuple_Pack(1, gx);
+    Py_DECREF(gx);
+    return r;
+}
+
+/* NB_RESHAPE, NB_TRANSPOSE: g.reshape(x.shape) where x and g have the same rows and per-node shapes
+   equal up to axes of 1 (for transpose: a permutation that moves axes of 1 only). */
+static PyObject *copy_grad(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t xsh[8], gsh[8];
+    if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True)
+        return NULL;
+    PyObject *x = PyList_GET_ITEM(xs, 0);
+    int xn = dg_array_shape(ctx, x, 8, xsh), gn = dg_array_shape(ctx, g, 8, gsh);
+    if (xn < 1 || gn < 1 || xsh[0] != gsh[0] || !dg_same_squeezed(xsh + 1, xn - 1, gsh + 1, gn - 1)
+        || (code == NB_TRANSPOSE && !dg_order_kept(attrs, xsh + 1, xn - 1))) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *shape = dg_attr(x, &NAME_SHAPE, "shape");
+    if (!shape)
+        return NULL;
+    PyObject *method = dg_attr(g, &NAME_RESHAPE, "reshape");
+    PyObject *gx = method ? PyObject_CallOneArg(method, shape) : NULL;
+    Py_XDECREF(method);
+    Py_DECREF(shape);
+    return one(gx);
+}
+
+/* NB_SOFTMAX (attrs (0,)): y and g of one shape (B, n) or (B, n, 1, ...), contiguous. */
+static PyObject *softmax_grad(PyObject *ctx, PyObject *attrs, PyObject *y, PyObject *g, PyObject *need) {
+    Py_ssize_t ys[8], gs[8];
+    void *yp, *gp, *op;
+    if (PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True || !PyTuple_CheckExact(attrs)
+        || PyTuple_GET_SIZE(attrs) != 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
+        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0)
+        return NULL;
+    int nd = dg_nb_contiguous(ctx, y, ys, &yp);
+    if (nd < 2 || dg_nb_contiguous(ctx, g, gs, &gp) != nd)
+        return NULL;
+    for (int d = 0; d < nd; d++)
+        if (ys[d] != gs[d] || (d >= 2 && ys[d] != 1))
+            return NULL;
+    uintptr_t fn = dg_nb_kernel_address(ctx, SLOT_SOFTMAX + !is_f32(ctx));
+    if (!fn || ys[1] < 1)
+        return NULL;
+    PyObject *gx = dg_nb_new_shaped(ctx, ys, nd, &op);
+    if (!gx)
+        return NULL;
+    if (is_f32(ctx))
+        ((softmax_bwd_f32)fn)(op, yp, gp, (int64_t)ys[0], (int64_t)ys[1]);
+    else
+        ((softmax_bwd_f64)fn)(op, yp, gp, (int64_t)ys[0], (int64_t)ys[1]);
+    return one(gx);
+}
+
+/* NB_COLWISE: x (B, r, c) of g's shape, b (B, r) or (B, r, 1); g contiguous. */
+static PyObject *colwise_grad(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t gs[8], xsh[8], bs[8];
+    void *gp, *op;
+    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || dg_nb_contiguous(ctx, g, gs, &gp) != 3)
+        return NULL;
+    int xn = dg_array_shape(ctx, PyList_GET_ITEM(xs, 0), 8, xsh), bn = dg_array_shape(ctx, PyList_GET_ITEM(xs, 1), 8, bs);
+    if (xn != 3 || xsh[0] != gs[0] || xsh[1] != gs[1] || xsh[2] != gs[2] || (bn != 2 && bn != 3) || bs[0] != gs[0]
+        || bs[1] != gs[1] || (bn == 3 && bs[2] != 1)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    uintptr_t fn = dg_nb_kernel_address(ctx, SLOT_ROW_SUMS + !is_f32(ctx));
+    if (!fn)
+        return NULL;
+    PyObject *gx = PyTuple_GET_ITEM(need, 0) == Py_True ? Py_NewRef(g) : Py_NewRef(Py_None), *gb;
+    if (PyTuple_GET_ITEM(need, 1) != Py_True) {
+        gb = Py_NewRef(Py_None);
+    } else if ((gb = dg_nb_new_shaped(ctx, bs, bn, &op)) != NULL) {
+        if (is_f32(ctx))
+            ((row_sums_f32)fn)(op, gp, (int64_t)(gs[0] * gs[1]), (int64_t)gs[2], 1);
+        else
+            ((row_sums_f64)fn)(op, gp, (int64_t)(gs[0] * gs[1]), (int64_t)gs[2], 1);
+    } else {
+        Py_DECREF(gx);
+        return NULL;
+    }
+    PyObject *r = PyTuple_Pack(2, gx, gb);
+    Py_DECREF(gx);
+    Py_DECREF(gb);
+    return r;
+}
+
+PyObject *dg_nb_shaped(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
+                       PyObject *need) {
+    switch (code) {
+    case NB_RESHAPE:
+    case NB_TRANSPOSE:
+        return copy_grad(ctx, code, attrs, xs, g, need);
+    case NB_SOFTMAX:
+        return PyList_GET_SIZE(xs) == 1 ? softmax_grad(ctx, attrs, y, g, need) : NULL;
+    case NB_COLWISE:
+        return colwise_grad(ctx, xs, g, need);
+    default:
+        return NULL;
+    }
+}
