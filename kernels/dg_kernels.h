@@ -300,6 +300,17 @@ void dg_rows_outer_add_f32(float *const *bases, const int64_t *src, const int64_
 void dg_rows_outer_add_f64(double *const *bases, const int64_t *src, const int64_t *rows, const double *g,
                            const double *x, int64_t xstride, int64_t n, int64_t r, int64_t c);
 
+/* small_matmul: y_j = A_j X_j for per-node matrices (n, r, k) x (n, k, c), strides 0 for a shared one;
+ * small_matmul_grads: gA_j = G_j X_j^T, gX_j = A_j^T G_j (either NULL) */
+void dg_small_matmul_f32(float *y, const float *A, int64_t astride, const float *X, int64_t xstride,
+                         int64_t n, int64_t r, int64_t k, int64_t c);
+void dg_small_matmul_f64(double *y, const double *A, int64_t astride, const double *X, int64_t xstride,
+                         int64_t n, int64_t r, int64_t k, int64_t c);
+void dg_small_matmul_grads_f32(float *gA, float *gX, const float *A, int64_t astride, const float *X,
+                               int64_t xstride, const float *G, int64_t n, int64_t r, int64_t k, int64_t c);
+void dg_small_matmul_grads_f64(double *gA, double *gX, const double *A, int64_t astride, const double *X,
+                               int64_t xstride, const double *G, int64_t n, int64_t r, int64_t k, int64_t c);
+
 void dg_rows_copy_into_f32(float *out, int64_t ostride, const float *const *bases, const int64_t *src,
                            const int64_t *rows, int64_t n, int64_t width);
 void dg_rows_copy_into_f64(double *out, int64_t ostride, const double *const *bases, const int64_t *src,

@@ -390,8 +390,8 @@ def _attention_graph(pc, H: int, T: int):
 
 
 _SHAPED_BACKWARD = {"Reshape.backward", "Transpose.backward", "Concatenate.backward", "_softmax_backward",
-                    "_colwise_add_backward", "_tanh_grad"}
-_SHAPED_FORWARD = {"Reshape.forward", "Transpose.forward", "_softmax_forward", "ColwiseAdd.forward"}
+                    "_colwise_add_backward", "_tanh_grad", "small_matmul_grads", "mm_grads"}
+_SHAPED_FORWARD = {"Reshape.forward", "Transpose.forward", "_softmax_forward", "ColwiseAdd.forward", "small_matmul"}
 
 
 @needs_native
@@ -401,7 +401,9 @@ def test_native_attention_steps_as_the_reference(monkeypatch, dtype, H, T):
     """An attention step's batches run in C both ways (direct_shaped.c forward, backward_shaped.c
     and backward_ops.c backward: none of the ops' Python backward is called) and leave the values,
     blocks and gradients of the Python batch step and backward, bit for bit. T = 300 sums g's rows
-    past numpy's pairwise block of 128 (colwise_add's, softmax's)."""
+    past numpy's pairwise block of 128 (colwise_add's, softmax's) and puts W1 * enc past the small
+    products' bound."""
+    from dynagraph.backends.cpu.direct import PRODUCT_MACS_MAX
     fwd = []
     for native in (True, False):
         with monkeypatch.context() as m:
@@ -412,9 +414,13 @@ def test_native_attention_steps_as_the_reference(monkeypatch, dtype, H, T):
         fwd.append(runs[0])
         forward_calls = [sum(c[k] for k in _SHAPED_FORWARD) for c in called]
         assert forward_calls == [0, 0] if native else min(forward_calls) > 0
-        # natively only concatenate_cols' backward (along the second axis) is Python's
-        assert {k: v for k, v in called[0].items() if k in _SHAPED_BACKWARD} == {"Concatenate.backward": 1}
+        # natively only concatenate_cols' backward (along the second axis) is Python's, and W1 * enc's
+        # past the small products' bound (numpy's matmul)
+        over = H * H * T > PRODUCT_MACS_MAX
+        assert {k: v for k, v in called[0].items() if k in _SHAPED_BACKWARD} == \
+            {"Concatenate.backward": 1, **({"small_matmul_grads": 1, "mm_grads": 1} if over else {})}
         assert called[1]["_softmax_backward"] == called[1]["_colwise_add_backward"] == 3
+        assert called[1]["small_matmul_grads"] == 10  # every product's Python backward asks it first
         assert_same_grads_and_blocks(*runs)
         for x, y in zip(runs[0].values, runs[1].values):
             np.testing.assert_array_equal(x, y)

@@ -423,8 +423,10 @@ static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
 PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                           PyObject *need, PyObject *plans, PyObject *data) {
     switch (code) {
-    case NB_MATMUL:
-        return dg_nb_products(ctx, xs, g, need, 0);
+    case NB_MATMUL: {
+        PyObject *r = dg_nb_matrix_products(ctx, xs, g, need);
+        return r || PyErr_Occurred() ? r : dg_nb_products(ctx, xs, g, need, 0);
+    }
     case NB_AFFINE:
         return dg_nb_products(ctx, xs, g, need, 1);
     case NB_LSTM_C:

@@ -10,6 +10,8 @@ op's own backward or the backend's override runs, or NULL with one on error).
                (B, n) and (B, n, 1, ...) operands
     NB_COLWISE backends/cpu/overrides.py _colwise_add_backward: dx = g, db = the rows of g summed
                by dg_row_sums through its address
+    NB_MATMUL of per-node matrices: backends/cpu/direct.py small_matmul_grads (PRODUCT_BACKWARD's first
+               case), dg_small_matmul_grads through its address
 */
 #include "backward_batch.h"
 
@@ -19,8 +21,12 @@ typedef void (*softmax_bwd_f32)(float *, const float *, const float *, int64_t, 
 typedef void (*softmax_bwd_f64)(double *, const double *, const double *, int64_t, int64_t);
 typedef void (*row_sums_f32)(float *, const float *, int64_t, int64_t, int64_t);
 typedef void (*row_sums_f64)(double *, const double *, int64_t, int64_t, int64_t);
+typedef void (*matmul_grads_f32)(float *, float *, const float *, int64_t, const float *, int64_t, const float *,
+                                 int64_t, int64_t, int64_t, int64_t);
+typedef void (*matmul_grads_f64)(double *, double *, const double *, int64_t, const double *, int64_t,
+                                 const double *, int64_t, int64_t, int64_t, int64_t);
 
-enum { SLOT_SOFTMAX = 12, SLOT_ROW_SUMS = 14 };  /* backends/cpu/backward.py _KERNELS */
+enum { SLOT_SOFTMAX = 12, SLOT_ROW_SUMS = 14, SLOT_MATMUL = 16 };  /* backends/cpu/backward.py _KERNELS */
 
 static PyObject *NAME_RESHAPE, *NAME_SHAPE;
 
@@ -117,6 +123,41 @@ static PyObject *colwise_grad(PyObject *ctx, PyObject *xs, PyObject *g, PyObject
     Py_DECREF(gx);
     Py_DECREF(gb);
     return r;
+}
+
+/* NB_MATMUL of matrices: A (1 or B, r, k), X (1 or B, k, c) with at most NB_PRODUCT_MACS_MAX
+   multiply-adds, g (B, r, c), all contiguous; a needed gradient's operand has B rows. NULL with
+   no exception for anything else (vectors: dg_nb_products). */
+PyObject *dg_nb_matrix_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t as[8], xsh[8], gs[8];
+    void *ap, *xp, *gp, *gA = NULL, *gX = NULL;
+    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || dg_nb_contiguous(ctx, PyList_GET_ITEM(xs, 0), as, &ap) != 3
+        || dg_nb_contiguous(ctx, PyList_GET_ITEM(xs, 1), xsh, &xp) != 3 || dg_nb_contiguous(ctx, g, gs, &gp) != 3)
+        return NULL;
+    Py_ssize_t B = gs[0], r = as[1], k = as[2], c = xsh[2];
+    int need_a = PyTuple_GET_ITEM(need, 0) == Py_True, need_x = PyTuple_GET_ITEM(need, 1) == Py_True;
+    if (xsh[1] != k || gs[1] != r || gs[2] != c || (as[0] != 1 && as[0] != B) || (xsh[0] != 1 && xsh[0] != B)
+        || (as[0] < B && xsh[0] < B) || (need_a && as[0] != B) || (need_x && xsh[0] != B) || r < 1 || k < 1 || c < 1
+        || B * r * k * c > NB_PRODUCT_MACS_MAX)
+        return NULL;
+    uintptr_t fn = dg_nb_kernel_address(ctx, SLOT_MATMUL + !is_f32(ctx));
+    if (!fn)
+        return NULL;
+    PyObject *ga = need_a ? dg_nb_new_shaped(ctx, as, 3, &gA) : Py_NewRef(Py_None);
+    PyObject *gx = ga && need_x ? dg_nb_new_shaped(ctx, xsh, 3, &gX) : ga ? Py_NewRef(Py_None) : NULL;
+    if (!ga || !gx) {
+        Py_XDECREF(ga);
+        return NULL;
+    }
+    int64_t a_s = as[0] == 1 ? 0 : r * k, x_s = xsh[0] == 1 ? 0 : k * c;
+    if (is_f32(ctx))
+        ((matmul_grads_f32)fn)(gA, gX, ap, a_s, xp, x_s, gp, (int64_t)B, (int64_t)r, (int64_t)k, (int64_t)c);
+    else
+        ((matmul_grads_f64)fn)(gA, gX, ap, a_s, xp, x_s, gp, (int64_t)B, (int64_t)r, (int64_t)k, (int64_t)c);
+    PyObject *res = PyTuple_Pack(2, ga, gx);
+    Py_DECREF(ga);
+    Py_DECREF(gx);
+    return res;
 }
 
 PyObject *dg_nb_shaped(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,

@@ -306,12 +306,12 @@ void dg_add_row_block(int t, void *dst, const void *src, Py_ssize_t rows, Py_ssi
 int dg_direct_lstm_step(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, PyObject *xs, const Py_buffer *v,
                         PyObject *attrs, PyObject **y);
 void dg_set_step_kernels(void *f32, void *f64);
-/* direct_shaped.c: reshape's copy, softmax of columns, colwise_add (as dg_direct_batch) */
+/* direct_shaped.c: reshape's copy, softmax of columns, colwise_add, products of per-node matrices (as dg_direct_batch) */
 int dg_direct_shaped(const dg_direct_ctx *ctx, long kind, long code, const Py_ssize_t *bound, int t, PyObject *xs,
                      const Py_buffer *v, PyObject *attrs, PyObject *shape, Py_ssize_t B, PyObject **y);
 int dg_order_kept(PyObject *attrs, const Py_ssize_t *s, int nd);
 int dg_same_squeezed(const Py_ssize_t *a, int na, const Py_ssize_t *b, int nb);
-void dg_set_softmax_kernels(void *f32, void *f64);
+void dg_set_shaped_kernels(void *softmax_f32, void *softmax_f64, void *matmul_f32, void *matmul_f64);
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

@@ -29,18 +29,18 @@ typedef void (*lstmh_f64)(const double *, const double *, double *, int64_t, int
 static void *direct_fn[DIRECT_KINDS][2];
 
 /* set_direct_kernels(unary_f32, unary_f64, binary_f32, ..., lstmh_f64, matvec_f32, matvec_f64, lstm_f32,
-   lstm_f64, softmax_f32, softmax_f64): the kernels' addresses (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*,
-   dg_pnls_fwd_*, dg_take_rows_*, dg_lstmc_fwd_*, dg_lstmh_fwd_*, dg_rows_matvec_*, dg_lstm_fwd_*,
-   dg_softmax_fwd_* of dynagraph._kernels),
+   lstm_f64, softmax_f32, softmax_f64, small_matmul_f32, small_matmul_f64): the kernels' addresses
+   (dg_unary_fwd_*, dg_binary_fwd_*, dg_sum_args_*, dg_pnls_fwd_*, dg_take_rows_*, dg_lstmc_fwd_*,
+   dg_lstmh_fwd_*, dg_rows_matvec_*, dg_lstm_fwd_*, dg_softmax_fwd_*, dg_small_matmul_* of dynagraph._kernels),
    set once by backends/cpu/direct.py. */
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2 * DIRECT_KINDS + 6) {
-        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 20 kernel addresses");
+    if (nargs != 2 * DIRECT_KINDS + 8) {
+        PyErr_SetString(PyExc_TypeError, "set_direct_kernels takes 22 kernel addresses");
         return NULL;
     }
-    void *got[2 * DIRECT_KINDS + 6];
-    for (int i = 0; i < 2 * DIRECT_KINDS + 6; i++) {
+    void *got[2 * DIRECT_KINDS + 8];
+    for (int i = 0; i < 2 * DIRECT_KINDS + 8; i++) {
         got[i] = PyLong_AsVoidPtr(argv[i]);
         if (!got[i]) {
             if (!PyErr_Occurred())
@@ -52,7 +52,8 @@ PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_
         direct_fn[i / 2][i % 2] = got[i];
     dg_set_matvec_kernels(got[2 * DIRECT_KINDS], got[2 * DIRECT_KINDS + 1]);
     dg_set_step_kernels(got[2 * DIRECT_KINDS + 2], got[2 * DIRECT_KINDS + 3]);
-    dg_set_softmax_kernels(got[2 * DIRECT_KINDS + 4], got[2 * DIRECT_KINDS + 5]);
+    dg_set_shaped_kernels(got[2 * DIRECT_KINDS + 4], got[2 * DIRECT_KINDS + 5], got[2 * DIRECT_KINDS + 6],
+                          got[2 * DIRECT_KINDS + 7]);
     Py_RETURN_NONE;
 }
 
@@ -377,6 +378,10 @@ int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyOb
     }
     if (kind == DIRECT_CONCAT) {
         rc = PyTuple_CheckExact(shape) ? direct_concat(ctx, bound, t, xs, v, attrs, shape, nodes, y) : 0;
+        goto out;
+    }
+    if (kind == DIRECT_MATMUL && k == 2 && v[1].ndim == 3) {  /* per-node matrices, not vectors */
+        rc = dg_direct_shaped(ctx, kind, code, bound, t, xs, v, attrs, shape, nodes, y);
         goto out;
     }
     if (kind == DIRECT_AFFINE || kind == DIRECT_MATMUL) {

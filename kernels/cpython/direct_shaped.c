@@ -12,6 +12,8 @@ where DyNet spends about one. These kinds take them in C:
     DIRECT_SOFTMAX  softmax along the first axis of (n,) or (n, 1, ...) nodes: the cpu adapter's
                     kernel (overrides._softmax_forward), under the adapter's own bounds
     DIRECT_COLWISE  colwise_add: x (r, c) + b (r,) or (r, 1), one rounded add per element as numpy's
+    DIRECT_MATMUL   of per-node matrices (X (k, c), not a vector): dg_small_matmul, as the cpu
+                    backend's matmul twin (direct.py _products_twin) decides and computes
 */
 #include <string.h>
 
@@ -19,12 +21,18 @@ where DyNet spends about one. These kinds take them in C:
 
 typedef void (*softmax_f32)(float *, const float *, int64_t, int64_t);
 typedef void (*softmax_f64)(double *, const double *, int64_t, int64_t);
+typedef void (*matmul_f32)(float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t, int64_t,
+                           int64_t);
+typedef void (*matmul_f64)(double *, const double *, int64_t, const double *, int64_t, int64_t, int64_t, int64_t,
+                           int64_t);
 
-static void *softmax_fn[2];  /* dg_softmax_fwd_f32/_f64; NULL until set_direct_kernels */
+static void *softmax_fn[2], *matmul_fn[2];  /* dg_softmax_fwd_*, dg_small_matmul_*; NULL until set_direct_kernels */
 
-void dg_set_softmax_kernels(void *f32, void *f64) {
-    softmax_fn[0] = f32;
-    softmax_fn[1] = f64;
+void dg_set_shaped_kernels(void *softmax_f32, void *softmax_f64, void *matmul_f32, void *matmul_f64) {
+    softmax_fn[0] = softmax_f32;
+    softmax_fn[1] = softmax_f64;
+    matmul_fn[0] = matmul_f32;
+    matmul_fn[1] = matmul_f64;
 }
 
 /* The node's shape (a tuple of ints) into s (at most 8 axes): its number of axes, or -1. */
@@ -198,6 +206,32 @@ static int colwise_kind(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t
     return 1;
 }
 
+/* DIRECT_MATMUL of matrices: A (1 or B, r, k), X (1 or B, k, c), B * r * k * c multiply-adds
+   within bound[t]; the output (B, r, c). */
+static int matrix_products(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t, const Py_buffer *v,
+                           PyObject *shape, Py_ssize_t B, PyObject **y) {
+    const Py_buffer *A = &v[0], *X = &v[1];
+    if (!matmul_fn[t] || A->ndim != 3 || X->ndim != 3 || A->shape[2] != X->shape[1]
+        || (A->shape[0] != 1 && A->shape[0] != B) || (X->shape[0] != 1 && X->shape[0] != B))
+        return 0;
+    Py_ssize_t r = A->shape[1], k = A->shape[2], c = X->shape[2];
+    if (r < 1 || k < 1 || c < 1 || B * r * k * c > bound[t])
+        return 0;
+    Py_buffer w;
+    PyObject *made = new_batch(ctx, shape, B, t, B * r * c * A->itemsize, &w);
+    if (!made)
+        return -1;
+    int64_t as = A->shape[0] == 1 ? 0 : r * k, xs = X->shape[0] == 1 ? 0 : k * c;
+    if (t == 0)
+        ((matmul_f32)matmul_fn[0])(w.buf, A->buf, as, X->buf, xs, (int64_t)B, (int64_t)r, (int64_t)k, (int64_t)c);
+    else
+        ((matmul_f64)matmul_fn[1])(w.buf, A->buf, as, X->buf, xs, (int64_t)B, (int64_t)r, (int64_t)k, (int64_t)c);
+    dg_direct_mark_ready(ctx, &w, t);
+    PyBuffer_Release(&w);
+    *y = made;
+    return 1;
+}
+
 int dg_direct_shaped(const dg_direct_ctx *ctx, long kind, long code, const Py_ssize_t *bound, int t, PyObject *xs,
                      const Py_buffer *v, PyObject *attrs, PyObject *shape, Py_ssize_t B, PyObject **y) {
     Py_ssize_t k = PyList_GET_SIZE(xs);
@@ -210,6 +244,8 @@ int dg_direct_shaped(const dg_direct_ctx *ctx, long kind, long code, const Py_ss
         return k == 1 ? softmax_kind(ctx, bound, t, v, attrs, shape, B, y) : 0;
     case DIRECT_COLWISE:
         return k == 2 ? colwise_kind(ctx, bound, t, v, shape, B, y) : 0;
+    case DIRECT_MATMUL:
+        return k == 2 ? matrix_products(ctx, bound, t, v, shape, B, y) : 0;
     default:
         return 0;
     }

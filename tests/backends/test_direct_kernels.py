@@ -205,9 +205,9 @@ def test_set_direct_kernels_checks_its_arguments():
     with pytest.raises(TypeError):
         native.set_direct_kernels(1, 2)
     with pytest.raises(TypeError):
-        native.set_direct_kernels(*[1] * 18)  # the two softmax kernels missing
+        native.set_direct_kernels(*[1] * 20)  # the two small-matmul kernels missing
     with pytest.raises(ValueError):
-        native.set_direct_kernels(*[0] * 20)
+        native.set_direct_kernels(*[0] * 22)
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -49,7 +49,8 @@ _OWN_BACKWARD = {name: OPS[name].backward for name in ("tanh", "logistic")}
 _KERNELS = ("dg_lstmc_bwd_f32", "dg_lstmc_bwd_f64", "dg_lstmh_bwd_f32", "dg_lstmh_bwd_f64",
             "dg_embedding_bwd_f32", "dg_embedding_bwd_f64", "dg_pnls_bwd_f32", "dg_pnls_bwd_f64",
             "dg_rows_matvec_tgrad_f32", "dg_rows_matvec_tgrad_f64", "dg_lstm_bwd_f32", "dg_lstm_bwd_f64",
-            "dg_softmax_bwd_f32", "dg_softmax_bwd_f64", "dg_row_sums_f32", "dg_row_sums_f64")
+            "dg_softmax_bwd_f32", "dg_softmax_bwd_f64", "dg_row_sums_f32", "dg_row_sums_f64",
+            "dg_small_matmul_grads_f32", "dg_small_matmul_grads_f64")
 
 
 def _addresses() -> bytes:

@@ -195,6 +195,33 @@ def _transposed_product(W: np.ndarray, X: np.ndarray) -> np.ndarray:
     return X @ np.ascontiguousarray(W[0].T)
 
 
+def matrix_products(A, X) -> int:
+    """Rows B where matmul's operands are per-node matrices that dg_small_matmul takes: exact
+    C-contiguous arrays of one real dtype, A (1 or B, r, k), X (1 or B, k, c), at most
+    PRODUCT_MACS_MAX multiply-adds (direct_shaped.c and backward_shaped.c check the same); else 0."""
+    if type(A) is not np.ndarray or type(X) is not np.ndarray or A.ndim != 3 or X.ndim != 3:
+        return 0
+    dt = A.dtype
+    if (dt != F32 and dt != F64) or X.dtype != dt or not (A.flags.c_contiguous and X.flags.c_contiguous):
+        return 0
+    B, (_, r, k), c = max(A.shape[0], X.shape[0]), A.shape, X.shape[2]
+    if X.shape[1] != k or A.shape[0] not in (1, B) or X.shape[0] not in (1, B) or min(r, k, c) < 1:
+        return 0
+    return B if B * r * k * c <= PRODUCT_MACS_MAX else 0
+
+
+def _strides(A, X) -> tuple:
+    return (0 if A.shape[0] == 1 else A.shape[1] * A.shape[2]), (0 if X.shape[0] == 1 else X.shape[1] * X.shape[2])
+
+
+def small_matmul(A, X, B: int) -> np.ndarray:
+    """A_j X_j for matrix_products' operands by dg_small_matmul: (B, r, c)."""
+    y = np.empty((B, A.shape[1], X.shape[2]), A.dtype)
+    a_s, x_s = _strides(A, X)
+    _fn("dg_small_matmul", A.dtype)(_p(y), _p(A), a_s, _p(X), x_s, B, A.shape[1], A.shape[2], X.shape[2])
+    return y
+
+
 def _products_twin(name: str, first: int):
     """affine (first 1: b, W1, x1, ...) and matmul (first 0: W, x): the small-rows kernel where
     _small_products says so, transposed weights above PRODUCT_ROWS_MAX rows, else the op's own
@@ -202,6 +229,9 @@ def _products_twin(name: str, first: int):
     own = OPS[name].forward
 
     def forward(xp, a, data, *args):
+        B = matrix_products(*args) if not first and len(args) == 2 else 0
+        if B:
+            return small_matmul(args[0], args[1], B)
         n, macs = _shared_products(args, first)
         if n > PRODUCT_ROWS_MAX:
             return _summed_products(args, first, _transposed_product)
@@ -245,6 +275,22 @@ def small_product_grad(W: np.ndarray, g: np.ndarray) -> np.ndarray:
     return gx
 
 
+def small_matmul_grads(A, X, g, need) -> tuple | None:
+    """(gA, gX) of matrix_products' operands by dg_small_matmul_grads, where g is a C-contiguous
+    (B, r, c) array of their dtype and no needed gradient is of a shared operand (B > 1 would sum
+    it); None otherwise (backward_shaped.c decides the same)."""
+    B = matrix_products(A, X)
+    if not B or type(g) is not np.ndarray or g.dtype != A.dtype or not g.flags.c_contiguous \
+            or g.shape != (B, A.shape[1], X.shape[2]) or (need[0] and A.shape[0] != B) or (need[1] and X.shape[0] != B):
+        return None
+    gA = np.empty(A.shape, A.dtype) if need[0] else None
+    gX = np.empty(X.shape, X.dtype) if need[1] else None
+    a_s, x_s = _strides(A, X)
+    _fn("dg_small_matmul_grads", A.dtype)(ffi.NULL if gA is None else _p(gA), ffi.NULL if gX is None else _p(gX), _p(A),
+                                          a_s, _p(X), x_s, _p(g), B, A.shape[1], A.shape[2], X.shape[2])
+    return gA, gX
+
+
 def _products_backward(name: str, first: int):
     """The op's own backward, with each fitting product's input gradient g @ W[0] made by
     dg_rows_matvec_tgrad (rowmm.inc: the rows of W added in order) instead of numpy's matmul;
@@ -252,6 +298,10 @@ def _products_backward(name: str, first: int):
     own = OPS[name].backward
 
     def backward(xp, a, data, xs, y, g, need):
+        if not first and len(xs) == 2:
+            grads = small_matmul_grads(xs[0], xs[1], g, need)
+            if grads is not None:
+                return grads
         fit = [i for i in range(first, len(xs), 2)
                if need[i + 1] and xs[i + 1].ndim == 2 and xs[i + 1].shape[0] == g.shape[0] and _tgrad_fits(xs[i], g)]
         if not fit:
@@ -298,7 +348,8 @@ def register() -> bool:
         return False
     if not _REGISTERED:
         setter(*(_address(f"dg_{k}_{t}") for k in ("unary_fwd", "binary_fwd", "sum_args", "pnls_fwd", "take_rows",
-                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec", "lstm_fwd", "softmax_fwd")
+                                                    "lstmc_fwd", "lstmh_fwd", "rows_matvec", "lstm_fwd", "softmax_fwd",
+                                                    "small_matmul")
                  for t in ("f32", "f64")))
         _REGISTERED = True
     return True
