@@ -56,7 +56,7 @@ PyObject *dg_nb_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *nee
 PyObject *dg_nb_product_grad(PyObject *ctx, PyObject *g, PyObject *W);
 int dg_nb_tgrad_into(PyObject *ctx, void *out, const void *W, const void *g, Py_ssize_t n, Py_ssize_t r, Py_ssize_t c);
 
-/* backward_shaped.c: NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE; NB_MATMUL of per-node matrices */
+/* backward_shaped.c: NB_CONCAT, NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE; NB_MATMUL of per-node matrices */
 PyObject *dg_nb_shaped(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                        PyObject *need);
 PyObject *dg_nb_matrix_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need);

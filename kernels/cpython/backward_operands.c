@@ -37,19 +37,8 @@ int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int c
 
 /* A new (rows, cols) array of the graph's dtype (np.empty), or NULL with an exception set. */
 PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf) {
-    PyObject *shape = dg_tuple_nn(rows, cols);
-    if (!shape)
-        return NULL;
-    PyObject *argv[2] = {shape, PyTuple_GET_ITEM(ctx, B_DTYPE)};
-    PyObject *a = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
-    Py_DECREF(shape);
-    Py_ssize_t s[2];
-    if (a && !dg_nb_operand(ctx, a, 2, s, 1, buf)) {
-        Py_DECREF(a);
-        PyErr_SetString(PyExc_TypeError, "backward_batch_native: empty() made an unexpected array");
-        return NULL;
-    }
-    return a;
+    Py_ssize_t shape[2] = {rows, cols};
+    return dg_nb_new_shaped(ctx, shape, 2, buf);
 }
 
 /* The kernel address of slot i of the context's table (0: none). */

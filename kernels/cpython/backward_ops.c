@@ -24,9 +24,7 @@ for these operands, so the gradients are bit-identical; any operand it does not 
                ops/elementwise.py _tanh_grad / _logistic_grad: the same float operations in the same
                order, one loop instead of three numpy calls and the adapter's Python frames
     NB_LSTM_STEP  backends/cpu/lstm_step.py lstm_step_backward (backward_step.c)
-    NB_CONCAT  ops/shape.py Concatenate.backward for per-node vectors: each needed argument's
-               gradient is its columns of g (copied here; the op hands views of the same values)
-    NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE  backward_shaped.c
+    NB_CONCAT, NB_RESHAPE, NB_TRANSPOSE, NB_SOFTMAX, NB_COLWISE  backward_shaped.c
 
 The codes and kernel addresses come from the backend's native_backward capability
 (backends/cpu/backward.py), which offers a case only where the backend runs that reference. */
@@ -362,64 +360,6 @@ static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyOb
 
 /* The gradients of one batch by op code (a new reference), or NULL: with an exception set on
    error, without one when the operands are not a case of ours (the op's backward runs). */
-/* NB_CONCAT: Concatenate.backward along the first per-node axis (attrs (0,)) where g is a contiguous
-   (B, W, ...) array of the graph's dtype and every argument (B, w_k, ...) with the w_k adding up
-   to W and g's trailing axes (an argument with fewer axes counts the missing ones as 1: attention's
-   (2H, 1) context beside an (H,) vector): the argument's part of each row of g, into a new array of
-   its shape. Anything else (shared or broadcast arguments, in-place operands, more than CONCAT_MAX
-   arguments) returns NULL with no exception: the op's own backward runs. */
-#define CONCAT_MAX 16
-static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t k = PyList_GET_SIZE(xs), gs[8], s[CONCAT_MAX][8], total = 0, tail = 1;
-    int nds[CONCAT_MAX];
-    void *gbuf;
-    if (k > CONCAT_MAX || !PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
-        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || PyTuple_GET_SIZE(need) != k) {
-        PyErr_Clear();
-        return NULL;
-    }
-    int gn = dg_nb_contiguous(ctx, g, gs, &gbuf);
-    if (gn < 2)
-        return NULL;
-    for (int d = 2; d < gn; d++)
-        tail *= gs[d];
-    for (Py_ssize_t i = 0; i < k; i++) {
-        int nd = nds[i] = dg_array_shape(ctx, PyList_GET_ITEM(xs, i), 8, s[i]);
-        if (nd < 2 || nd > gn || s[i][0] != gs[0] || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), nd, s[i], 0, NULL)) {
-            PyErr_Clear();
-            return NULL;
-        }
-        for (int d = 2; d < gn; d++)
-            if ((d < nd ? s[i][d] : 1) != gs[d])
-                return NULL;
-        total += s[i][1];
-    }
-    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
-    if (!fmt || total != gs[1]) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_ssize_t item = !strcmp(fmt, "f") ? 4 : 8, B = gs[0], row = gs[1] * tail * item, off = 0;
-    PyObject *out = PyTuple_New(k);
-    for (Py_ssize_t i = 0; out && i < k; i++) {
-        Py_ssize_t part = s[i][1] * tail * item;
-        PyObject *gi;
-        void *dst;
-        if (PyTuple_GET_ITEM(need, i) != Py_True) {
-            gi = Py_NewRef(Py_None);
-        } else if ((gi = dg_nb_new_shaped(ctx, s[i], nds[i], &dst)) != NULL) {
-            for (Py_ssize_t r = 0; r < B; r++)
-                memcpy((char *)dst + r * part, (const char *)gbuf + r * row + off, (size_t)part);
-        } else {
-            Py_CLEAR(out);
-            break;
-        }
-        PyTuple_SET_ITEM(out, i, gi);
-        off += part;
-    }
-    return out;
-}
-
 PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                           PyObject *need, PyObject *plans, PyObject *data) {
     switch (code) {
@@ -443,10 +383,9 @@ PyObject *dg_native_grads(PyObject *ctx, long code, PyObject *attrs, PyObject *x
     case NB_TANH:
     case NB_LOGISTIC:
         return unary(ctx, code, xs, y, g, need);
-    case NB_CONCAT:
-        return concat(ctx, attrs, xs, g, need);
     case NB_LSTM_STEP:
         return dg_nb_lstm_step(ctx, attrs, xs, y, g, need, plans);
+    case NB_CONCAT:
     case NB_RESHAPE:
     case NB_TRANSPOSE:
     case NB_SOFTMAX:

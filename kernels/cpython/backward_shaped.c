@@ -1,8 +1,10 @@
-/* The backward of direct_shaped.c's ops, run by the backward step itself (part of
+/* The backward of concatenate and of direct_shaped.c's ops, run by the backward step itself (part of
 dynagraph._bookkeeping; backward_ops.c dispatches here and documents the contract: a tuple of
 gradients, or NULL without an exception for operands that are not a case of ours, when the
 op's own backward or the backend's override runs, or NULL with one on error).
 
+    NB_CONCAT  ops/shape.py Concatenate.backward along the first per-node axis: each needed argument's
+               part of g's rows (copied here; the op hands views of the same values)
     NB_RESHAPE, NB_TRANSPOSE  ops/shape.py Reshape.backward, ops/linalg.py Transpose.backward where
                the values keep their order (direct_shaped.c's test): g.reshape(x.shape), the view
                both of those return
@@ -16,6 +18,7 @@ op's own backward or the backend's override runs, or NULL with one on error).
 #include "backward_batch.h"
 
 #include <stdint.h>
+#include <string.h>
 
 typedef void (*softmax_bwd_f32)(float *, const float *, const float *, int64_t, int64_t);
 typedef void (*softmax_bwd_f64)(double *, const double *, const double *, int64_t, int64_t);
@@ -160,9 +163,69 @@ PyObject *dg_nb_matrix_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObje
     return res;
 }
 
+/* NB_CONCAT: Concatenate.backward along the first per-node axis (attrs (0,)) where g is a contiguous
+   (B, W, ...) array of the graph's dtype and every argument (B, w_k, ...) with the w_k adding up
+   to W and g's trailing axes (an argument with fewer axes counts the missing ones as 1: attention's
+   (2H, 1) context beside an (H,) vector): the argument's part of each row of g, into a new array of
+   its shape. Anything else (shared or broadcast arguments, in-place operands, more than CONCAT_MAX
+   arguments) returns NULL with no exception: the op's own backward runs. */
+#define CONCAT_MAX 16
+static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[8], s[CONCAT_MAX][8], total = 0, tail = 1;
+    int nds[CONCAT_MAX];
+    void *gbuf;
+    if (k > CONCAT_MAX || !PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
+        || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0 || PyTuple_GET_SIZE(need) != k) {
+        PyErr_Clear();
+        return NULL;
+    }
+    int gn = dg_nb_contiguous(ctx, g, gs, &gbuf);
+    if (gn < 2)
+        return NULL;
+    for (int d = 2; d < gn; d++)
+        tail *= gs[d];
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int nd = nds[i] = dg_array_shape(ctx, PyList_GET_ITEM(xs, i), 8, s[i]);
+        if (nd < 2 || nd > gn || s[i][0] != gs[0] || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), nd, s[i], 0, NULL)) {
+            PyErr_Clear();
+            return NULL;
+        }
+        for (int d = 2; d < gn; d++)
+            if ((d < nd ? s[i][d] : 1) != gs[d])
+                return NULL;
+        total += s[i][1];
+    }
+    const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
+    if (!fmt || total != gs[1]) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_ssize_t item = !strcmp(fmt, "f") ? 4 : 8, B = gs[0], row = gs[1] * tail * item, off = 0;
+    PyObject *out = PyTuple_New(k);
+    for (Py_ssize_t i = 0; out && i < k; i++) {
+        Py_ssize_t part = s[i][1] * tail * item;
+        PyObject *gi;
+        void *dst;
+        if (PyTuple_GET_ITEM(need, i) != Py_True) {
+            gi = Py_NewRef(Py_None);
+        } else if ((gi = dg_nb_new_shaped(ctx, s[i], nds[i], &dst)) != NULL) {
+            for (Py_ssize_t r = 0; r < B; r++)
+                memcpy((char *)dst + r * part, (const char *)gbuf + r * row + off, (size_t)part);
+        } else {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, gi);
+        off += part;
+    }
+    return out;
+}
+
 PyObject *dg_nb_shaped(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *y, PyObject *g,
                        PyObject *need) {
     switch (code) {
+    case NB_CONCAT:
+        return concat(ctx, attrs, xs, g, need);
     case NB_RESHAPE:
     case NB_TRANSPOSE:
         return copy_grad(ctx, code, attrs, xs, g, need);
