@@ -431,6 +431,45 @@ def test_native_attention_steps_as_the_reference(monkeypatch, dtype, H, T):
     assert {"colwise_add", "transpose", "softmax", "reshape", "concatenate"} <= names
 
 
+def _matrix_products_graph(pc, r: int, k: int, c: int):
+    """Batches of three products of per-node matrices, both operands rows of lookup tables reshaped
+    (so both need gradients), and one with a shared parameter matrix on the left."""
+    EA, EX = pc.add_lookup_parameters((5, r * k)), pc.add_lookup_parameters((5, k * c))
+    W = dy.parameter(pc.add_parameters((r, k)))
+    outs = []
+    for i in range(3):
+        A, X = dy.reshape(dy.lookup(EA, i), (r, k)), dy.reshape(dy.lookup(EX, i + 1), (k, c))
+        outs += [dy.tanh(A * X), W * X]
+    return outs
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("r,k,c", [(1, 30, 7), (6, 5, 1), (5, 8, 9), (4, 100, 100)])
+def test_native_matrix_products_as_the_reference(monkeypatch, dtype, r, k, c):
+    """Products of per-node matrices batched three at a time, forward and backward, compiled and
+    Python, bit for bit: dg_small_matmul's every loop order ((4, 100, 100): past the kernels' bound,
+    numpy's)."""
+    from dynagraph.backends.cpu.direct import PRODUCT_MACS_MAX
+    fwd = []
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(executor, "_run_batch_native", None)
+            runs, called = native_and_python_runs(monkeypatch, lambda pc: _matrix_products_graph(pc, r, k, c), dtype,
+                                                  {"small_matmul_grads", "small_matmul"}, fuse=False)
+        # natively the Python backward sees W * X (its shared W's gradient sums over the batch: the
+        # op's own) and, past PRODUCT_MACS_MAX, A * X; the Python forward takes the kernel for both
+        over = 3 * r * k * c > PRODUCT_MACS_MAX
+        assert called[0]["small_matmul_grads"] == 1 + over and called[1]["small_matmul_grads"] == 2
+        assert called[0]["small_matmul"] == (0 if native else 0 if over else 2)
+        assert_same_grads_and_blocks(*runs)
+        fwd.append(runs[0])
+    for x, y in zip(fwd[0].values, fwd[1].values):
+        np.testing.assert_array_equal(x, y)
+    assert_same_grads_and_blocks(*fwd)
+
+
 def _products_graph(pc, r: int, c: int, rows: int):
     """rows products W x (+ b) per batch with W (r, c): matmul and affine, forward and backward
     (x from a lookup table, so its gradient g @ W is needed)."""

@@ -189,6 +189,40 @@ def test_small_products_match_the_ops_numpy_code(dt, tol, n, r, c):
         np.testing.assert_allclose(a, w, rtol=tol, atol=tol * max(r, c))
 
 
+@pytest.mark.parametrize("dt,tol", [(np.float32, 3e-6), (np.float64, 1e-13)])
+@pytest.mark.parametrize("nA,nX,r,k,c", [
+    (1, 1, 1, 64, 14),     # v times a score matrix: fewer than four rows, along y's rows
+    (1, 1, 128, 14, 1),    # a matrix times a column: dg_dot per row
+    (1, 1, 64, 64, 14),    # four rows or more: X^T in the scratch, dg_dot4
+    (1, 1, 4, 100, 100),   # X past the scratch (k * c > 8192): the plain loops
+    (3, 3, 5, 7, 9),       # per-node matrices, three nodes
+    (3, 1, 6, 4, 2),       # one X shared by three A
+    (1, 3, 2, 3, 17),      # one A shared by three X
+])
+def test_matrix_products_match_the_ops_numpy_code(dt, tol, nA, nX, r, k, c):
+    """Products of per-node matrices (attention's v * tanh(...) and enc * alpha) by dg_small_matmul
+    and its gradients, every loop order of the kernels, against the op's own numpy code; a shared
+    operand's gradient is left to the op (it sums over the batch)."""
+    from dynagraph.ops.base import OPS
+    rng = np.random.default_rng(nA * 100 + r * 10 + c)
+    A, X = rng.uniform(-1, 1, (nA, r, k)).astype(dt), rng.uniform(-1, 1, (nX, k, c)).astype(dt)
+    B = max(nA, nX)
+    g = rng.uniform(-1, 1, (B, r, c)).astype(dt)
+    assert direct.matrix_products(A, X) == (B if B * r * k * c <= direct.PRODUCT_MACS_MAX else 0)
+    np.testing.assert_allclose(direct.DirectKernels({}).get("matmul")[1](np, (), None, A, X),
+                               OPS["matmul"].forward(np, (), None, A, X), rtol=tol, atol=tol * k)
+    need = (nA == B, nX == B)
+    got = direct.small_matmul_grads(A, X, g, need)
+    want = OPS["matmul"].backward(np, (), None, (A, X), None, g, need)
+    for a, w, n in zip(got, want, need):
+        assert (a is None) == (not n)
+        if n:
+            np.testing.assert_allclose(a, w, rtol=tol, atol=tol * max(r, c))
+    assert direct.small_matmul_grads(A, X, g, (True, True)) is None or B == 1 or (nA == B and nX == B)
+    assert direct.matrix_products(A, X[:, ::-1]) == 0                         # not contiguous
+    assert direct.matrix_products(A, X.astype(np.float16)) == 0               # mixed dtypes
+
+
 def test_small_products_refuse_what_the_kernel_does_not_take():
     W = np.ones((1, 4, 3))
     x = np.ones((2, 3))
