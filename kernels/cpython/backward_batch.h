@@ -48,7 +48,8 @@ int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int c
 PyObject *dg_nb_new_block(PyObject *ctx, Py_ssize_t rows, Py_ssize_t cols, void **buf);
 uintptr_t dg_nb_kernel_address(PyObject *ctx, int i);
 PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x);
-int dg_nb_contiguous(PyObject *ctx, PyObject *a, Py_ssize_t *shape, void **buf);
+enum { DG_NB_MAX_ND = 8 };  /* the most axes dg_nb_array reads */
+int dg_nb_array(PyObject *ctx, PyObject *a, Py_ssize_t *shape, int contiguous, void **buf);
 PyObject *dg_nb_new_shaped(PyObject *ctx, const Py_ssize_t *shape, int nd, void **buf);
 
 /* backward_products.c: NB_MATMUL and NB_AFFINE (first: the first product's W; 1 for affine's b) */

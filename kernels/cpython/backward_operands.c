@@ -5,24 +5,26 @@ backward_batch.h), shared by backward_ops.c and backward_products.c. */
 #include <stdint.h>
 #include <string.h>
 
-/* An exact ndarray of the graph's dtype with ndim dims (its shape into shape), else 0. With
-   contiguous, also C-contiguous (its address into *buf). */
-int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
+/* An exact ndarray of the graph's dtype with ndim axes (ndim < 0: any number up to DG_NB_MAX_ND)
+   whose shape goes into shape: its number of axes, else -1 with no error set. With contiguous, also
+   C-contiguous (its address into *buf). One read of numpy's fields. */
+static int operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
     if (Py_TYPE(a) != (PyTypeObject *)PyTuple_GET_ITEM(ctx, B_NDARRAY))
-        return 0;
+        return -1;
     const char *want = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, B_FORMAT));
     dg_array_fields f;
     Py_buffer v;
     int exported;
     if (!want) {
         PyErr_Clear();
-        return 0;
+        return -1;
     }
     if (!dg_array_read(a, &f, &v, &exported))  /* numpy's fields where it can (no export: ~100 instructions a read) */
-        return 0;
-    int ok = f.format == want[0] && want[1] == 0 && f.nd == ndim;
+        return -1;
+    int nd = f.nd;
+    int ok = f.format == want[0] && want[1] == 0 && (ndim < 0 ? nd >= 1 && nd <= DG_NB_MAX_ND : nd == ndim);
     Py_ssize_t step = f.itemsize;
-    for (int i = ndim - 1; ok && i >= 0; i--) {
+    for (int i = nd - 1; ok && i >= 0; i--) {
         shape[i] = f.shape[i];
         if (contiguous && f.shape[i] > 1 && f.strides[i] != step)
             ok = 0;
@@ -32,7 +34,17 @@ int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int c
         *buf = f.data;  /* the array stays alive: the caller holds it */
     if (exported)
         PyBuffer_Release(&v);
-    return ok;
+    return ok ? nd : -1;
+}
+
+int dg_nb_operand(PyObject *ctx, PyObject *a, int ndim, Py_ssize_t *shape, int contiguous, void **buf) {
+    return operand(ctx, a, ndim, shape, contiguous, buf) >= 0;
+}
+
+/* As dg_nb_operand with any number of axes up to DG_NB_MAX_ND (shape holds that many): the
+   number of axes, or -1. */
+int dg_nb_array(PyObject *ctx, PyObject *a, Py_ssize_t *shape, int contiguous, void **buf) {
+    return operand(ctx, a, -1, shape, contiguous, buf);
 }
 
 /* A new (rows, cols) array of the graph's dtype (np.empty), or NULL with an exception set. */
@@ -77,17 +89,6 @@ PyObject *dg_nb_reduced(PyObject *ctx, PyObject *g, PyObject *x) {
     return r;
 }
 
-/* A C-contiguous exact ndarray of the graph's dtype with at most 8 axes: its number of axes (its
-   shape into shape, its address into *buf), else -1 with no error set. */
-int dg_nb_contiguous(PyObject *ctx, PyObject *a, Py_ssize_t *shape, void **buf) {
-    int nd = dg_array_shape(ctx, a, 8, shape);
-    if (nd < 1 || !dg_nb_operand(ctx, a, nd, shape, 1, buf)) {
-        PyErr_Clear();
-        return -1;
-    }
-    return nd;
-}
-
 /* A new array of the graph's dtype and shape (shape, nd axes) (np.empty), its address in *buf, or
    NULL with an exception set. */
 PyObject *dg_nb_new_shaped(PyObject *ctx, const Py_ssize_t *shape, int nd, void **buf) {
@@ -104,8 +105,8 @@ PyObject *dg_nb_new_shaped(PyObject *ctx, const Py_ssize_t *shape, int nd, void 
     PyObject *argv[2] = {t, PyTuple_GET_ITEM(ctx, B_DTYPE)};
     PyObject *a = PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, B_EMPTY), argv, 2, NULL);
     Py_DECREF(t);
-    Py_ssize_t s[8];
-    if (a && dg_nb_contiguous(ctx, a, s, buf) != nd) {
+    Py_ssize_t s[DG_NB_MAX_ND];
+    if (a && dg_nb_array(ctx, a, s, 1, buf) != nd) {
         Py_DECREF(a);
         PyErr_SetString(PyExc_TypeError, "backward_batch_native: empty() made an unexpected array");
         return NULL;

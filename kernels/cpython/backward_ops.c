@@ -324,12 +324,12 @@ UNARY_GRAD(logistic_grad_f64, double, t = (double)1 - y[i]; t = t * y[i]; t = t 
 /* NB_TANH, NB_LOGISTIC: y and g of one shape (B, ...) of the graph's dtype, contiguous, fewer than
    NB_UNARY_MAX elements (where the cpu adapter runs the op's numpy code) -> (gx,). */
 static PyObject *unary(PyObject *ctx, long code, PyObject *xs, PyObject *y, PyObject *g, PyObject *need) {
-    Py_ssize_t ys[8], gs[8], n = 1;
+    Py_ssize_t ys[DG_NB_MAX_ND], gs[DG_NB_MAX_ND], n = 1;
     void *yp, *gp, *op;
     if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True)
         return NULL;
-    int nd = dg_nb_contiguous(ctx, y, ys, &yp);
-    if (nd < 1 || dg_nb_contiguous(ctx, g, gs, &gp) != nd)
+    int nd = dg_nb_array(ctx, y, ys, 1, &yp);
+    if (nd < 1 || dg_nb_array(ctx, g, gs, 1, &gp) != nd)
         return NULL;
     for (int d = 0; d < nd; d++) {
         if (ys[d] != gs[d])

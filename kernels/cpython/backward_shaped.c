@@ -48,11 +48,11 @@ static PyObject *one(PyObject *gx) {
 /* NB_RESHAPE, NB_TRANSPOSE: g.reshape(x.shape) where x and g have the same rows and per-node shapes
    equal up to axes of 1 (for transpose: a permutation that moves axes of 1 only). */
 static PyObject *copy_grad(PyObject *ctx, long code, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t xsh[8], gsh[8];
+    Py_ssize_t xsh[DG_NB_MAX_ND], gsh[DG_NB_MAX_ND];
     if (PyList_GET_SIZE(xs) != 1 || PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True)
         return NULL;
     PyObject *x = PyList_GET_ITEM(xs, 0);
-    int xn = dg_array_shape(ctx, x, 8, xsh), gn = dg_array_shape(ctx, g, 8, gsh);
+    int xn = dg_array_shape(ctx, x, DG_NB_MAX_ND, xsh), gn = dg_array_shape(ctx, g, DG_NB_MAX_ND, gsh);
     if (xn < 1 || gn < 1 || xsh[0] != gsh[0] || !dg_same_squeezed(xsh + 1, xn - 1, gsh + 1, gn - 1)
         || (code == NB_TRANSPOSE && !dg_order_kept(attrs, xsh + 1, xn - 1))) {
         PyErr_Clear();
@@ -70,14 +70,14 @@ static PyObject *copy_grad(PyObject *ctx, long code, PyObject *attrs, PyObject *
 
 /* NB_SOFTMAX (attrs (0,)): y and g of one shape (B, n) or (B, n, 1, ...), contiguous. */
 static PyObject *softmax_grad(PyObject *ctx, PyObject *attrs, PyObject *y, PyObject *g, PyObject *need) {
-    Py_ssize_t ys[8], gs[8];
+    Py_ssize_t ys[DG_NB_MAX_ND], gs[DG_NB_MAX_ND];
     void *yp, *gp, *op;
     if (PyTuple_GET_SIZE(need) != 1 || PyTuple_GET_ITEM(need, 0) != Py_True || !PyTuple_CheckExact(attrs)
         || PyTuple_GET_SIZE(attrs) != 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
         || PyLong_AsLong(PyTuple_GET_ITEM(attrs, 0)) != 0)
         return NULL;
-    int nd = dg_nb_contiguous(ctx, y, ys, &yp);
-    if (nd < 2 || dg_nb_contiguous(ctx, g, gs, &gp) != nd)
+    int nd = dg_nb_array(ctx, y, ys, 1, &yp);
+    if (nd < 2 || dg_nb_array(ctx, g, gs, 1, &gp) != nd)
         return NULL;
     for (int d = 0; d < nd; d++)
         if (ys[d] != gs[d] || (d >= 2 && ys[d] != 1))
@@ -97,11 +97,12 @@ static PyObject *softmax_grad(PyObject *ctx, PyObject *attrs, PyObject *y, PyObj
 
 /* NB_COLWISE: x (B, r, c) of g's shape, b (B, r) or (B, r, 1); g contiguous. */
 static PyObject *colwise_grad(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t gs[8], xsh[8], bs[8];
+    Py_ssize_t gs[DG_NB_MAX_ND], xsh[DG_NB_MAX_ND], bs[DG_NB_MAX_ND];
     void *gp, *op;
-    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || dg_nb_contiguous(ctx, g, gs, &gp) != 3)
+    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || dg_nb_array(ctx, g, gs, 1, &gp) != 3)
         return NULL;
-    int xn = dg_array_shape(ctx, PyList_GET_ITEM(xs, 0), 8, xsh), bn = dg_array_shape(ctx, PyList_GET_ITEM(xs, 1), 8, bs);
+    int xn = dg_array_shape(ctx, PyList_GET_ITEM(xs, 0), DG_NB_MAX_ND, xsh),
+        bn = dg_array_shape(ctx, PyList_GET_ITEM(xs, 1), DG_NB_MAX_ND, bs);
     if (xn != 3 || xsh[0] != gs[0] || xsh[1] != gs[1] || xsh[2] != gs[2] || (bn != 2 && bn != 3) || bs[0] != gs[0]
         || bs[1] != gs[1] || (bn == 3 && bs[2] != 1)) {
         PyErr_Clear();
@@ -132,10 +133,12 @@ static PyObject *colwise_grad(PyObject *ctx, PyObject *xs, PyObject *g, PyObject
    multiply-adds, g (B, r, c), all contiguous; a needed gradient's operand has B rows. NULL with
    no exception for anything else (vectors: dg_nb_products). */
 PyObject *dg_nb_matrix_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t as[8], xsh[8], gs[8];
+    Py_ssize_t as[DG_NB_MAX_ND], xsh[DG_NB_MAX_ND], gs[DG_NB_MAX_ND];
     void *ap, *xp, *gp, *gA = NULL, *gX = NULL;
-    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || dg_nb_contiguous(ctx, PyList_GET_ITEM(xs, 0), as, &ap) != 3
-        || dg_nb_contiguous(ctx, PyList_GET_ITEM(xs, 1), xsh, &xp) != 3 || dg_nb_contiguous(ctx, g, gs, &gp) != 3)
+    /* X first: a product with a vector (the common W x, dg_nb_products' case) is turned away
+       after one read */
+    if (PyList_GET_SIZE(xs) != 2 || PyTuple_GET_SIZE(need) != 2 || dg_nb_array(ctx, PyList_GET_ITEM(xs, 1), xsh, 1, &xp) != 3
+        || dg_nb_array(ctx, PyList_GET_ITEM(xs, 0), as, 1, &ap) != 3 || dg_nb_array(ctx, g, gs, 1, &gp) != 3)
         return NULL;
     Py_ssize_t B = gs[0], r = as[1], k = as[2], c = xsh[2];
     int need_a = PyTuple_GET_ITEM(need, 0) == Py_True, need_x = PyTuple_GET_ITEM(need, 1) == Py_True;
@@ -171,7 +174,7 @@ PyObject *dg_nb_matrix_products(PyObject *ctx, PyObject *xs, PyObject *g, PyObje
    arguments) returns NULL with no exception: the op's own backward runs. */
 #define CONCAT_MAX 16
 static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *g, PyObject *need) {
-    Py_ssize_t k = PyList_GET_SIZE(xs), gs[8], s[CONCAT_MAX][8], total = 0, tail = 1;
+    Py_ssize_t k = PyList_GET_SIZE(xs), gs[DG_NB_MAX_ND], s[CONCAT_MAX][DG_NB_MAX_ND], total = 0, tail = 1;
     int nds[CONCAT_MAX];
     void *gbuf;
     if (k > CONCAT_MAX || !PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1 || !PyLong_CheckExact(PyTuple_GET_ITEM(attrs, 0))
@@ -179,17 +182,15 @@ static PyObject *concat(PyObject *ctx, PyObject *attrs, PyObject *xs, PyObject *
         PyErr_Clear();
         return NULL;
     }
-    int gn = dg_nb_contiguous(ctx, g, gs, &gbuf);
+    int gn = dg_nb_array(ctx, g, gs, 1, &gbuf);
     if (gn < 2)
         return NULL;
     for (int d = 2; d < gn; d++)
         tail *= gs[d];
     for (Py_ssize_t i = 0; i < k; i++) {
-        int nd = nds[i] = dg_array_shape(ctx, PyList_GET_ITEM(xs, i), 8, s[i]);
-        if (nd < 2 || nd > gn || s[i][0] != gs[0] || !dg_nb_operand(ctx, PyList_GET_ITEM(xs, i), nd, s[i], 0, NULL)) {
-            PyErr_Clear();
+        int nd = nds[i] = dg_nb_array(ctx, PyList_GET_ITEM(xs, i), s[i], 0, NULL);
+        if (nd < 2 || nd > gn || s[i][0] != gs[0])
             return NULL;
-        }
         for (int d = 2; d < gn; d++)
             if ((d < nd ? s[i][d] : 1) != gs[d])
                 return NULL;

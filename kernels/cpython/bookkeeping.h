@@ -295,6 +295,8 @@ int dg_gather_column(const dg_gather_ctx *g, PyObject *loc, PyObject **x, PyObje
 PyObject *dg_direct_empty_of(const dg_direct_ctx *ctx, PyObject *shape, int t);
 void dg_direct_mark_ready(const dg_direct_ctx *ctx, const Py_buffer *w, int t);
 PyObject *dg_direct_new_rows(const dg_direct_ctx *ctx, Py_ssize_t rows, Py_ssize_t cols, int t, Py_buffer *w);
+PyObject *dg_direct_new_batch(const dg_direct_ctx *ctx, PyObject *shape, Py_ssize_t B, int t, Py_ssize_t bytes,
+                              Py_buffer *w);
 /* direct_products.c: affine (affine 1) or matmul of shared matrices (as dg_direct_batch: 1 with *y, 0, -1) */
 int dg_direct_products(const dg_direct_ctx *ctx, int affine, const Py_ssize_t *bound, int t, PyObject *xs,
                        const Py_buffer *v, PyObject **y);

@@ -300,33 +300,11 @@ static int direct_concat(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int 
     }
     if (first != total || B * total * tail > bound[t])
         return 0;
-    PyObject *full = PyTuple_New(nd + 1);
-    if (!full)
-        return -1;
-    PyObject *b = PyLong_FromSsize_t(B);
-    if (!b) {
-        Py_DECREF(full);
-        return -1;
-    }
-    PyTuple_SET_ITEM(full, 0, b);
-    for (Py_ssize_t d = 0; d < nd; d++) {
-        Py_INCREF(PyTuple_GET_ITEM(shape, d));
-        PyTuple_SET_ITEM(full, d + 1, PyTuple_GET_ITEM(shape, d));
-    }
-    PyObject *made = dg_direct_empty_of(ctx, full, t);
-    Py_DECREF(full);
-    Py_buffer w;
-    if (!made || dg_get_buffer(made, &w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_XDECREF(made);
-        return -1;
-    }
     Py_ssize_t item = v[0].itemsize, row = total * tail * item;
-    if (w.len != B * row) {
-        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: a concatenation of another size");
-        PyBuffer_Release(&w);
-        Py_DECREF(made);
+    Py_buffer w;
+    PyObject *made = dg_direct_new_batch(ctx, shape, B, t, B * row, &w);
+    if (!made)
         return -1;
-    }
     for (Py_ssize_t r = 0; r < B; r++) {
         char *dst = (char *)w.buf + r * row;
         for (Py_ssize_t i = 0; i < k; i++) {

@@ -41,3 +41,32 @@ PyObject *dg_direct_new_rows(const dg_direct_ctx *ctx, Py_ssize_t rows, Py_ssize
     }
     return out;
 }
+
+/* numpy.empty((B,) + shape (the node's), dtype t) with its writable buffer in *w (released by the
+   caller), its size checked to be `bytes`. NULL with an error set on failure. */
+PyObject *dg_direct_new_batch(const dg_direct_ctx *ctx, PyObject *shape, Py_ssize_t B, int t, Py_ssize_t bytes,
+                              Py_buffer *w) {
+    Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+    PyObject *full = PyTuple_New(nd + 1), *b = PyLong_FromSsize_t(B);
+    if (!full || !b) {
+        Py_XDECREF(full);
+        Py_XDECREF(b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(full, 0, b);
+    for (Py_ssize_t d = 0; d < nd; d++)
+        PyTuple_SET_ITEM(full, d + 1, Py_NewRef(PyTuple_GET_ITEM(shape, d)));
+    PyObject *made = dg_direct_empty_of(ctx, full, t);
+    Py_DECREF(full);
+    if (!made || dg_get_buffer(made, w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_XDECREF(made);
+        return NULL;
+    }
+    if (w->len != bytes) {
+        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
+        PyBuffer_Release(w);
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;
+}

@@ -65,34 +65,6 @@ int dg_same_squeezed(const Py_ssize_t *a, int na, const Py_ssize_t *b, int nb) {
     }
 }
 
-/* numpy.empty((B,) + the node's shape, dtype t) with its writable buffer of `bytes` bytes in *w. */
-static PyObject *new_batch(const dg_direct_ctx *ctx, PyObject *shape, Py_ssize_t B, int t, Py_ssize_t bytes,
-                           Py_buffer *w) {
-    Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-    PyObject *full = PyTuple_New(nd + 1), *b = PyLong_FromSsize_t(B);
-    if (!full || !b) {
-        Py_XDECREF(full);
-        Py_XDECREF(b);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(full, 0, b);
-    for (Py_ssize_t d = 0; d < nd; d++)
-        PyTuple_SET_ITEM(full, d + 1, Py_NewRef(PyTuple_GET_ITEM(shape, d)));
-    PyObject *made = dg_direct_empty_of(ctx, full, t);
-    Py_DECREF(full);
-    if (!made || dg_get_buffer(made, w, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_XDECREF(made);
-        return NULL;
-    }
-    if (w->len != bytes) {
-        PyErr_SetString(PyExc_RuntimeError, "run_batch_native: empty made an array of another size");
-        PyBuffer_Release(w);
-        Py_DECREF(made);
-        return NULL;
-    }
-    return made;
-}
-
 /* Whether transpose's permutation `dims` (attrs[0]) of a node of shape s (nd axes, padded with axes
    of 1 to len(dims)) keeps its axes longer than 1 in their order, i.e. moves only axes of 1. */
 int dg_order_kept(PyObject *attrs, const Py_ssize_t *s, int nd) {
@@ -127,7 +99,7 @@ static int copy_kind(const dg_direct_ctx *ctx, long code, int t, const Py_buffer
         || (code == 1 && !dg_order_kept(attrs, v->shape + 1, v->ndim - 1)))
         return 0;
     Py_buffer w;
-    PyObject *made = new_batch(ctx, shape, B, t, v->len, &w);
+    PyObject *made = dg_direct_new_batch(ctx, shape, B, t, v->len, &w);
     if (!made)
         return -1;
     memcpy(w.buf, v->buf, (size_t)v->len);
@@ -152,7 +124,7 @@ static int softmax_kind(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t
     if (n < 1 || (t == 0 ? n > bound[0] : size > bound[1]))
         return 0;
     Py_buffer w;
-    PyObject *made = new_batch(ctx, shape, B, t, v->len, &w);
+    PyObject *made = dg_direct_new_batch(ctx, shape, B, t, v->len, &w);
     if (!made)
         return -1;
     if (t == 0)
@@ -192,7 +164,7 @@ static int colwise_kind(const dg_direct_ctx *ctx, const Py_ssize_t *bound, int t
     if (B * r * c > bound[t])
         return 0;
     Py_buffer w;
-    PyObject *made = new_batch(ctx, shape, B, t, B * r * c * x->itemsize, &w);
+    PyObject *made = dg_direct_new_batch(ctx, shape, B, t, B * r * c * x->itemsize, &w);
     if (!made)
         return -1;
     Py_ssize_t xs = x->shape[0] == 1 ? 0 : r * c, bs = b->shape[0] == 1 ? 0 : r;
@@ -218,7 +190,7 @@ static int matrix_products(const dg_direct_ctx *ctx, const Py_ssize_t *bound, in
     if (r < 1 || k < 1 || c < 1 || B * r * k * c > bound[t])
         return 0;
     Py_buffer w;
-    PyObject *made = new_batch(ctx, shape, B, t, B * r * c * A->itemsize, &w);
+    PyObject *made = dg_direct_new_batch(ctx, shape, B, t, B * r * c * A->itemsize, &w);
     if (!made)
         return -1;
     int64_t as = A->shape[0] == 1 ? 0 : r * k, xs = X->shape[0] == 1 ? 0 : k * c;

@@ -218,7 +218,8 @@ def test_matrix_products_match_the_ops_numpy_code(dt, tol, nA, nX, r, k, c):
         assert (a is None) == (not n)
         if n:
             np.testing.assert_allclose(a, w, rtol=tol, atol=tol * max(r, c))
-    assert direct.small_matmul_grads(A, X, g, (True, True)) is None or B == 1 or (nA == B and nX == B)
+    if B > 1 and min(nA, nX) == 1:  # a shared operand's gradient sums over the batch: the op's own
+        assert direct.small_matmul_grads(A, X, g, (True, True)) is None
     assert direct.matrix_products(A, X[:, ::-1]) == 0                         # not contiguous
     assert direct.matrix_products(A, X.astype(np.float16)) == 0               # mixed dtypes
 

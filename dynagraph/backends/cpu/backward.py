@@ -14,7 +14,8 @@ them. Here the step may
     logistic's by a loop of the numpy code's float operations (below the adapter's threshold),
     lstm_step's by the fused cell kernel and the products' (lstm_step.py's twin); reshape's and
     transpose's where the values keep their order, softmax's and colwise_add's through their
-    adapters' kernels (backward_shaped.c).
+    adapters' kernels, and products of per-node matrices by dg_small_matmul_grads as matmul's
+    twin makes them (backward_shaped.c).
     An op is offered only where the step's code is the path this backend runs for it: the
     op's own backward where no override replaces it, the C adapters (overrides.py) where they
     are installed, with the same size thresholds.

@@ -9,8 +9,8 @@ dtype, layout, shape and indices itself: unary maps, binary maps whose operands 
 row shape (one of them may be a shared row), esum, pickneglogsoftmax, lookup and the
 fused LSTM cell ops (lstm_c, lstm_h) and whole LSTM steps (lstm_step). Concatenate along the first per-node axis is copied
 there, and affine/matmul with shared weights make the op's own numpy calls there. An
-attention step's reshape and transpose of columns, softmax over a column and colwise_add run
-there too (direct_shaped.c).
+attention step's reshape and transpose of columns, softmax over a column, colwise_add and
+products of per-node matrices (dg_small_matmul) run there too (direct_shaped.c).
 
 Each op's entry is (descriptor, twin, split). The descriptor tells direct_batch.c which
 kernel and up to how many elements it takes the C path; the twin is the same decision and
