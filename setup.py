@@ -35,7 +35,7 @@ def bookkeeping_extension() -> Extension:
     work runs in its pure-Python twins."""
     strict = os.environ.get("DYNAGRAPH_WERROR", "") not in ("", "0")
     flags = [] if os.name == "nt" else ["-O2"] + (["-Wall", "-Wextra", "-Werror"] if strict else [])
-    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/columns.c", "kernels/cpython/expr_recorder.c",
+    src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/node_table.c", "kernels/cpython/columns.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c", "kernels/cpython/graph_leaves.c", "kernels/cpython/sig_cache.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
            "kernels/cpython/batch_run.c", "kernels/cpython/batch_columns.c", "kernels/cpython/direct_batch.c", "kernels/cpython/direct_products.c", "kernels/cpython/direct_step.c", "kernels/cpython/direct_shaped.c", "kernels/cpython/backward_step.c", "kernels/cpython/backward_shaped.c", "kernels/cpython/direct_output.c",

@@ -293,6 +293,8 @@ class ComputationGraph(GraphBase):
         for column in (self.op, self.args, self.attrs, self.data, self.shape, self.depth, self.sig,
                        self.sig_part, self.needs_grad, self.blk, self.row):
             del column[n:]
+        if COMPILED:
+            self._truncate_table(n)  # the C node table mirrors args (kernels/cpython/node_table.c)
         self._leaves = {k: v for k, v in self._leaves.items() if v < n}
         self.reverts += 1
         self.grad_blocks = None

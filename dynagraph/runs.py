@@ -112,9 +112,10 @@ def enabled(cg, be) -> bool:
 
 
 def _table_py(blk: list, row: list, args: list, needs_grad: list, steps: list, blocks: list, offs: list,
-              reach: list, fmt: str):
+              reach: list, fmt: str, cg=None):
     """Twin of _bookkeeping.run_table (see kernels/cpython/run_reads.c for the fields):
-    where every argument row of a run is read, checked against its block's size."""
+    where every argument row of a run is read, checked against its block's size. (cg: the
+    compiled twin reads its node table, which holds what `args` holds.)"""
     dt = np.dtype(fmt)
     slot_of, views, slots = {}, [], []
     pair_slot, pair_off, need = [], [], bytearray()
@@ -310,7 +311,7 @@ def execute_run(cg, be, steps: list, specs: list | None = None) -> bool:
     first = len(blocks)
     outs, counts = _place_steps(cg.blk, cg.row, cg.shape, steps, blocks, np.empty, dt, _FORMAT[dt])
     offs, reach, code, consts, widths, max_width, _, names = _program(specs)
-    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt])
+    table = _table(cg.blk, cg.row, cg.args, cg.needs_grad, steps, blocks, offs, reach, _FORMAT[dt], cg)
     if table is None:
         _unplace(cg, steps, first)
         return False

@@ -324,6 +324,57 @@ def test_buckets_filled_out_of_order_sort_like_python(chains, longest):
         assert any(len(b) == chains for b in got) and all(list(b) == sorted(b) for b in got)
 
 
+def _graph_with_python_nodes(pc, scheduler=None):
+    """A graph recorded in C around nodes Python adds (_add_py, a leaf made in Python) and a
+    revert() whose dropped ids are recorded again with other wiring; returns (cg, loss)."""
+    from dynagraph.expression import Expression
+    cg = dy.renew_cg(scheduler=scheduler)
+    x = dy.inputVector([0.1, 0.2, 0.3])
+    hs = [dy.tanh(x)]
+    for _ in range(6):
+        hs.append(dy.logistic(hs[-1]) + x)
+    assert cg._node_table() == cg.args
+    cg.checkpoint()
+    dropped = [dy.cmult(h, h) for h in hs]
+    cg.revert()
+    del dropped
+    again = [dy.cmult(hs[k], hs[-1 - k]) for k in range(len(hs))]  # the dropped ids, other wiring
+    assert cg._node_table() == cg.args
+    by_python = Expression(cg, cg._add_py(cg.op[hs[0].i], (again[2].i,), cg.attrs[hs[0].i], None))
+    p = pc.parameters_list()[0] if pc.parameters_list() else pc.add_parameters((3,))
+    leaf = Expression(cg, cg._leaf_py(p))
+    tail = [dy.cmult(by_python, dy.parameter(p)), dy.cmult(leaf, again[0]), dy.tanh(by_python)]
+    return cg, dy.sum_elems(dy.esum(again + tail))  # recorded in C after the Python nodes
+
+
+@needs_native
+def test_node_table_mirrors_args_through_python_adds_revert_and_replacement(pc):
+    """The compiled recorder keeps each node's argument ids in a C table beside cg.args
+    (kernels/cpython/node_table.c), which the agenda and the run tables read instead of the
+    tuples. It must hold what args holds after nodes added by Python, after revert() and after
+    the args list is replaced; the agenda must schedule alike reading it or the tuples, and the
+    graph's value equal the unbatched one."""
+    _graph_with_python_nodes(pc)  # its signatures known: the second graph's nodes are recorded in C
+    cg, loss = _graph_with_python_nodes(pc)
+    assert cg._node_table() == cg.args
+    cg._sync_values()
+    nodes = engine._pending_py(cg.blk, 0, len(cg.op))
+    tables = (simple._per_signature(cg, "batchable"), simple._per_signature(cg, "cost"))
+    for lookahead in (False, True):
+        plain = NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, *tables, nodes, lookahead)
+        assert NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, *tables, nodes, lookahead, cg) == plain
+        part = nodes[len(nodes) // 2:]
+        assert NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, *tables, part, lookahead, cg) == \
+            NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, *tables, part, lookahead)
+        # a list that is not the graph's: its tuples are read
+        assert NATIVE.agenda_batches(list(cg.args), cg.sig, cg.depth, *tables, nodes, lookahead, cg) == plain
+    got = loss.value()
+    cg.args = list(cg.args)  # replaced: the table starts over from the new list
+    assert cg._node_table() == cg.args
+    _, ref = _graph_with_python_nodes(pc, scheduler="none")
+    assert got == ref.value()
+
+
 @needs_native
 def test_depth_batches_defers_unknown_signatures_to_python():
     assert NATIVE.depth_batches([1, 1], [0, -1], [True], [0, 1]) is None

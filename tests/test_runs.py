@@ -277,6 +277,10 @@ def test_run_table_matches_its_python_twin():
     got, ref = NATIVE.run_table(*args), runs._table_py(*args)
     assert [bytes(x) if not isinstance(x, list) else x for x in got] == \
         [bytes(x) if not isinstance(x, list) else x for x in ref]
+    # given the graph, the argument ids come from its node table (node_table.c): the same table
+    assert cg._node_table() == cg.args
+    assert [bytes(x) if not isinstance(x, list) else x for x in NATIVE.run_table(*args, cg)] == \
+        [bytes(x) if not isinstance(x, list) else x for x in ref]
     src, pslot, poff, slots, need, slot_last = got
     # both steps need a gradient (a parameter's slice is upstream of each); the inputs and
     # the parameter are last read by step 0, the first step's block by step 1

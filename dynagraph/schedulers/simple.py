@@ -74,7 +74,7 @@ class AgendaBatching:
         """In C when dynagraph._bookkeeping is built; schedule_py is its twin."""
         if NATIVE is not None and nodes:
             out = NATIVE.agenda_batches(cg.args, cg.sig, cg.depth, _per_signature(cg, "batchable"),
-                                        _per_signature(cg, "cost"), nodes, self.lookahead)
+                                        _per_signature(cg, "cost"), nodes, self.lookahead, cg)
             if out is not None:
                 return out
         return self.schedule_py(cg, nodes)

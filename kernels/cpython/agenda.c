@@ -4,6 +4,7 @@ and with lookahead LookaheadBatching's. Twin: AgendaBatching.schedule_py
 schedule.c.
 */
 #include "bookkeeping.h"
+#include "recorder.h"  /* the node table */
 #include "typewise.h"  /* dg_sort_ids, shared with the typewise simulation */
 
 #include <stdint.h>
@@ -135,10 +136,10 @@ static void agenda_push(Agenda *a, const Py_ssize_t *ready, Py_ssize_t m, Entry 
 /* The arguments of agenda_batches, and the range [lo, hi] of its (increasing) node ids.
    1 to go on, 0 for no nodes, -1 with an exception set. */
 static int agenda_check(PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t *lo, Py_ssize_t *hi) {
-    if ((nargs != 6 && nargs != 7) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2]) ||
+    if (nargs < 6 || nargs > 8 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2]) ||
         !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) ||
         !(PyList_CheckExact(argv[5]) || PyTuple_CheckExact(argv[5]))) {
-        PyErr_SetString(PyExc_TypeError, "agenda_batches(args, sig, depth, batchable, cost: lists, nodes[, lookahead])");
+        PyErr_SetString(PyExc_TypeError, "agenda_batches(args, sig, depth, batchable, cost: lists, nodes[, lookahead[, cg]])");
         return -1;
     }
     Py_ssize_t B = PySequence_Fast_GET_SIZE(argv[5]), S = PyList_GET_SIZE(argv[3]), total = PyList_GET_SIZE(argv[0]);
@@ -245,7 +246,36 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
    scheduler's cost) and keeps each node's pending arguments as local ids, node after node
    (node v's are the next indeg[v]); the fill reads those, not the tuples again. 0, or -1 with
    an exception set. */
-static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t range) {
+/* agenda_users' pass over the node table: the ids are int32s already, one array read each. */
+static Py_ssize_t agenda_table_args(Agenda *a, const NodeTable *tab, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t range,
+                                    int32_t **arg_io, Py_ssize_t *cap_io) {
+    Py_ssize_t m = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        Py_ssize_t g = a->gid[v], e0 = (Py_ssize_t)tab->start[g], na = (Py_ssize_t)tab->start[g + 1] - e0;
+        if (m + na > *cap_io) {
+            Py_ssize_t want = 2 * *cap_io + na;
+            int32_t *more = PyMem_Realloc(*arg_io, (size_t)want * sizeof(int32_t));
+            if (!more) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            *arg_io = more;
+            *cap_io = want;
+        }
+        for (Py_ssize_t k = 0; k < na; k++) {
+            Py_ssize_t u = tab->arg[e0 + k] - lo;
+            if (u < 0 || u >= range || (u = a->local[u]) < 0)
+                continue;
+            (*arg_io)[m++] = (int32_t)u;
+            a->start[u + 1]++;
+            a->nd[v].indeg++;
+        }
+    }
+    return m;
+}
+
+static int agenda_users(Agenda *a, PyObject *args, const NodeTable *tab, Py_ssize_t lo, Py_ssize_t n,
+                        Py_ssize_t range) {
     Py_ssize_t cap = 2 * n + 16, m = 0;
     int32_t *arg = PyMem_Malloc((size_t)cap * sizeof(int32_t));  /* pending arguments, node by node */
     if (!arg) {
@@ -253,7 +283,9 @@ static int agenda_users(Agenda *a, PyObject *args, Py_ssize_t lo, Py_ssize_t n, 
         return -1;
     }
     int rc = 0;
-    for (Py_ssize_t v = 0; v < n && !rc; v++) {
+    if (tab && agenda_table_args(a, tab, lo, n, range, &arg, &cap) < 0)
+        rc = -1;
+    for (Py_ssize_t v = 0; v < n && !rc && !tab; v++) {
         if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
             DG_PREFETCH(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD]));
         if (v + DG_AHEAD / 2 < n && PyTuple_CheckExact(PyList_GET_ITEM(args, a->gid[v + DG_AHEAD / 2]))) {
@@ -400,8 +432,9 @@ static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
     return result;
 }
 
-/* agenda_batches(args, sig, depth, batchable, cost, nodes[, lookahead]): DyNet's agenda scheduler,
-   with lookahead (a true value) LookaheadBatching's. batchable[s], cost[s]: per signature id.
+/* agenda_batches(args, sig, depth, batchable, cost, nodes[, lookahead[, cg]]): DyNet's agenda
+   scheduler, with lookahead (a true value) LookaheadBatching's; cg, the graph whose args these
+   are: its node table is read instead of the tuples. batchable[s], cost[s]: per signature id.
    Twin: AgendaBatching.schedule_py. Returns the batches, or None when a node's signature is
    outside the tables (Python decides). */
 PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
@@ -420,7 +453,7 @@ PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t na
         result = Py_None;
         goto done;
     }
-    int lookahead = nargs == 7 ? PyObject_IsTrue(argv[6]) : 0;
+    int lookahead = nargs >= 7 ? PyObject_IsTrue(argv[6]) : 0;
     if (lookahead < 0)
         goto done;
     if (lookahead) {
@@ -431,7 +464,9 @@ PyObject *dg_agenda_batches(PyObject *self, PyObject *const *argv, Py_ssize_t na
             goto done;
         }
     }
-    if (agenda_users(&a, argv[0], lo, n, range) == 0)
+    /* cg given: its node table, when it mirrors argv[0] (else the tuples are read) */
+    const NodeTable *tab = nargs == 8 ? dg_table_of(argv[7], argv[0], hi + 1) : NULL;
+    if (agenda_users(&a, argv[0], tab, lo, n, range) == 0)
         result = agenda_run(&a, n, S);
 done:
     agenda_free(&a);

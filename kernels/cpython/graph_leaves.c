@@ -148,8 +148,10 @@ static int append_leaf(GraphObject *g, PyObject *p, PyObject *key, PyObject *nid
         dg_col_append(g->needs_grad, update && lp->trained ? Py_True : Py_False) == 0 &&
         PyDict_SetItem(g->block_param, b, p) == 0 && dg_col_append(g->blk, b) == 0 &&
         dg_col_append(g->row, Zero) == 0 && dg_col_append(g->blocks, lp->view) == 0 &&
-        PyDict_SetItem(g->leaves, key, nid) == 0)
+        PyDict_SetItem(g->leaves, key, nid) == 0) {
         rc = 0;
+        dg_table_push(g, n, NoArgs);
+    }
     Py_XDECREF(attrs);
     Py_DECREF(b);
     return rc;

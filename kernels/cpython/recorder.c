@@ -70,6 +70,7 @@ static int graph_clear(GraphObject *g) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_CLEAR(*graph_column(g, k));
     dg_sig_cache_clear(g);
+    dg_table_free(&g->table);
     return 0;
 }
 
@@ -98,6 +99,7 @@ static PyObject *graph_start(GraphObject *g, PyObject *unused) {
             return NULL;
         Py_XSETREF(*dicts[k], d);
     }
+    dg_table_start(g);
     Py_RETURN_NONE;
 }
 
@@ -401,6 +403,7 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
         Py_DECREF(nid);
         return NULL;
     }
+    dg_table_push(g, nodes, ids);
     /* node ids only (checked above): no cycle can pass through it, and the collector need
        not scan one tuple per node at every collection */
     PyObject_GC_UnTrack(ids);
@@ -437,7 +440,47 @@ static PyGetSetDef graph_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* _truncate_table(n): revert() dropped nodes n and after from the columns. */
+static PyObject *graph_truncate_table(GraphObject *g, PyObject *n) {
+    Py_ssize_t v = PyLong_AsSsize_t(n);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    dg_table_truncate(g, v);
+    Py_RETURN_NONE;
+}
+
+/* _node_table(): the node table as a list of tuples (what args holds), brought up to date
+   first; None when it cannot mirror args. For the tests. */
+static PyObject *graph_node_table(GraphObject *g, PyObject *unused) {
+    (void)unused;
+    Py_ssize_t n = g->args && PyList_CheckExact(g->args) ? PyList_GET_SIZE(g->args) : 0;
+    const NodeTable *t = dg_table_of((PyObject *)g, g->args, n);
+    if (!t)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        Py_ssize_t k = (Py_ssize_t)(t->start[i + 1] - t->start[i]);
+        PyObject *ids = PyTuple_New(k);
+        for (Py_ssize_t j = 0; ids && j < k; j++) {
+            PyObject *v = PyLong_FromLong(t->arg[t->start[i] + j]);
+            if (!v)
+                Py_CLEAR(ids);
+            else
+                PyTuple_SET_ITEM(ids, j, v);
+        }
+        if (!ids)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, ids);
+    }
+    return out;
+}
+
 static PyMethodDef graph_methods[] = {
+    {"_node_table", (PyCFunction)graph_node_table, METH_NOARGS,
+     "_node_table(): the C node table's argument ids per node (equal to args), or None."},
+    {"_truncate_table", (PyCFunction)graph_truncate_table, METH_O,
+     "_truncate_table(n): the node table loses nodes n and after (revert() truncates the columns)."},
     {"_start", (PyCFunction)graph_start, METH_NOARGS, "_start(): the new graph's empty columns."},
     {"add", (PyCFunction)(void (*)(void))graph_add, METH_FASTCALL,
      "add(op, ids, attrs=(), data=None) -> node id. Record one node (see ComputationGraph._add_py)."},

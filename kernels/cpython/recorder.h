@@ -4,6 +4,8 @@ Recorder) share: the two object layouts, their types, and the configured Express
 #define DG_RECORDER_H
 #include "bookkeeping.h"
 
+#include <stdint.h>
+
 /* A recent signature lookup, by identity: the same op, the same argument parts (the
    interned shape or shared-parameter tuples of the graph's nodes) and equal attrs have
    the same signature, so the key tuple need not be built, hashed and compared again.
@@ -13,6 +15,15 @@ typedef struct {
     PyObject *op, *attrs, *known, *parts[SIG_CACHE_ARGS];
     Py_ssize_t n;
 } SigEntry;
+
+/* The node table (node_table.c): nodes [0, n)'s argument ids, node v's at arg[start[v]] to
+   arg[start[v + 1]], mirroring the args list `of` (compared by identity, never dereferenced). */
+typedef struct {
+    int64_t *start;
+    int32_t *arg;
+    Py_ssize_t n, cap, arg_cap;
+    PyObject *of;
+} NodeTable;
 
 typedef struct {
     PyObject_HEAD
@@ -29,6 +40,7 @@ typedef struct {
     int nused;            /* the filled entries of cache are used[0..nused): clearing and */
     unsigned short used[SIG_CACHE];  /* traversal visit only those, not all SIG_CACHE */
     char retired, immediate;
+    NodeTable table;      /* args as int32 arrays, for the per-node loops (node_table.c) */
 } GraphObject;
 
 typedef struct {
@@ -71,5 +83,13 @@ void dg_global_put(PyObject *op, PyObject *attrs, PyObject *const *parts, PyObje
                    PyObject *key, PyObject *known);
 PyObject *dg_global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject *const *parts,
                         PyObject *const *shapes, Py_ssize_t n, int *failed);
+
+/* node_table.c */
+void dg_table_start(GraphObject *g);
+void dg_table_push(GraphObject *g, Py_ssize_t nid, PyObject *ids);
+void dg_table_truncate(GraphObject *g, Py_ssize_t n);
+void dg_table_free(NodeTable *t);
+/* The table of graph cg over nodes [0, upto) if `args` is its args list, else NULL (no error). */
+const NodeTable *dg_table_of(PyObject *cg, PyObject *args, Py_ssize_t upto);
 
 #endif

@@ -5,6 +5,7 @@ A run (dynagraph/runs.py) is one C call over consecutive elementwise batches tha
 its arguments in place; its twin in Python is runs._table_py.
 */
 #include "bookkeeping.h"
+#include "recorder.h"  /* the node table */
 
 /* One value block of a run, seen through the buffer protocol. */
 typedef struct {
@@ -37,15 +38,17 @@ typedef struct {
     RunSlot *sl;   /* at most one per block */
     int64_t *o_src, *o_slot, *o_off;
     char *nd;
+    const NodeTable *tab;  /* the graph's node table, or NULL: the args tuples are read */
 } RunTable;
 
 /* Sizes first, so that each table is one allocation: the pairs (total), the step-argument
-   columns (nj, one offs and reach entry each) and the widest step (maxB). 0, or -1 with an
+   columns (nj, one offs and reach entry each) and the most argument ids of a step (maxBk). 0, or
+   -1 with an
    exception set. */
 static int run_table_sizes(PyObject *steps, PyObject *args, PyObject *offs, PyObject *reach, Py_ssize_t n,
-                           Py_ssize_t *total, Py_ssize_t *nj, Py_ssize_t *maxB) {
+                           Py_ssize_t *total, Py_ssize_t *nj, Py_ssize_t *maxBk) {
     *total = *nj = 0;
-    *maxB = 1;
+    *maxBk = 1;
     for (Py_ssize_t m = 0; m < PyList_GET_SIZE(steps); m++) {
         PyObject *s = PyList_GET_ITEM(steps, m);
         if (!PyList_CheckExact(s) && !PyTuple_CheckExact(s)) {
@@ -66,8 +69,8 @@ static int run_table_sizes(PyObject *steps, PyObject *args, PyObject *offs, PyOb
         }
         *total += PyTuple_GET_SIZE(a) * B;
         *nj += PyTuple_GET_SIZE(a);
-        if (B > *maxB)
-            *maxB = B;
+        if (B * PyTuple_GET_SIZE(a) > *maxBk)
+            *maxBk = B * PyTuple_GET_SIZE(a);
     }
     if (PyList_GET_SIZE(offs) != *nj || PyList_GET_SIZE(reach) != *nj) {
         PyErr_SetString(PyExc_ValueError, "run_table: offs and reach need one entry per step and argument");
@@ -113,15 +116,18 @@ static inline int run_table_flag(PyObject *flags, Py_ssize_t x) {
 /* Column c of a step of B nodes (arow: their argument tuples), whose pairs start at `at`
    and whose step-argument index is jc: every row's address, slot and offset, and whether
    any node needs its gradient. 1; 0 when a block cannot be read in place; -1 on error. */
-static inline int run_table_column(RunTable *t, PyObject **arow, Py_ssize_t B, Py_ssize_t c, Py_ssize_t at,
-                                   Py_ssize_t jc, Py_ssize_t off, Py_ssize_t rch) {
+static inline int run_table_column(RunTable *t, const int64_t *xs, Py_ssize_t B, Py_ssize_t k, Py_ssize_t c,
+                                   Py_ssize_t at, Py_ssize_t jc, Py_ssize_t off, Py_ssize_t rch) {
     t->nd[jc] = 0;
     for (Py_ssize_t r = 0; r < B; r++) {
-        if (r + DG_AHEAD < B)  /* blk[x], row[x] of the node DG_AHEAD on (its tuple is in the cache) */
-            dg_prefetch_item(PyTuple_GET_ITEM(arow[r + DG_AHEAD], c), t->blk, t->row);
-        Py_ssize_t x = dg_index_in(PyTuple_GET_ITEM(arow[r], c), t->n);
-        if (x < 0)
-            return -1;
+        if (r + DG_AHEAD < B) {  /* blk[x], row[x] of the node DG_AHEAD on */
+            int64_t y = xs[(r + DG_AHEAD) * k + c];
+            if (y >= 0 && y < t->n) {
+                DG_PREFETCH(PyList_GET_ITEM(t->blk, y));
+                DG_PREFETCH(PyList_GET_ITEM(t->row, y));
+            }
+        }
+        Py_ssize_t x = (Py_ssize_t)xs[r * k + c];  /* checked by run_table_ids */
         Py_ssize_t b = dg_as_ssize(PyList_GET_ITEM(t->blk, x)), rw = dg_as_ssize(PyList_GET_ITEM(t->row, x));
         if ((b == -1 || rw == -1) && PyErr_Occurred())
             return -1;
@@ -153,28 +159,48 @@ static inline int run_table_column(RunTable *t, PyObject **arow, Py_ssize_t B, P
     return 1;
 }
 
-/* One step: each node's argument tuple, checked once and read for every column (borrowed:
-   nothing below runs Python code that could change the lists), then its k columns.
+/* The argument ids of a step's B nodes of k arguments each, node by node into xs, every one
+   checked to be a node: from the node table when there is one, else from the tuples.
+   0, or -1 with an exception set. */
+static int run_table_ids(RunTable *t, PyObject **ids, Py_ssize_t B, Py_ssize_t k, int64_t *xs) {
+    for (Py_ssize_t r = 0; r < B; r++) {
+        Py_ssize_t i = dg_index_in(ids[r], t->n);
+        if (i < 0)
+            return -1;
+        if (t->tab) {
+            const int32_t *a = t->tab->arg + t->tab->start[i];
+            if (t->tab->start[i + 1] - t->tab->start[i] != k)
+                goto differ;
+            for (Py_ssize_t c = 0; c < k; c++)
+                xs[r * k + c] = a[c];  /* node ids below i: the table holds no other */
+            continue;
+        }
+        dg_prefetch_nodes(ids, r, B, t->args, NULL);
+        dg_prefetch_arg_items(ids, r, B, t->args);
+        PyObject *a = PyList_GET_ITEM(t->args, i);
+        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k)
+            goto differ;
+        for (Py_ssize_t c = 0; c < k; c++)
+            if ((xs[r * k + c] = dg_index_in(PyTuple_GET_ITEM(a, c), t->n)) < 0)
+                return -1;
+        continue;
+    differ:
+        PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
+        return -1;
+    }
+    return 0;
+}
+
+/* One step: its nodes' argument ids, read once (run_table_ids), then its k columns.
    1; 0 when a block cannot be read in place; -1 on error. */
-static int run_table_step(RunTable *t, PyObject *s, PyObject *offs, PyObject *reach, PyObject **arow,
+static int run_table_step(RunTable *t, PyObject *s, PyObject *offs, PyObject *reach, int64_t *xs,
                           Py_ssize_t at, Py_ssize_t j, Py_ssize_t *k_out) {
     Py_ssize_t B = PySequence_Fast_GET_SIZE(s);
     PyObject **ids = PySequence_Fast_ITEMS(s);
     Py_ssize_t k = PyTuple_GET_SIZE(PyList_GET_ITEM(t->args, PyLong_AsSsize_t(ids[0])));  /* checked by sizes */
     *k_out = k;
-    for (Py_ssize_t r = 0; r < B; r++) {
-        dg_prefetch_nodes(ids, r, B, t->args, NULL);
-        dg_prefetch_arg_items(ids, r, B, t->args);
-        Py_ssize_t i = dg_index_in(ids[r], t->n);
-        if (i < 0)
-            return -1;
-        PyObject *a = PyList_GET_ITEM(t->args, i);
-        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != k) {
-            PyErr_Format(PyExc_ValueError, "run_table: node %zd's arguments differ from its step's", i);
-            return -1;
-        }
-        arow[r] = a;
-    }
+    if (run_table_ids(t, ids, B, k, xs) < 0)
+        return -1;
     for (Py_ssize_t c = 0; c < k; c++) {
         Py_ssize_t off = PyLong_AsSsize_t(PyList_GET_ITEM(offs, j + c));
         Py_ssize_t rch = PyLong_AsSsize_t(PyList_GET_ITEM(reach, j + c));
@@ -184,7 +210,7 @@ static int run_table_step(RunTable *t, PyObject *s, PyObject *offs, PyObject *re
             PyErr_SetString(PyExc_ValueError, "run_table: a negative offset or reach");
             return -1;
         }
-        int got = run_table_column(t, arow, B, c, at, j + c, off, rch);
+        int got = run_table_column(t, xs, B, k, c, at, j + c, off, rch);
         if (got <= 0)
             return got;
     }
@@ -225,11 +251,11 @@ static void run_table_release(RunTable *t) {
 /* The format's element size (4 for 'f', 8 for 'd'), or 0 with an exception set when the
    arguments are not run_table's. */
 static Py_ssize_t run_table_check(PyObject *const *argv, Py_ssize_t nargs, const char **format) {
-    if (nargs != 9 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2])
+    if ((nargs != 9 && nargs != 10) || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2])
         || !PyList_CheckExact(argv[3]) || !PyList_CheckExact(argv[4]) || !PyList_CheckExact(argv[5])
         || !PyList_CheckExact(argv[6]) || !PyList_CheckExact(argv[7]) || !PyUnicode_Check(argv[8])) {
         PyErr_SetString(PyExc_TypeError, "run_table(blk, row, args, needs_grad, steps, blocks: lists, "
-                                         "offs, reach: lists, format: str)");
+                                         "offs, reach: lists, format: str[, cg])");
         return 0;
     }
     if (!(*format = PyUnicode_AsUTF8(argv[8])))
@@ -244,8 +270,9 @@ static Py_ssize_t run_table_check(PyObject *const *argv, Py_ssize_t nargs, const
     return itemsize;
 }
 
-/* run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format): where a run
-   (dynagraph/runs.py) reads every argument row; the twin of runs._table_py.
+/* run_table(blk, row, args, needs_grad, steps, blocks, offs, reach, format[, cg]): where a run
+   (dynagraph/runs.py) reads every argument row; the twin of runs._table_py. cg, the graph
+   whose args these are: its node table is read instead of the tuples.
    offs[j] / reach[j], per step and argument: the first element read in a source row and
    the elements that row must hold. Returns None when some block cannot be read in place
    (another dtype, not contiguous), else
@@ -267,9 +294,10 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     PyObject *steps = argv[4], *offs = argv[6], *reach = argv[7];
     t.n = PyList_GET_SIZE(t.args);
     t.nblocks = PyList_GET_SIZE(t.blocks);
-    Py_ssize_t total, nj, maxB, nsteps = PyList_GET_SIZE(steps);
-    if (run_table_sizes(steps, t.args, offs, reach, t.n, &total, &nj, &maxB) < 0)
+    Py_ssize_t total, nj, maxBk, nsteps = PyList_GET_SIZE(steps);
+    if (run_table_sizes(steps, t.args, offs, reach, t.n, &total, &nj, &maxBk) < 0)
         return NULL;
+    t.tab = nargs == 10 ? dg_table_of(argv[9], t.args, t.n) : NULL;
     PyObject *res = NULL, *need = PyBytes_FromStringAndSize(NULL, nj);
     t.slots = PyList_New(0);
     Py_ssize_t bytes = total * (Py_ssize_t)sizeof(int64_t);
@@ -280,8 +308,8 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     Py_ssize_t cap = total < t.nblocks ? total : t.nblocks;
     t.slot_of = PyMem_Malloc((size_t)(t.nblocks ? t.nblocks : 1) * sizeof(int));
     t.sl = PyMem_Calloc((size_t)(cap ? cap : 1), sizeof(RunSlot));
-    PyObject **arow = PyMem_Malloc((size_t)maxB * sizeof(PyObject *));
-    if (!t.slots || !need || !src || !pslot || !poff || !t.slot_of || !t.sl || !arow) {
+    int64_t *xs = PyMem_Malloc((size_t)maxBk * sizeof(int64_t));
+    if (!t.slots || !need || !src || !pslot || !poff || !t.slot_of || !t.sl || !xs) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         goto done;
@@ -294,7 +322,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
     t.nd = PyBytes_AS_STRING(need);
     for (Py_ssize_t m = 0, at = 0, j = 0, k; m < nsteps; m++) {
         PyObject *s = PyList_GET_ITEM(steps, m);
-        int got = run_table_step(&t, s, offs, reach, arow, at, j, &k);
+        int got = run_table_step(&t, s, offs, reach, xs, at, j, &k);
         if (got == 0) {
             Py_INCREF(Py_None);  /* not readable in place: the caller runs batch by batch */
             res = Py_None;
@@ -309,7 +337,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
         res = Py_BuildValue("(OOOOON)", src, pslot, poff, t.slots, need, slot_last);
 done:
     run_table_release(&t);
-    PyMem_Free(arow);
+    PyMem_Free(xs);
     Py_XDECREF(t.slots);
     Py_XDECREF(need);
     Py_XDECREF(src);
