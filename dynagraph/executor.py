@@ -291,7 +291,8 @@ class _NativeBatches:
                     lambda y, nodes: _finish(cg, be, y, nodes), ExecutedBatch, _NDARRAY,
                     _FORMAT.get(cg.dtype, ""), stats.batch_log, self.acc, _DTYPES, empty, SPLIT_MAX,
                     GROUP_MAX, getattr(getattr(be, "direct_kernels", None), "row_index_maker", None),
-                    {})  # the evaluation's transposed shared weights (direct_products.c); dropped with it
+                    {},  # the evaluation's transposed shared weights (direct_products.c); dropped with it
+                    cg)  # its node table: the argument columns without the tuples (node_table.c)
         self.stats = stats
 
     def close(self) -> None:

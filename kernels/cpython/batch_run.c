@@ -29,6 +29,8 @@ The context (executor._native_context builds it once per evaluation) is a tuple:
      gather is gather_fn's
   24 transposed: a dict for the evaluation (direct_products.c keeps each shared weight it
      transposes there, keyed by address), or None: made again for every product
+  25 graph: the ComputationGraph, whose node table (node_table.c) gives the argument columns
+     without reading the tuples; anything else (None): they are read from args
 
 An op's info may carry a 7th, 8th and 9th item: a direct kernel's descriptor (kind, opcode, bound for
 float32, bound for float64; backends/cpu/direct.py): where every argument passes the
@@ -43,6 +45,7 @@ leaves it in place; every other TAKE or MANY column is gathered here (column_gat
 #include <time.h>
 
 #include "batch_run.h"
+#include "recorder.h"  /* the node table */
 
 static double now(void) {
     struct timespec t;
@@ -375,8 +378,9 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
         goto done;
     }
     Py_INCREF(info);  /* held: a kernel may clear the dict */
-    PyObject *cargv[2] = {PyTuple_GET_ITEM(ctx, C_ARGS), nodes};
-    if (!(cols = dg_columns(NULL, cargv, 2)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
+    PyObject *args = PyTuple_GET_ITEM(ctx, C_ARGS);
+    const NodeTable *tab = dg_table_of(PyTuple_GET_ITEM(ctx, C_GRAPH), args, PyList_GET_SIZE(args));
+    if (!(cols = dg_columns_of(args, nodes, tab)) || !(xs = PyList_New(0)) || !(plans = PyList_New(0)))
         goto done_info;
     dg_untrack_list(xs);  /* arrays and plan tuples only (bookkeeping.h: dg_untrack_record) */
     dg_untrack_list(plans);

@@ -5,7 +5,8 @@ batch_run.c and batch_columns.c. */
 #include "bookkeeping.h"
 
 enum { C_OP, C_BLK, C_ROW, C_ARGS, C_BLOCKS, C_ATTRS, C_DATA, C_SHAPE, C_EXECUTED, C_INFOS, C_INFO_FN, C_XP,
-       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_GROUP_MAX, C_INDEX_OF, C_TRANSPOSED, C_SIZE };
+       C_GATHER, C_FINISH, C_RECORD, C_NDARRAY, C_FORMAT, C_LOG, C_ACC, C_DTYPES, C_EMPTY, C_SPLIT_MAX, C_GROUP_MAX, C_INDEX_OF, C_TRANSPOSED, C_GRAPH,
+       C_SIZE };
 enum { ACC_KERNELS, ACC_BATCHES, ACC_NODES, ACC_MEMORY, ACC_EXECUTE, ACC_GATHERS, ACC_GATHER_BYTES, ACC_SIZE };
 
 /* batch_columns.c: an op's info tuple (borrowed, made by info_fn once); item i of the context's

@@ -18,6 +18,7 @@ as row_index does, so the backward's scatter is the one it always was. */
 #include <string.h>
 
 #include "bookkeeping.h"
+#include "typewise.h"  /* dg_sort_ids */
 
 enum { TAKE_KIND = 2, MANY_KIND = 3 };
 
@@ -124,16 +125,14 @@ done:
     return rc;
 }
 
-static int cmp_int64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The distinct block ids of b[0..n) sorted into ids (*nid of them) and each row's position among
    them into local: row_index's ids and local. */
 static void distinct_ids(const int64_t *b, Py_ssize_t n, int64_t *ids, Py_ssize_t *nid, int64_t *local) {
     memcpy(ids, b, (size_t)n * sizeof(int64_t));
-    qsort(ids, (size_t)n, sizeof(int64_t), cmp_int64);
+    /* a radix sort (sort_ids.c): qsort's comparison calls were 4% of a BiLSTM mini-batch's
+       forward instructions, sorting the block ids of its 1,500-row gathers */
+    _Static_assert(sizeof(int64_t) == sizeof(Py_ssize_t), "block ids sort as Py_ssize_t");
+    dg_sort_ids((Py_ssize_t *)ids, n);
     Py_ssize_t m = 0;
     for (Py_ssize_t j = 0; j < n; j++)
         if (m == 0 || ids[m - 1] != ids[j])

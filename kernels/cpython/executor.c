@@ -8,6 +8,7 @@ the fallback when this module is not built. Every index is checked (IndexError).
 Where an elementwise run reads and writes its rows (runs.py) is in run_tables.c.
 */
 #include "bookkeeping.h"
+#include "recorder.h"  /* the node table */
 
 /* dg_int(i): a new reference to the int i. Node ids and row numbers above 256 are not
    CPython's cached small ints, so every pending list and every placed row used to
@@ -57,17 +58,55 @@ static int check_args(const char *name, PyObject *const *argv, Py_ssize_t nargs,
     return 0;
 }
 
-/* columns(args, nodes): tuple(zip(*[args[n] for n in nodes])), every node having the
-   same number of arguments (a batch shares one signature). */
-PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
-    (void)self;
-    if (check_args("columns", argv, nargs, 2, 1) < 0)
+/* The columns read from the node table: each id is the shared int object of its value. */
+static PyObject *columns_from_table(const NodeTable *tab, PyObject **ids, Py_ssize_t B, Py_ssize_t n) {
+    Py_ssize_t i0 = dg_index_in(ids[0], n);
+    if (i0 < 0)
         return NULL;
-    PyObject *args = argv[0], *nodes = argv[1];
+    Py_ssize_t k = (Py_ssize_t)(tab->start[i0 + 1] - tab->start[i0]);
+    PyObject *cols = PyTuple_New(k);
+    for (Py_ssize_t c = 0; cols && c < k; c++) {
+        PyObject *col = PyTuple_New(B);
+        if (!col)
+            Py_CLEAR(cols);
+        else
+            PyTuple_SET_ITEM(cols, c, col);
+    }
+    for (Py_ssize_t j = 0; cols && j < B; j++) {
+        Py_ssize_t i = j == 0 ? i0 : dg_index_in(ids[j], n);
+        if (i < 0) {
+            Py_DECREF(cols);
+            return NULL;
+        }
+        const int32_t *a = tab->arg + tab->start[i];
+        if (tab->start[i + 1] - tab->start[i] != k) {
+            PyErr_Format(PyExc_ValueError, "columns: node %zd has %zd arguments, the batch's first has %zd", i,
+                         (Py_ssize_t)(tab->start[i + 1] - tab->start[i]), k);
+            Py_DECREF(cols);
+            return NULL;
+        }
+        for (Py_ssize_t c = 0; c < k; c++) {
+            PyObject *v = dg_int(a[c]);
+            if (!v) {
+                Py_DECREF(cols);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(PyTuple_GET_ITEM(cols, c), j, v);
+        }
+    }
+    return cols;
+}
+
+/* columns(args, nodes): tuple(zip(*[args[n] for n in nodes])), every node having the
+   same number of arguments (a batch shares one signature). dg_columns_of: from the node
+   table `tab` (NULL: the tuples), which holds what args holds. */
+PyObject *dg_columns_of(PyObject *args, PyObject *nodes, const NodeTable *tab) {
     Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), n = PyList_GET_SIZE(args);
     if (B == 0)
         return PyTuple_New(0);
     PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    if (tab && tab->n >= n)
+        return columns_from_table(tab, ids, B, n);
     Py_ssize_t i0 = dg_index_in(ids[0], n);
     if (i0 < 0)
         return NULL;
@@ -112,6 +151,13 @@ PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     return cols;
 }
 
+PyObject *dg_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (check_args("columns", argv, nargs, 2, 1) < 0)
+        return NULL;
+    return dg_columns_of(argv[0], argv[1], NULL);
+}
+
 /* A list none of whose items the collector tracks (ints, arrays, bytes, untracked lists and
    records): as it is never changed after its record is made, it can be in no cycle. */
 static int untrackable_list(PyObject *l) {
@@ -143,10 +189,39 @@ PyObject *dg_untrack_record_py(PyObject *self, PyObject *r) {
     return Py_NewRef(r);
 }
 
+/* place()'s common case, in place over the caller's ids: while the values replaced are ints,
+   dropping them runs no Python code, so nothing can change the lists or the ids meanwhile.
+   The number of nodes placed (stops at the first node whose old value is anything else, or
+   at a bad id: the careful loop takes over there), or -1 with an exception set. */
+static Py_ssize_t place_over_ints(PyObject *blk, PyObject *row, PyObject *nodes, PyObject *bid) {
+    PyObject **ids = PySequence_Fast_ITEMS(nodes);
+    Py_ssize_t B = PySequence_Fast_GET_SIZE(nodes), n = PyList_GET_SIZE(blk);
+    if (PyList_GET_SIZE(row) != n)
+        return 0;
+    for (Py_ssize_t r = 0; r < B; r++) {
+        dg_prefetch_nodes(ids, r, B, blk, row);
+        Py_ssize_t i = dg_peek_index(ids[r], n);
+        if (i < 0)
+            return r;
+        PyObject *old_b = PyList_GET_ITEM(blk, i), *old_r = PyList_GET_ITEM(row, i);
+        if (!PyLong_CheckExact(old_b) || !PyLong_CheckExact(old_r))
+            return r;
+        PyObject *rv = dg_int(r);
+        if (!rv)
+            return -1;
+        Py_INCREF(bid);
+        PyList_SET_ITEM(blk, i, bid);
+        PyList_SET_ITEM(row, i, rv);
+        Py_DECREF(old_b);
+        Py_DECREF(old_r);
+    }
+    return B;
+}
+
 /* place(blk, row, nodes, bid): blk[n] = bid and row[n] = r for the r-th node.
    Replacing a list item drops the old one, whose __del__ may run Python code that
-   changes the lists: the ids are a private tuple, the sizes are re-read every node and
-   the old items die only after both writes. */
+   changes the lists: past place_over_ints, the ids are a private tuple, the sizes are
+   re-read every node and the old items die only after both writes. */
 PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 4) {
@@ -156,11 +231,16 @@ PyObject *dg_place(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     if (check_args("place", argv, 3, 3, 2) < 0)
         return NULL;
     PyObject *blk = argv[0], *row = argv[1], *bid = argv[3];
+    Py_ssize_t done = place_over_ints(blk, row, argv[2], bid);
+    if (done < 0)
+        return NULL;
+    if (done == PySequence_Fast_GET_SIZE(argv[2]))
+        Py_RETURN_NONE;
     PyObject *nodes = PySequence_Tuple(argv[2]);
     if (!nodes)
         return NULL;
     Py_ssize_t B = PyTuple_GET_SIZE(nodes);
-    for (Py_ssize_t r = 0; r < B; r++) {
+    for (Py_ssize_t r = done; r < B; r++) {
         dg_prefetch_nodes(((PyTupleObject *)nodes)->ob_item, r, B, blk, row);  /* the old values, decref'd below */
         Py_ssize_t n = PyList_GET_SIZE(blk);
         if (PyList_GET_SIZE(row) != n) {

@@ -91,5 +91,7 @@ void dg_table_truncate(GraphObject *g, Py_ssize_t n);
 void dg_table_free(NodeTable *t);
 /* The table of graph cg over nodes [0, upto) if `args` is its args list, else NULL (no error). */
 const NodeTable *dg_table_of(PyObject *cg, PyObject *args, Py_ssize_t upto);
+/* executor.c: a batch's argument columns (columns()), from the node table when tab is not NULL */
+PyObject *dg_columns_of(PyObject *args, PyObject *nodes, const NodeTable *tab);
 
 #endif

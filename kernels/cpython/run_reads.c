@@ -86,6 +86,7 @@ static inline int run_table_slot(RunTable *t, Py_ssize_t b) {
     if (t->slot_of[b] >= 0)
         return 1;
     RunSlot *s = &t->sl[t->nslots];
+    s->held = 0;
     if (!run_slot(s, PyList_GET_ITEM(t->blocks, b), t->format, t->itemsize)) {
         if (s->held)
             t->nslots++;
@@ -307,7 +308,7 @@ PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) 
        mini-batch's thousands of blocks made each run zero ~300 KB, most of its table's cost */
     Py_ssize_t cap = total < t.nblocks ? total : t.nblocks;
     t.slot_of = PyMem_Malloc((size_t)(t.nblocks ? t.nblocks : 1) * sizeof(int));
-    t.sl = PyMem_Calloc((size_t)(cap ? cap : 1), sizeof(RunSlot));
+    t.sl = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(RunSlot));  /* each slot set as it opens */
     int64_t *xs = PyMem_Malloc((size_t)maxBk * sizeof(int64_t));
     if (!t.slots || !need || !src || !pslot || !poff || !t.slot_of || !t.sl || !xs) {
         if (!PyErr_Occurred())
