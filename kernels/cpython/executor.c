@@ -16,12 +16,14 @@ Where an elementwise run reads and writes its rows (runs.py) is in run_tables.c.
    mini-batch of TreeLSTMs. These ints are immutable, so one object per value is shared by
    every graph, created on first use and kept (at most DG_INT_CACHE of them). */
 #define DG_INT_CACHE (1 << 22)
+#define DG_INT_RUN 1024
 static PyObject **int_cache = NULL;
 static Py_ssize_t int_cap = 0;
 
-PyObject *dg_int(Py_ssize_t i) {
-    if (i < 0 || i >= DG_INT_CACHE)
-        return PyLong_FromSsize_t(i);
+/* The ints from i on, DG_INT_RUN of them made back to back: node ids are read in id order
+   (the agenda, the run tables, placement, a graph's teardown), and ints made one at a time
+   while recording sat between that moment's other objects, a cache line each. */
+static Py_NO_INLINE PyObject *int_run(Py_ssize_t i) {
     if (i >= int_cap) {
         Py_ssize_t cap = int_cap ? int_cap : 4096;
         while (cap <= i)
@@ -34,11 +36,28 @@ PyObject *dg_int(Py_ssize_t i) {
         int_cache = grown;
         int_cap = cap;
     }
+    Py_ssize_t end = i + DG_INT_RUN < int_cap ? i + DG_INT_RUN : int_cap;
+    for (Py_ssize_t k = i; k < end && !int_cache[k]; k++)
+        if (!(int_cache[k] = PyLong_FromSsize_t(k))) {
+            PyErr_Clear();  /* no memory for the rest of the run: each is made on its own use */
+            break;
+        }
     PyObject *v = int_cache[i];
-    if (!v && !(v = int_cache[i] = PyLong_FromSsize_t(i)))
-        return NULL;
+    if (!v)
+        return PyErr_NoMemory();
     Py_INCREF(v);
     return v;
+}
+
+PyObject *dg_int(Py_ssize_t i) {
+    if (i >= 0 && i < int_cap && int_cache[i]) {
+        PyObject *v = int_cache[i];
+        Py_INCREF(v);
+        return v;
+    }
+    if (i < 0 || i >= DG_INT_CACHE)
+        return PyLong_FromSsize_t(i);
+    return int_run(i);
 }
 
 static int check_args(const char *name, PyObject *const *argv, Py_ssize_t nargs, Py_ssize_t want, int lists) {

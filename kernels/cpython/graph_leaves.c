@@ -150,7 +150,7 @@ static int append_leaf(GraphObject *g, PyObject *p, PyObject *key, PyObject *nid
         dg_col_append(g->row, Zero) == 0 && dg_col_append(g->blocks, lp->view) == 0 &&
         PyDict_SetItem(g->leaves, key, nid) == 0) {
         rc = 0;
-        dg_table_push(g, n, NoArgs);
+        dg_table_push(g, n, NoArgs, NULL);
     }
     Py_XDECREF(attrs);
     Py_DECREF(b);

@@ -91,17 +91,28 @@ static int table_append(NodeTable *t, PyObject *ids) {
     return 1;
 }
 
-/* The recorder's append: node `nid` (already in the args list as `ids`), after any nodes
-   Python added since the last (an esum of many terms, a leaf made in Python), read from the
-   list while they are fresh in the cache. */
-void dg_table_push(GraphObject *g, Py_ssize_t nid, PyObject *ids) {
+/* Node t->n's arguments as the recorder checked them (idx, node ids below it). */
+static void table_append_ids(NodeTable *t, const int32_t *idx, Py_ssize_t k) {
+    if (table_room(t, k) < 0)
+        return;
+    memcpy(t->arg + t->start[t->n], idx, (size_t)k * sizeof(int32_t));
+    t->start[t->n + 1] = t->start[t->n] + k;
+    t->n++;
+}
+
+/* The recorder's append: node `nid` (already in the args list as `ids`; idx, its ids as the
+   recorder read them, or NULL), after any nodes Python added since the last (an esum of many
+   terms, a leaf made in Python), read from the list while they are fresh in the cache. */
+void dg_table_push(GraphObject *g, Py_ssize_t nid, PyObject *ids, const int32_t *idx) {
     NodeTable *t = &g->table;
     if (t->of != g->args || nid >= INT32_MAX || !PyList_CheckExact(g->args) || nid >= PyList_GET_SIZE(g->args))
         return;
     while (t->n < nid)
         if (!table_append(t, PyList_GET_ITEM(g->args, t->n)))
             return;  /* left behind: dg_table_of tries again from there */
-    if (t->n == nid)
+    if (t->n == nid && idx)
+        table_append_ids(t, idx, PyTuple_GET_SIZE(ids));
+    else if (t->n == nid)
         table_append(t, ids);
 }
 

@@ -262,18 +262,21 @@ int dg_columns_ready(GraphObject *g) {
            && PyList_GET_SIZE(g->needs_grad) == nodes && PyList_GET_SIZE(g->shape) == nodes;
 }
 
-/* The arguments' ids checked, their sig_part (part, the first SIG_CACHE_ARGS, borrowed),
-   the deepest depth and whether any needs a gradient. 1, or 0 when Python must decide. */
-static inline int scan_args(GraphObject *g, PyObject *ids, Py_ssize_t nodes, PyObject **part, long *depth,
-                            int *needs) {
+/* The arguments' ids checked (the first SIG_CACHE_ARGS into idx, for the node table), their
+   sig_part (part, as many, borrowed), the deepest depth and whether any needs a gradient. 1,
+   or 0 when Python must decide. */
+static inline int scan_args(GraphObject *g, PyObject *ids, Py_ssize_t nodes, PyObject **part, int32_t *idx,
+                            long *depth, int *needs) {
     *depth = 0;
     *needs = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ids); k++) {
         Py_ssize_t i = node_index(PyTuple_GET_ITEM(ids, k), nodes);
         if (i < 0)
             return 0;
-        if (k < SIG_CACHE_ARGS)
+        if (k < SIG_CACHE_ARGS) {
             part[k] = PyList_GET_ITEM(g->sig_part, i);
+            idx[k] = (int32_t)i;  /* i < nodes, which dg_table_push keeps below INT32_MAX */
+        }
         PyObject *d = PyList_GET_ITEM(g->depth, i);
         long dv = PyLong_CheckExact(d) ? PyLong_AsLong(d) : -1;
         if (dv < 0) {
@@ -368,7 +371,8 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
     long depth;
     int needs;
     PyObject *part[SIG_CACHE_ARGS];  /* borrowed: the arguments' sig_part, for the cache */
-    if (!scan_args(g, ids, nodes, part, &depth, &needs))
+    int32_t idx[SIG_CACHE_ARGS];     /* their node ids, for the node table */
+    if (!scan_args(g, ids, nodes, part, idx, &depth, &needs))
         return NULL;
     PyObject *known = dg_sig_cache_get(g, op, attrs, part, n);
     if (!known && n <= SIG_CACHE_ARGS) {  /* new to this graph: known to an earlier one? */
@@ -403,7 +407,10 @@ static PyObject *add_fast(GraphObject *g, PyObject *op, PyObject *ids, PyObject 
         Py_DECREF(nid);
         return NULL;
     }
-    dg_table_push(g, nodes, ids);
+    if (n <= SIG_CACHE_ARGS)
+        dg_table_push_ids(g, nodes, ids, idx, n);
+    else
+        dg_table_push(g, nodes, ids, NULL);
     /* node ids only (checked above): no cycle can pass through it, and the collector need
        not scan one tuple per node at every collection */
     PyObject_GC_UnTrack(ids);

@@ -86,7 +86,22 @@ PyObject *dg_global_get(GraphObject *g, PyObject *op, PyObject *attrs, PyObject 
 
 /* node_table.c */
 void dg_table_start(GraphObject *g);
-void dg_table_push(GraphObject *g, Py_ssize_t nid, PyObject *ids);
+void dg_table_push(GraphObject *g, Py_ssize_t nid, PyObject *ids, const int32_t *idx);
+/* dg_table_push for the recorder's common case, inline: the table is level with the list and
+   has room for node nid's k (<= 8) ids idx. */
+static inline void dg_table_push_ids(GraphObject *g, Py_ssize_t nid, PyObject *ids, const int32_t *idx,
+                                     Py_ssize_t k) {
+    NodeTable *t = &g->table;
+    if (t->n == nid && t->of == g->args && nid + 2 <= t->cap && t->start[nid] + k <= t->arg_cap) {
+        int32_t *out = t->arg + t->start[nid];
+        for (Py_ssize_t j = 0; j < k; j++)
+            out[j] = idx[j];
+        t->start[nid + 1] = t->start[nid] + k;
+        t->n = nid + 1;
+        return;
+    }
+    dg_table_push(g, nid, ids, idx);
+}
 void dg_table_truncate(GraphObject *g, Py_ssize_t n);
 void dg_table_free(NodeTable *t);
 /* The table of graph cg over nodes [0, upto) if `args` is its args list, else NULL (no error). */

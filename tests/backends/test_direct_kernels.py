@@ -324,7 +324,7 @@ def test_wide_products_read_one_transposed_copy_per_weight_and_evaluation(monkey
     class Watched(real):
         def __init__(self, cg, b):
             super().__init__(cg, b)
-            made.append(self.ctx[-1])  # the evaluation's transposed-weight dict
+            made.append(self.ctx[-2])  # the evaluation's transposed-weight dict (the graph is last)
 
     got = {}
     for name, native, backend in (("compiled", True, "cpu"), ("twin", False, "cpu"), ("numpy", True, "numpy")):
