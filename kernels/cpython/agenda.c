@@ -68,7 +68,9 @@ typedef struct {
 
 typedef struct {  /* every array the agenda needs, freed together */
     AgNode *nd;
-    Py_ssize_t *start, *users, *fill, *bucket_len, *bucket_start, *bucket, *ready, *first;
+    /* int32 where per node or edge: the arrays the release loops walk at random, halved */
+    int32_t *start, *users, *fill, *ready;
+    Py_ssize_t *bucket_len, *bucket_start, *bucket, *first;
     Py_ssize_t *gid;    /* the node id of each local id (local ids: the nodes' ranks, ascending) */
     int32_t *local;     /* node id - lo -> its local id, or -1 when the node is not pending */
     double *depth_sum;
@@ -102,7 +104,7 @@ static inline void agenda_set_near(Agenda *a, AgNode *d, int32_t near) {
 /* Mark ready nodes: each joins its signature's bucket; a bucket that was empty gets a
    heap entry keyed by its smallest new node (the Python twin's part[0]). With lookahead,
    each ready node also counts as ready for its users of other signatures. */
-static void agenda_push(Agenda *a, const Py_ssize_t *ready, Py_ssize_t m, Entry *heap, Py_ssize_t *nheap) {
+static void agenda_push(Agenda *a, const int32_t *ready, Py_ssize_t m, Entry *heap, Py_ssize_t *nheap) {
     if (a->near_count)
         for (Py_ssize_t k = 0; k < m; k++) {
             Py_ssize_t u = ready[k];
@@ -179,9 +181,9 @@ static int agenda_alloc(Agenda *a, Py_ssize_t n, Py_ssize_t range, Py_ssize_t S)
     if (a->local)
         memset(a->local, 0xff, (size_t)range * sizeof(int32_t));  /* -1: not pending */
     a->nd = PyMem_Calloc((size_t)n, sizeof(AgNode));
-    a->start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    a->fill = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
-    a->ready = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    a->start = PyMem_Calloc((size_t)n + 1, sizeof(int32_t));
+    a->fill = PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
+    a->ready = PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
     a->bucket = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     a->bucket_len = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
     a->bucket_start = PyMem_Calloc((size_t)S + 1, sizeof(Py_ssize_t));
@@ -283,7 +285,7 @@ static int agenda_users(Agenda *a, PyObject *args, const NodeTable *tab, Py_ssiz
         return -1;
     }
     int rc = 0;
-    if (tab && agenda_table_args(a, tab, lo, n, range, &arg, &cap) < 0)
+    if (tab && (m = agenda_table_args(a, tab, lo, n, range, &arg, &cap)) < 0)
         rc = -1;
     for (Py_ssize_t v = 0; v < n && !rc && !tab; v++) {
         if (v + DG_AHEAD < n)  /* the tuples sit apart in the heap (bookkeeping.h) */
@@ -324,18 +326,22 @@ static int agenda_users(Agenda *a, PyObject *args, const NodeTable *tab, Py_ssiz
             a->nd[v].indeg++;
         }
     }
+    if (!rc && m >= INT32_MAX) {  /* start, fill and users hold edge positions as int32 */
+        PyErr_SetString(PyExc_ValueError, "agenda_batches: more than 2**31 - 1 argument edges");
+        rc = -1;
+    }
     if (!rc) {
         for (Py_ssize_t v = 0; v < n; v++)
             a->start[v + 1] += a->start[v];
-        memcpy(a->fill, a->start, (size_t)(n + 1) * sizeof(Py_ssize_t));
-        if (!(a->users = PyMem_Malloc(((size_t)a->start[n] + 1) * sizeof(Py_ssize_t)))) {
+        memcpy(a->fill, a->start, (size_t)(n + 1) * sizeof(int32_t));
+        if (!(a->users = PyMem_Malloc(((size_t)a->start[n] + 1) * sizeof(int32_t)))) {
             PyErr_NoMemory();
             rc = -1;
         }
     }
     for (Py_ssize_t v = 0, e = 0; v < n && !rc; v++)
         for (Py_ssize_t k = 0; k < a->nd[v].indeg; k++)
-            a->users[a->fill[arg[e++]]++] = v;
+            a->users[a->fill[arg[e++]]++] = (int32_t)v;
     PyMem_Free(arg);
     return rc;
 }
@@ -398,7 +404,7 @@ static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
     Py_ssize_t nready = 0, nheap = 0;
     for (Py_ssize_t v = 0; v < n; v++)
         if (a->nd[v].indeg == 0)
-            a->ready[nready++] = v;
+            a->ready[nready++] = (int32_t)v;
     PyObject *result = PyList_New(0);
     if (!result)
         return NULL;
@@ -419,7 +425,7 @@ static PyObject *agenda_run(Agenda *a, Py_ssize_t n, Py_ssize_t S) {
                 Py_ssize_t v = a->users[e];
                 AgNode *d = &a->nd[v];
                 if (--d->indeg == 0)
-                    a->ready[nready++] = v;
+                    a->ready[nready++] = (int32_t)v;
                 if (!a->near_count)
                     continue;
                 if (d->sig != s)
