@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from itertools import groupby
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +157,17 @@ def test_instruction_counts_turn_cumulative_runs_into_phases():
         ic.per_phase([1, 2], 1)
     out = ic.table([{"workload": "cbow", "system": "dynagraph", **phases}])
     assert out.splitlines()[2] == "| cbow | dynagraph | 0 | 0 | 0 | 0 | 1 |"
+
+
+@pytest.mark.parametrize("phase", ["record", "forward"])
+def test_instruction_counts_minibatch_worker_runs_each_phase(tmp_path, phase):
+    """bench/instruction_counts.py --suite minibatch: the worker callgrind runs records and
+    evaluates a mini-batched program (synthetic data here), the timed phase inside the reduce."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, DYNAGRAPH_DATA=str(tmp_path), OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(root / "bench" / "instruction_counts.py"), "--minibatch-worker",
+                           "treefc", "dynagraph", phase, "1", "1", "8", "4"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert np.isfinite(float(done.stdout.strip().splitlines()[-1]))
