@@ -18,6 +18,7 @@ the list holds, for a prefix of it.
 static NodeTable spare = {0};
 
 void dg_table_free(NodeTable *t) {
+    Py_CLEAR(t->of);
     if (!spare.start && t->start && t->arg) {
         spare = *t;
         spare.n = 0;
@@ -37,7 +38,8 @@ void dg_table_start(GraphObject *g) {
         memset(&spare, 0, sizeof spare);
     }
     t->n = 0;
-    t->of = g->args;
+    Py_XINCREF(g->args);
+    Py_XSETREF(t->of, g->args);
 }
 
 /* Room for node n's k arguments. 0, or -1 (no memory: the caller leaves the table behind). */
@@ -129,7 +131,8 @@ const NodeTable *dg_table_of(PyObject *cg, PyObject *args, Py_ssize_t upto) {
         return NULL;
     if (t->of != args) {  /* the column was replaced: start over from the list */
         t->n = 0;
-        t->of = args;
+        Py_INCREF(args);
+        Py_XSETREF(t->of, args);  /* held: no other list can take its address while compared */
     }
     if (t->n > PyList_GET_SIZE(args))  /* shortened behind the table's back (revert() truncates it first) */
         t->n = PyList_GET_SIZE(args);

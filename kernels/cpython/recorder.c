@@ -41,6 +41,7 @@ static int graph_traverse(GraphObject *g, visitproc visit, void *arg) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_VISIT(*graph_column(g, k));
     Py_VISIT(g->cache_of);
+    Py_VISIT(g->table.of);
     for (int k = 0; g->cache && k < g->nused; k++) {
         SigEntry *e = &g->cache[g->used[k]];
         Py_VISIT(e->op);
@@ -61,6 +62,7 @@ static PyObject **list_column(GraphObject *g, int k) {
 }
 
 static int graph_clear(GraphObject *g) {
+    dg_table_free(&g->table);  /* first: its reference to args would keep that list out of the pool */
     for (int k = 0; k < DG_LIST_COLUMNS; k++) {
         PyObject *l = *list_column(g, k);
         *list_column(g, k) = NULL;
@@ -70,7 +72,6 @@ static int graph_clear(GraphObject *g) {
     for (int k = 0; k < N_COLUMNS; k++)
         Py_CLEAR(*graph_column(g, k));
     dg_sig_cache_clear(g);
-    dg_table_free(&g->table);
     return 0;
 }
 

@@ -17,7 +17,8 @@ typedef struct {
 } SigEntry;
 
 /* The node table (node_table.c): nodes [0, n)'s argument ids, node v's at arg[start[v]] to
-   arg[start[v + 1]], mirroring the args list `of` (compared by identity, never dereferenced). */
+   arg[start[v + 1]], mirroring the args list `of` (a reference held, so that the identity
+   compared cannot pass to another list). */
 typedef struct {
     int64_t *start;
     int32_t *arg;
