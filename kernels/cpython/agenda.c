@@ -243,12 +243,8 @@ static int agenda_nodes(Agenda *a, PyObject *const *argv, Py_ssize_t lo, Py_ssiz
     return 1;
 }
 
-/* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees.
-   One pass reads the argument tuples (they sit apart in the heap: the cache misses are this
-   scheduler's cost) and keeps each node's pending arguments as local ids, node after node
-   (node v's are the next indeg[v]); the fill reads those, not the tuples again. 0, or -1 with
-   an exception set. */
-/* agenda_users' pass over the node table: the ids are int32s already, one array read each. */
+/* agenda_users' pass over the node table: the ids are int32s already, one array read each.
+   The number of pending arguments kept in *arg_io, or -1 with MemoryError set. */
 static Py_ssize_t agenda_table_args(Agenda *a, const NodeTable *tab, Py_ssize_t lo, Py_ssize_t n, Py_ssize_t range,
                                     int32_t **arg_io, Py_ssize_t *cap_io) {
     Py_ssize_t m = 0;
@@ -276,6 +272,11 @@ static Py_ssize_t agenda_table_args(Agenda *a, const NodeTable *tab, Py_ssize_t 
     return m;
 }
 
+/* Users of each pending node among the pending nodes (CSR: start, users), and in-degrees.
+   One pass reads each node's arguments, from the node table `tab` when given, else from the
+   argument tuples (they sit apart in the heap: the cache misses were this scheduler's cost),
+   and keeps each node's pending arguments as local ids, node after node (node v's are the next
+   indeg[v]); the fill reads those, not the arguments again. 0, or -1 with an exception set. */
 static int agenda_users(Agenda *a, PyObject *args, const NodeTable *tab, Py_ssize_t lo, Py_ssize_t n,
                         Py_ssize_t range) {
     Py_ssize_t cap = 2 * n + 16, m = 0;

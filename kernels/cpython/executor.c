@@ -21,7 +21,7 @@ static PyObject **int_cache = NULL;
 static Py_ssize_t int_cap = 0;
 
 /* The ints from i on, DG_INT_RUN of them made back to back: node ids are read in id order
-   (the agenda, the run tables, placement, a graph's teardown), and ints made one at a time
+   (the agenda, the run tables, placement), and ints made one at a time
    while recording sat between that moment's other objects, a cache line each. */
 static Py_NO_INLINE PyObject *int_run(Py_ssize_t i) {
     if (i >= int_cap) {

@@ -42,9 +42,8 @@ typedef struct {
 } RunTable;
 
 /* Sizes first, so that each table is one allocation: the pairs (total), the step-argument
-   columns (nj, one offs and reach entry each) and the most argument ids of a step (maxBk). 0, or
-   -1 with an
-   exception set. */
+   columns (nj, one offs and reach entry each) and the most argument ids of one step (maxBk).
+   0, or -1 with an exception set. */
 static int run_table_sizes(PyObject *steps, PyObject *args, PyObject *offs, PyObject *reach, Py_ssize_t n,
                            Py_ssize_t *total, Py_ssize_t *nj, Py_ssize_t *maxBk) {
     *total = *nj = 0;
@@ -114,9 +113,9 @@ static inline int run_table_flag(PyObject *flags, Py_ssize_t x) {
     return t < 0 ? -1 : t;
 }
 
-/* Column c of a step of B nodes (arow: their argument tuples), whose pairs start at `at`
-   and whose step-argument index is jc: every row's address, slot and offset, and whether
-   any node needs its gradient. 1; 0 when a block cannot be read in place; -1 on error. */
+/* Column c of a step of B nodes (xs: their k argument ids each, from run_table_ids), whose
+   pairs start at `at` and whose step-argument index is jc: every row's address, slot and
+   offset, and whether any node needs its gradient. 1; 0 when a block cannot be read in place; -1 on error. */
 static inline int run_table_column(RunTable *t, const int64_t *xs, Py_ssize_t B, Py_ssize_t k, Py_ssize_t c,
                                    Py_ssize_t at, Py_ssize_t jc, Py_ssize_t off, Py_ssize_t rch) {
     t->nd[jc] = 0;
