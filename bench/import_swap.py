@@ -8,7 +8,9 @@ Each workload is ONE program text in bench/swap/ (``import dynet as dy``). A wor
 puts DyNet or dynagraph into ``sys.modules['dynet']`` before it imports the program, so the two
 systems run the same text; weights come from the same seeded numpy arrays
 (`parameters_from_numpy`, `lookup_parameters_from_numpy`, builders' `set_value`). DyNet runs
-in two processes, autobatch 0 and 1, and is credited with the better of the two. Rounds are
+in two processes, autobatch 0 and 1 (`--autobatch`), and is credited with the better of the two;
+dynagraph runs its default scheduler, or each of `--scheduler` (e.g. `,depth`: the default and
+depth, DyNet's autobatch 2), credited with the best, and the table names the winners. Rounds are
 interleaved (every system runs config 1, then every system config 2, ..., then round 2), and
 each figure is the best round (the least disturbed by the neighbours of a shared machine).
 
@@ -229,9 +231,9 @@ def configs(args) -> list[dict]:
 
 def measure(args, threads: int) -> list[dict]:
     from tqdm import tqdm
-    workers = [SwapWorker("dynagraph", args.scheduler, threads, args.data)]
+    workers = [SwapWorker("dynagraph", sched, threads, args.data) for sched in args.scheduler]
     if args.baseline:
-        workers.append(SwapWorker("dynagraph", args.scheduler, threads, args.data, args.baseline))
+        workers.append(SwapWorker("dynagraph", args.scheduler[0], threads, args.data, args.baseline))
     workers += [SwapWorker("dynet", str(a), threads, args.data) for a in args.autobatch]
     live = bench_run.start_workers(workers)
     grid = configs(args)
@@ -262,9 +264,9 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         by.setdefault((r["threads"], r["suite"], r["workload"], r["mode"], r["H"]), []).append(r)
     lines = []
-    head_mb = (f"{'thr':>3} {'workload':<13}{'mode':<6}{'H':>4} {'dynagraph/s':>11} {'DyNet/s':>9} {'best':>6} "
+    head_mb = (f"{'thr':>3} {'workload':<13}{'mode':<6}{'H':>4} {'dynagraph/s':>11} {'DyNet/s':>9} {'best':>11} "
                f"{'ratio':>6}  dynagraph ms/batch rec/fwd/bwd/upd | DyNet")
-    head_s = (f"{'thr':>3} {'workload':<13}{'mode':<6}{'H':>4} {'dynagraph s':>11} {'DyNet s':>9} {'best':>6} "
+    head_s = (f"{'thr':>3} {'workload':<13}{'mode':<6}{'H':>4} {'dynagraph s':>11} {'DyNet s':>9} {'best':>11} "
               f"{'time x':>6}  dynagraph us/sent rec/fwd/bwd/upd | DyNet   (loss dg / dy)")
     for suite, head in (("minibatch", head_mb), ("sentence", head_s)):
         keys = [k for k in by if k[1] == suite]
@@ -272,7 +274,8 @@ def table(rows: list[dict]) -> str:
             continue
         lines += [head, "-" * len(head)]
         for k in keys:
-            dg = next((r for r in by[k] if r["system"] == "dynagraph"), None)
+            dgs = [r for r in by[k] if r["system"] == "dynagraph"]
+            dg = min(dgs, key=lambda r: r["seconds"]) if dgs else None
             dys = [r for r in by[k] if r["system"] == "dynet"]
             dy = min(dys, key=lambda r: r["seconds"]) if dys else None
             if dg is None or dy is None:
@@ -288,14 +291,20 @@ def table(rows: list[dict]) -> str:
             if suite == "minibatch":
                 ratio = dg["samples_per_sec"] / dy["samples_per_sec"]
                 lines.append(f"{k[0]:>3} {k[2]:<13}{k[3]:<6}{k[4]:>4} {dg['samples_per_sec']:>11.1f} "
-                             f"{dy['samples_per_sec']:>9.1f} {dy['label'][-3:]:>6} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}{was}")
+                             f"{dy['samples_per_sec']:>9.1f} {best(dg, dy):>11} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}{was}")
             else:
                 ratio = dg["seconds"] / dy["seconds"]
                 lines.append(f"{k[0]:>3} {k[2]:<13}{k[3]:<6}{k[4]:>4} {dg['seconds']:>11.2f} {dy['seconds']:>9.2f} "
-                             f"{dy['label'][-3:]:>6} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}   "
+                             f"{best(dg, dy):>11} {ratio:>5.2f}x  {ph(dg)} | {ph(dy)}   "
                              f"({dg['first_loss']:.4g} / {dy['first_loss']:.4g}){was}")
         lines.append("")
     return "\n".join(lines)
+
+
+def best(dg: dict, dy: dict) -> str:
+    """Which runs won: dynagraph's scheduler ("dflt": its default) / DyNet's autobatch mode."""
+    sched = dg["label"].partition(":")[2] or "dflt"
+    return f"{sched}/{dy['label'][-3:]}"
 
 
 def args_units(r: dict) -> float:
@@ -319,7 +328,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--modes", type=csv, default=None, help="train,infer for mini-batched workloads")
     ap.add_argument("--threads", type=ints, default=[1], help="BLAS threads; 0 = the libraries' default (e.g. 1,0)")
     ap.add_argument("--autobatch", type=ints, default=[0, 1], help="DyNet autobatch modes to run (best is used)")
-    ap.add_argument("--scheduler", default="", help="dynagraph scheduler (default: its default)")
+    ap.add_argument("--scheduler", type=lambda v: v.split(","), default=[""],
+                    help="dynagraph schedulers to run, comma list (the best is used, as DyNet's best autobatch "
+                         "mode is; empty: the default, e.g. ',depth' runs the default and depth)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the best is kept (default 2)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--batches", type=int, default=None, help="timed mini-batches per run (default 3; quick 2)")

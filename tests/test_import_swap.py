@@ -83,3 +83,21 @@ def test_driver_dynagraph_only(swapped, capsys):
     assert got == {("treelstm", "train"), ("treelstm", "infer"), ("cbow", "train")}
     for r in rows:
         assert r["system"] == "dynagraph" and r["seconds"] > 0 and set(r["split"]) == set(import_swap.SPLIT)
+
+
+def test_driver_runs_each_scheduler_and_the_table_credits_the_best():
+    """`--scheduler ,depth` starts one dynagraph worker per scheduler; the table compares the
+    faster one with DyNet's faster mode and names both winners."""
+    rows = import_swap.main(["--workloads", "treefc", "--H", "8", "--batch-size", "2", "--batches", "1",
+                             "--modes", "infer", "--autobatch", "", "--rounds", "1", "--scheduler", ",depth",
+                             "--no-progress"])
+    assert sorted(r["label"] for r in rows) == ["dynagraph", "dynagraph:depth"]
+
+    def row(system, label, seconds):
+        return dict(threads=1, suite="minibatch", workload="treelstm", mode="infer", H=64, system=system,
+                    label=label, seconds=seconds, samples_per_sec=128 / seconds, samples=128, batch_size=64,
+                    split=dict.fromkeys(import_swap.SPLIT, seconds / 4))
+    text = import_swap.table([row("dynagraph", "dynagraph", 2.0), row("dynagraph", "dynagraph:depth", 1.0),
+                              row("dynet", "dynet:ab1", 1.5), row("dynet", "dynet:ab2", 3.0)])
+    line = next(ln for ln in text.splitlines() if "treelstm" in ln)
+    assert "depth/ab1" in line and "1.50x" in line  # 128/1.0 over 128/1.5
