@@ -302,11 +302,12 @@ def test_depth_agenda_and_node_arrays_match_python(spec):
 
 
 @needs_native
-@pytest.mark.parametrize("chains,longest", [(300, 7), (40, 3)])
+@pytest.mark.parametrize("chains,longest", [(300, 7), (40, 3), (300, 40), (2000, 60)])
 def test_buckets_filled_out_of_order_sort_like_python(chains, longest):
     """Chains of 1-`longest` tanh steps, each ended by a logistic: the logistic bucket fills in
-    order of chain length, not of recording (dg_sort_ids' radix sort: 300 nodes over thousands of
-    ids take two byte passes, 40 over fewer than 256 ids one)."""
+    order of chain length, not of recording, as one ascending run per length (dg_sort_ids: up to
+    16 runs are merged, 7 and 3 here; more take the radix sort, whose 300 nodes over thousands of
+    ids take two byte passes)."""
     from dynagraph.schedulers import typewise
     cg = dy.renew_cg()
     ends = []
