@@ -11,6 +11,14 @@ static int cmp_ssize(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The passes' last output (src: v or tmp) into v, tmp freed. 0. */
+static int settle(Py_ssize_t *v, const Py_ssize_t *src, Py_ssize_t *tmp, Py_ssize_t m) {
+    if (src != v)
+        memcpy(v, src, (size_t)m * sizeof(Py_ssize_t));
+    free(tmp);
+    return 0;
+}
+
 /* LSD radix sort of m ids, a byte of (id - least) per pass, passes stopping at the span's highest
    byte (three for a 70k-node graph). 0, or -1 having done nothing (negative ids, no memory).
    qsort's comparison calls through a pointer were ~3% of an FSM scheduling call on the NER
@@ -45,10 +53,7 @@ static int radix_sort_ids(Py_ssize_t *v, Py_ssize_t m) {
         src = dst;
         dst = t;
     }
-    if (src != v)
-        memcpy(v, src, (size_t)m * sizeof(Py_ssize_t));
-    free(tmp);
-    return 0;
+    return settle(v, src, tmp, m);
 }
 
 /* Merge sort over the ascending runs already there, the n+1 run bounds in b (b[0] = 0, b[n] = m):
@@ -81,10 +86,7 @@ static int merge_runs(Py_ssize_t *v, Py_ssize_t m, Py_ssize_t *b, Py_ssize_t n) 
         src = dst;
         dst = t;
     }
-    if (src != v)
-        memcpy(v, src, (size_t)m * sizeof(Py_ssize_t));
-    free(tmp);
-    return 0;
+    return settle(v, src, tmp, m);
 }
 
 enum { MERGE_RUNS_MAX = 16 };  /* more runs than this: the radix sort's fixed passes are cheaper */
