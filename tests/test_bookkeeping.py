@@ -383,29 +383,15 @@ def test_depth_batches_defers_unknown_signatures_to_python():
     assert NATIVE.depth_batches([1, 1, 2], [0, 0, 0], [False], [0, 1, 2]) == [[0], [1], [2]]
 
 
-def _depth_batches_py(depth, sig, batchable, nodes):
-    """DepthBatching.schedule_py over plain lists: the reference for the compiled pass."""
-    groups, out = {}, []
-    for n in nodes:
-        if not batchable[sig[n]]:
-            out.append((depth[n], n, [n]))
-            continue
-        g = groups.get((depth[n], sig[n]))
-        if g is None:
-            g = groups[(depth[n], sig[n])] = []
-            out.append((depth[n], n, g))
-        g.append(n)
-    return [g for _, _, g in sorted(out, key=lambda t: (t[0], t[1]))]
-
-
 @needs_native
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_depth_batches_match_python_across_table_growth(data):
     """The compiled depth pass keys its groups in a hash table that starts small and grows as
     groups appear: graphs of up to thousands of (depth, signature) groups, many depths sharing a
-    signature (which once shared a probe chain) and unbatchable signatures, give the twin's
-    schedule exactly, for every node subset order the engine hands it."""
+    signature (which once shared a probe chain) and unbatchable signatures, give the Python
+    twin's schedule exactly, for any subset of the nodes in id order (as the engine hands them)."""
+    from types import SimpleNamespace
     n = data.draw(st.integers(1, 4000))
     n_sig = data.draw(st.integers(1, 6))
     max_depth = data.draw(st.sampled_from([1, 5, 300, 3000]))
@@ -415,7 +401,9 @@ def test_depth_batches_match_python_across_table_growth(data):
     sig = rng.integers(0, n_sig, n).tolist()
     batchable = [bool(b) for b in rng.integers(0, 4, n_sig) > 0]
     nodes = sorted(rng.choice(n, data.draw(st.integers(0, n)), replace=False).tolist())
-    assert NATIVE.depth_batches(depth, sig, batchable, nodes) == _depth_batches_py(depth, sig, batchable, nodes)
+    ops = [SimpleNamespace(batchable=b) for b in batchable]
+    cg = SimpleNamespace(depth=depth, sig=sig, op=[ops[s] for s in sig])  # what schedule_py reads
+    assert NATIVE.depth_batches(depth, sig, batchable, nodes) == simple.DepthBatching().schedule_py(cg, nodes)
 
 
 @needs_native

@@ -276,7 +276,7 @@ static inline int scan_args(GraphObject *g, PyObject *ids, Py_ssize_t nodes, PyO
             return 0;
         if (k < SIG_CACHE_ARGS) {
             part[k] = PyList_GET_ITEM(g->sig_part, i);
-            idx[k] = (int32_t)i;  /* i < nodes, which dg_table_push keeps below INT32_MAX */
+            idx[k] = (int32_t)i;  /* kept only for a node below INT32_MAX (dg_table_push_ids), so i is too */
         }
         PyObject *d = PyList_GET_ITEM(g->depth, i);
         long dv = PyLong_CheckExact(d) ? PyLong_AsLong(d) : -1;

@@ -93,7 +93,7 @@ void dg_table_push(GraphObject *g, Py_ssize_t nid, PyObject *ids, const int32_t 
 static inline void dg_table_push_ids(GraphObject *g, Py_ssize_t nid, PyObject *ids, const int32_t *idx,
                                      Py_ssize_t k) {
     NodeTable *t = &g->table;
-    if (t->n == nid && t->of == g->args && nid + 2 <= t->cap && t->start[nid] + k <= t->arg_cap) {
+    if (t->n == nid && t->of == g->args && nid < INT32_MAX && nid + 2 <= t->cap && t->start[nid] + k <= t->arg_cap) {
         int32_t *out = t->arg + t->start[nid];
         for (Py_ssize_t j = 0; j < k; j++)
             out[j] = idx[j];

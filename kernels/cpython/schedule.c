@@ -3,9 +3,9 @@
 The depth scheduler is one pass over the pending nodes (depth was computed while
 recording), but a Python dict keyed by (depth, signature) still cost about 3 ms per
 32k-node graph. Here the pass uses an open-addressing table of int64 keys, sized by the
-groups, and counts each group before making its list: callgrind put the pass at 4.2M
+groups, and counts each group before making its list: callgrind put the pass at 8.5M
 instructions a TreeLSTM mini-batch of 30k nodes with a table sized by the nodes, PyLong_AsLong
-reads and a list append per node, 1.9M now (bench/instruction_counts.py --suite minibatch,
+reads and a list append per node, 3.9M now (bench/instruction_counts.py --suite minibatch,
 DYNAGRAPH_SCHEDULER=depth).
 Twins: DepthBatching.schedule_py (dynagraph/schedulers/simple.py), engine._pending_py.
 */
