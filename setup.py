@@ -38,7 +38,7 @@ def bookkeeping_extension() -> Extension:
     src = ["kernels/cpython/module.c", "kernels/cpython/recorder.c", "kernels/cpython/node_table.c", "kernels/cpython/columns.c", "kernels/cpython/expr_recorder.c",
            "kernels/cpython/leaves.c", "kernels/cpython/graph_leaves.c", "kernels/cpython/sig_cache.c",
            "kernels/cpython/executor.c", "kernels/cpython/run_tables.c", "kernels/cpython/run_reads.c",
-           "kernels/cpython/batch_run.c", "kernels/cpython/batch_columns.c", "kernels/cpython/direct_batch.c", "kernels/cpython/direct_products.c", "kernels/cpython/direct_step.c", "kernels/cpython/direct_shaped.c", "kernels/cpython/backward_step.c", "kernels/cpython/backward_shaped.c", "kernels/cpython/direct_output.c",
+           "kernels/cpython/batch_run.c", "kernels/cpython/replay.c", "kernels/cpython/batch_columns.c", "kernels/cpython/direct_batch.c", "kernels/cpython/direct_products.c", "kernels/cpython/direct_step.c", "kernels/cpython/direct_shaped.c", "kernels/cpython/backward_step.c", "kernels/cpython/backward_shaped.c", "kernels/cpython/direct_output.c",
            "kernels/cpython/block_pool.c",
            "kernels/cpython/column_gather.c",
            "kernels/cpython/backward_batch.c", "kernels/cpython/grad_scatter.c", "kernels/cpython/grad_rows.c",

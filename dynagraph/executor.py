@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import time
+from array import array
 from functools import partial
 from operator import itemgetter
 from typing import NamedTuple, Sequence
@@ -324,25 +325,69 @@ def _op_infos(be) -> dict:
     return kept[2]
 
 
-def _batch_runner(cg, be):
-    """(run(nodes), close()) for one evaluation: the compiled per-batch path where it is
-    built and no per-batch check asks for the reference (check_validity), else run_batch."""
-    if _run_batch_native is None or cg.check_validity:
-        return (lambda nodes: run_batch(cg, be, nodes)), (lambda: None)
-    native = _NativeBatches(cg, be)
-    return partial(_run_batch_native, native.ctx), native.close  # partial: no Python frame per batch
-
-
 def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
-    run_one, close = _batch_runner(cg, be)
+    native = _NativeBatches(cg, be) if _run_batch_native is not None and not cg.check_validity else None
+    run_one = partial(_run_batch_native, native.ctx) if native is not None else partial(run_batch, cg, be)
     try:
         plan = _plan_of(cg, be, batches)
         if plan is None:
             _execute(cg, be, batches, run_one)
-        else:
+        elif native is None or _replay_native is None:
             _replay(cg, be, plan, run_one)
+        else:
+            _replay_compiled(cg, be, batches, plan, native.ctx, run_one)
     finally:
-        close()
+        if native is not None:
+            native.close()
+
+
+_replay_native = getattr(NATIVE, "replay_native", None)
+
+
+def _replay_compiled(cg, be, batches, plan: list, ctx: tuple, run_one) -> None:
+    """A cached schedule's plan as one replay_native call (kernels/cpython/replay.c) once a
+    program was compiled from its first native evaluation; a plan no program can say (runs,
+    gathers, batches run in parts) keeps running item by item (its program is False)."""
+    key = ("program",) + _plan_key(cg, be)
+    program = batches.plans.get(key)
+    if program:
+        _replay_native(ctx, program)
+        return
+    base, first = len(cg.blocks), len(cg.executed)
+    _replay(cg, be, plan, run_one)
+    if program is None:
+        batches.plans[key] = compile_program(cg.blocks, cg.executed, plan, base, first) or False
+
+
+def _compile_program_py(blocks: list, executed: list, plan: list, base: int, first: int) -> tuple | None:
+    """Twin of _bookkeeping.compile_program: replay_native's program (replay.c documents it)
+    from the records one evaluation of `plan` left from executed[first] on, its blocks from
+    `base` on; None where a batch did not run as one record whose columns are parameters or
+    slices of the plan's own outputs. The column specs are packed int64s, not tuples: a program
+    lives as long as its schedule, and every object the collector counts brings Python's next
+    (full) collection closer."""
+    records = executed[first:]
+    if len(records) != len(plan) or len(blocks) != base + len(plan):
+        return None
+    steps = []
+    for j, (item, rec) in enumerate(zip(plan, records)):
+        nodes, xs, bid, plans, cols, _ = rec
+        if type(item) is not tuple or tuple(nodes) != item or bid != base + j or type(cols) is not tuple:
+            return None
+        specs = []
+        for x, where, ids in zip(xs, plans, cols):
+            if where[0] == LEAF:
+                specs += (LEAF, ids[0], -1, 0)
+            elif where[0] == SLICE and base <= where[1] < bid:
+                whole = x is blocks[where[1]]  # else the rows r0:r0 + B of it, as at this evaluation
+                specs += (SLICE, where[1] - base, -1 if whole else where[2], len(ids))
+            else:
+                return None
+        steps.append((item, cols, array("q", specs).tobytes(), tuple(plans)))
+    return base, tuple(steps)
+
+
+compile_program = getattr(NATIVE, "compile_program", None) or _compile_program_py
 
 
 def _plan_of(cg, be, batches) -> list | None:
@@ -356,12 +401,16 @@ def _plan_of(cg, be, batches) -> list | None:
     plans = getattr(batches, "plans", None)
     if plans is None:
         return None
-    fuse = config.fuse and runs.enabled(cg, be)  # asked each time: a capability may be switched off
-    key = (be, cg.dtype, fuse, RUN_MIN_STEPS)
+    key = _plan_key(cg, be)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = _make_plan(cg, batches, fuse)
+        plan = plans[key] = _make_plan(cg, batches, key[2])
     return plan
+
+
+def _plan_key(cg, be) -> tuple:
+    fuse = config.fuse and runs.enabled(cg, be)  # asked each time: a capability may be switched off
+    return be, cg.dtype, fuse, RUN_MIN_STEPS
 
 
 class _Stretch(NamedTuple):

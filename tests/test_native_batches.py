@@ -238,6 +238,161 @@ def test_replayed_execution_plans_match_fresh_execution(monkeypatch, spec):
                 SCHEDULES.clear()
 
 
+def _cbow_sentence(pc, words, H: int = 5):
+    """A per-sentence deep CBOW graph (bench/swap/cbow.py's shape): an esum of lookups (columns
+    that are one-row slices of the lookup's block), products with shared weights, biases."""
+    if not hasattr(pc, "cbow"):
+        rng = np.random.default_rng(3)
+        pc.cbow = (pc.lookup_parameters_from_numpy(rng.uniform(-1, 1, (9, H))),
+                   [pc.parameters_from_numpy(rng.uniform(-1, 1, (H, H))) for _ in range(2)],
+                   [pc.parameters_from_numpy(rng.uniform(-1, 1, H)) for _ in range(2)],
+                   pc.parameters_from_numpy(rng.uniform(-1, 1, (3, H))))
+    E, Ws, bs, V = pc.cbow
+    h = dy.esum([dy.lookup(E, w) for w in words])
+    for W, b in zip(Ws, bs):
+        h = dy.tanh(dy.parameter(W) * h + dy.parameter(b))
+    return dy.pickneglogsoftmax(dy.parameter(V) * h, words[0] % 3)
+
+
+def _sentence_steps(pc, words, extra_blocks: int = 0):
+    """One sentence's graph: forward, backward; the graph, its loss and every gradient."""
+    dy.renew_cg()
+    cg = dy.cg()
+    for _ in range(extra_blocks):  # blocks no node reads: the replayed plans' block ids shift
+        cg.blocks.append(np.zeros((1, 1), cg.dtype))
+    loss = _cbow_sentence(pc, words)
+    value = loss.value()
+    loss.backward()
+    E, Ws, bs, V = pc.cbow
+    grads = [p.grad.copy() for p in (E, *Ws, *bs, V)]
+    for p in (E, *Ws, *bs, V):
+        p.grad[...] = 0
+        if p.is_lookup:
+            p.touched[:] = False
+    return cg, value, grads
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("extra_blocks", [0, 2])
+def test_compiled_replay_leaves_what_batch_by_batch_execution_leaves(monkeypatch, dtype, extra_blocks):
+    """A cached schedule's later graphs run as one replay_native call (executor._replay_compiled,
+    replay.c): the same values, gradients, blocks, (block, row) and records (plans with the
+    shifted block ids where the graph held other blocks before) as the same sentence run batch by
+    batch without the cache. Other words each time: a lookup's data is read per graph."""
+    from dynagraph.schedule_cache import SCHEDULES
+    calls = []
+    monkeypatch.setattr(executor, "_replay_native", lambda ctx, prog: calls.append(prog) or NATIVE.replay_native(ctx, prog))
+    with using(dtype=dtype):
+        pc = dy.ParameterCollection()
+        SCHEDULES.clear()
+        try:
+            sentences = [(1, 4, 2, 7), (3, 3, 8, 0), (5, 1, 6, 2), (2, 2, 2, 2)]
+            _sentence_steps(pc, sentences[0])  # scheduled, kept, run batch by batch: its program compiled
+            for words in sentences[1:]:
+                got = _sentence_steps(pc, words, extra_blocks)
+                with monkeypatch.context() as m:
+                    m.setattr(dynagraph_config, "schedule_cache", False)
+                    fresh = _sentence_steps(pc, words, extra_blocks)
+                assert got[1] == fresh[1]
+                for g, f in zip(got[2], fresh[2]):
+                    np.testing.assert_array_equal(g, f)
+                a, b = got[0], fresh[0]
+                assert a.blk == b.blk and a.row == b.row and len(a.blocks) == len(b.blocks)
+                for x, y in zip(a.blocks, b.blocks):
+                    np.testing.assert_array_equal(x, y)
+                assert len(a.executed) == len(b.executed)
+                for p, q in zip(a.executed, b.executed):
+                    assert tuple(p.nodes) == tuple(q.nodes) and p.block == q.block and p.cols == q.cols
+                    assert list(p.plans) == list(q.plans)
+                    for x, y, where in zip(p.xs, q.xs, p.plans):  # a whole block is itself, rows a view
+                        assert (x is a.blocks[where[1]]) == (y is b.blocks[where[1]])
+                        np.testing.assert_array_equal(x, y)
+        finally:
+            SCHEDULES.clear()
+    assert len(calls) == len(sentences) - 1  # every graph after the first
+    base, steps = calls[0]
+    specs = [np.frombuffer(s[2], np.int64).reshape(-1, 4) for s in steps]
+    assert len(steps) == len(a.executed) and sum(len(s) for s in specs) == sum(len(r.cols) for r in a.executed)
+    assert any(((s[:, 0] == executor.SLICE) & (s[:, 2] >= 0)).any() for s in specs)  # the esum's one-row columns
+
+
+@needs_native
+@settings(**{**_SETTINGS, "max_examples": 15})
+@given(spec=rg.graph_spec)
+def test_compile_program_is_its_python_twin(monkeypatch, spec):
+    """compile_program (replay.c) and executor._compile_program_py make equal programs from the
+    records of random graphs' evaluations, None for the same ones (gathers, runs, parts); and
+    both say None when the records are not the plan's (a batch missing, another node order)."""
+    made = []
+
+    def capture(blocks, executed, plan, base, first):
+        py = executor._compile_program_py(blocks, executed, plan, base, first)
+        c = NATIVE.compile_program(blocks, executed, plan, base, first)
+        made.append((py, c))
+        if plan:
+            assert NATIVE.compile_program(blocks, executed, plan[:-1], base, first) is None
+            swapped = [tuple(reversed(plan[0]))] + plan[1:]
+            if len(plan[0]) > 1:
+                assert NATIVE.compile_program(blocks, executed, swapped, base, first) is None
+                assert executor._compile_program_py(blocks, executed, swapped, base, first) is None
+        return c
+    from dynagraph.schedule_cache import SCHEDULES
+    monkeypatch.setattr(executor, "compile_program", capture)
+    SCHEDULES.clear()
+    try:
+        for fuse in (True, False):
+            _run(monkeypatch, spec, "agenda", "float64", True, fuse)
+    finally:
+        SCHEDULES.clear()
+    assert made  # every graph that replays its schedule made one, or None
+    for py, c in made:
+        assert py == c
+
+
+@needs_native
+def test_replay_native_rejects_malformed_programs():
+    """replay_native checks the program's form, and that each step reads only blocks made before it."""
+    from dynagraph.schedule_cache import SCHEDULES
+    pc = dy.ParameterCollection()
+    SCHEDULES.clear()
+    seen = {}
+    real = executor._replay_native
+    try:
+        for _ in range(3):
+            _sentence_steps(pc, (1, 2, 3))
+        program = next(v for c in SCHEDULES.entries.values() for e in c for k, v in e[5].plans.items()
+                       if k[0] == "program")
+        assert program
+        dy.renew_cg()
+        loss = _cbow_sentence(pc, (1, 2, 3))
+
+        def capture(ctx, prog):
+            seen["ctx"] = ctx
+            real(ctx, prog)
+        executor._replay_native = capture
+        loss.value()
+    finally:
+        executor._replay_native = real
+        SCHEDULES.clear()
+    ctx = seen["ctx"]
+    base, steps = program
+    nodes, cols, specs, plans = steps[1]
+    for bad in ((base,), (base, list(steps)), ("0", steps), (base, steps[:1] + ((1, 2, 3),)),
+                (base, ((nodes, cols, specs[:-8], plans),)), (base, ((nodes, cols, tuple(specs), plans),)),
+                (base, ((nodes, cols, specs, plans[:1] + (("x",),) + plans[2:]),))):
+        with pytest.raises(TypeError):
+            NATIVE.replay_native(ctx, bad)
+    with pytest.raises(TypeError):
+        NATIVE.replay_native(ctx[:-1], program)
+    ahead = np.frombuffer(specs, np.int64).reshape(-1, 4).copy()
+    ahead[:] = (executor.SLICE, 5, -1, 1)  # every column reads a block not made yet
+    blocks = len(ctx[4])
+    with pytest.raises(ValueError, match="not made yet"):
+        NATIVE.replay_native(ctx, (blocks, ((nodes, cols, ahead.tobytes(), plans),)))
+    assert len(ctx[4]) == blocks
+
+
 class _SharedParams:
     """rg.Params made once and handed to every later graph."""
 

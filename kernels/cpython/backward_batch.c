@@ -356,6 +356,50 @@ static int check_backward_context(PyObject *ctx) {
     return 0;
 }
 
+/* One record's reverse step, the context checked. 0 or -1 (error). */
+static int backward_one(PyObject *ctx, PyObject *rec) {
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 6) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a record must be an ExecutedBatch");
+        return -1;
+    }
+    PyObject *acc_b = PyTuple_GET_ITEM(ctx, B_ACC);
+    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB), *nodes = PyTuple_GET_ITEM(rec, 0);
+    Py_ssize_t bid = dg_index_in(PyTuple_GET_ITEM(rec, 2), PyList_GET_SIZE(gb));
+    if (bid < 0)
+        return -1;
+    PyObject *g = PyList_GET_ITEM(gb, bid);
+    if (g == Py_None)
+        return 0;
+    if (!PyTuple_CheckExact(nodes) && !PyList_CheckExact(nodes)) {
+        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a record's nodes must be a tuple or list");
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(nodes) == 0) {
+        PyErr_SetString(PyExc_ValueError, "backward_batch_native: an empty batch");
+        return -1;
+    }
+    PyObject *ops = PyTuple_GET_ITEM(ctx, B_OP);
+    Py_ssize_t n0 = dg_index_in(PySequence_Fast_ITEMS(nodes)[0], PyList_GET_SIZE(ops));
+    if (n0 < 0)
+        return -1;
+    Py_INCREF(g);
+    PyObject *op = PyList_GET_ITEM(ops, n0);
+    Py_INCREF(op);
+    PyObject *info = op_info(ctx, op);
+    Py_DECREF(op);
+    if (!info) {
+        Py_DECREF(g);
+        return -1;
+    }
+    Py_INCREF(info);
+    int rc = 0;
+    if (PyTuple_GET_ITEM(info, 0) == Py_True)
+        rc = step(ctx, rec, info, g, (double *)PyByteArray_AS_STRING(acc_b));
+    Py_DECREF(info);
+    Py_DECREF(g);
+    return rc;
+}
+
 /* backward_batch_native(ctx, record): autodiff.backward's loop body for one ExecutedBatch. */
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
@@ -364,45 +408,46 @@ PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssi
         PyErr_SetString(PyExc_TypeError, "backward_batch_native(ctx: tuple, record: ExecutedBatch)");
         return NULL;
     }
-    PyObject *ctx = argv[0], *rec = argv[1];
-    if (check_backward_context(ctx) < 0)
-        return NULL;
-    PyObject *acc_b = PyTuple_GET_ITEM(ctx, B_ACC);
-    PyObject *gb = PyTuple_GET_ITEM(ctx, B_GB), *nodes = PyTuple_GET_ITEM(rec, 0);
-    Py_ssize_t bid = dg_index_in(PyTuple_GET_ITEM(rec, 2), PyList_GET_SIZE(gb));
-    if (bid < 0)
-        return NULL;
-    PyObject *g = PyList_GET_ITEM(gb, bid);
-    if (g == Py_None)
-        Py_RETURN_NONE;
-    if (!PyTuple_CheckExact(nodes) && !PyList_CheckExact(nodes)) {
-        PyErr_SetString(PyExc_TypeError, "backward_batch_native: a record's nodes must be a tuple or list");
-        return NULL;
-    }
-    if (PySequence_Fast_GET_SIZE(nodes) == 0) {
-        PyErr_SetString(PyExc_ValueError, "backward_batch_native: an empty batch");
-        return NULL;
-    }
-    PyObject *ops = PyTuple_GET_ITEM(ctx, B_OP);
-    Py_ssize_t n0 = dg_index_in(PySequence_Fast_ITEMS(nodes)[0], PyList_GET_SIZE(ops));
-    if (n0 < 0)
-        return NULL;
-    Py_INCREF(g);
-    PyObject *op = PyList_GET_ITEM(ops, n0);
-    Py_INCREF(op);
-    PyObject *info = op_info(ctx, op);
-    Py_DECREF(op);
-    if (!info) {
-        Py_DECREF(g);
-        return NULL;
-    }
-    Py_INCREF(info);
-    int rc = 0;
-    if (PyTuple_GET_ITEM(info, 0) == Py_True)
-        rc = step(ctx, rec, info, g, (double *)PyByteArray_AS_STRING(acc_b));
-    Py_DECREF(info);
-    Py_DECREF(g);
-    if (rc < 0)
+    if (check_backward_context(argv[0]) < 0 || backward_one(argv[0], argv[1]) < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* backward_batches_native(ctx, records, end, record_type): backward_batch_native for records[end - 1],
+   records[end - 2], ... while each is exactly of record_type (ExecutedBatch); the index j where it
+   stopped (records[j - 1] is another kind of record, which autodiff replays itself), 0 at the start.
+   One call for the whole pass of a graph of plain batches: per sentence, the Python loop around
+   each record's call cost as much as a small record's step. */
+PyObject *dg_backward_batches_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != B_SIZE
+        || !PyList_CheckExact(argv[1]) || !PyLong_Check(argv[2]) || !PyType_Check(argv[3])) {
+        PyErr_SetString(PyExc_TypeError, "backward_batches_native(ctx: tuple, records: list, end: int, record_type)");
+        return NULL;
+    }
+    PyObject *ctx = argv[0], *records = argv[1];
+    if (check_backward_context(ctx) < 0)
+        return NULL;
+    Py_ssize_t j = PyLong_AsSsize_t(argv[2]);
+    if (j == -1 && PyErr_Occurred())
+        return NULL;
+    if (j < 0 || j > PyList_GET_SIZE(records)) {
+        PyErr_SetString(PyExc_IndexError, "backward_batches_native: end out of range");
+        return NULL;
+    }
+    for (; j > 0; j--) {
+        if (j > PyList_GET_SIZE(records)) {  /* a kernel's Python code shortened the list */
+            PyErr_SetString(PyExc_RuntimeError, "backward_batches_native: the records changed during the pass");
+            return NULL;
+        }
+        PyObject *rec = PyList_GET_ITEM(records, j - 1);
+        if (Py_TYPE(rec) != (PyTypeObject *)argv[3])
+            break;
+        Py_INCREF(rec);
+        int rc = backward_one(ctx, rec);
+        Py_DECREF(rec);
+        if (rc < 0)
+            return NULL;
+    }
+    return PyLong_FromSsize_t(j);
 }

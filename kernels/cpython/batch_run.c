@@ -47,7 +47,7 @@ leaves it in place; every other TAKE or MANY column is gathered here (column_gat
 #include "batch_run.h"
 #include "recorder.h"  /* the node table */
 
-static double now(void) {
+double dg_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);  /* time.perf_counter's clock on Linux */
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
@@ -99,7 +99,7 @@ static int index_maker(PyObject *o) {
 
 /* The arguments are (ctx, nodes) with ctx shaped as the top of this file says. 0, or -1
    with a TypeError set. */
-static int check_context(PyObject *const *argv, Py_ssize_t nargs) {
+int dg_batch_check_context(PyObject *const *argv, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != C_SIZE
         || (!PyTuple_CheckExact(argv[1]) && !PyList_CheckExact(argv[1]))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native(ctx: tuple, nodes: tuple or list)");
@@ -152,7 +152,7 @@ static PyObject *call_kernel(PyObject *ctx, PyObject *info, PyObject *attrs, PyO
     for (Py_ssize_t c = 0; c < k; c++)
         kargv[c + 3] = PyList_GET_ITEM(xs, c);
     Py_INCREF(attrs);
-    *t1 = now();
+    *t1 = dg_now();
     PyObject *y = PyObject_Vectorcall(PyTuple_GET_ITEM(info, 4), kargv, (size_t)(k + 3), NULL);
     Py_DECREF(attrs);
     PyMem_Free(kargv);
@@ -245,7 +245,7 @@ static int account(PyObject *ctx, PyObject *info, Py_ssize_t B, double t0, doubl
     acc[ACC_KERNELS] += (double)inner;
     acc[ACC_BATCHES] += 1;
     acc[ACC_NODES] += (double)B;
-    acc[ACC_MEMORY] += (t1 - t0) + (now() - t2);
+    acc[ACC_MEMORY] += (t1 - t0) + (dg_now() - t2);
     acc[ACC_EXECUTE] += t2 - t1;
     return 0;
 }
@@ -312,7 +312,7 @@ static int run_direct(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *dat
                       Py_ssize_t B, PyObject **y, int *is_block, double *t1) {
     if (PyTuple_GET_SIZE(info) < 8 || PyTuple_GET_ITEM(info, 6) == Py_None)
         return 0;
-    *t1 = now();
+    *t1 = dg_now();
     PyObject *shape = dg_batch_list_item(ctx, C_SHAPE, n0);
     PyObject *dts = PyTuple_GET_ITEM(ctx, C_DTYPES);
     const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(ctx, C_FORMAT));
@@ -327,8 +327,8 @@ static int run_direct(PyObject *ctx, PyObject *info, PyObject *xs, PyObject *dat
 
 /* The batch's kernel (direct or through the backend), its output checked, placed and recorded,
    the batch accounted; t0 the batch's start. 0 or -1. */
-static int run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize_t n0, PyObject *cols, PyObject **xs,
-                      PyObject **plans, PyObject **data, PyObject **kctx, PyObject **y, double t0) {
+int dg_batch_run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize_t n0, PyObject *cols, PyObject **xs,
+                        PyObject **plans, PyObject **data, PyObject **kctx, PyObject **y, double t0) {
     Py_ssize_t B = PyTuple_GET_SIZE(nodes);
     if (batch_data(ctx, info, nodes, data) < 0)
         return -1;
@@ -343,7 +343,7 @@ static int run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize_t
         return -1;
     if (!(direct && is_block) && finish_output(ctx, y, nodes, n0) < 0)  /* a direct output checked itself */
         return -1;
-    double t2 = now();
+    double t2 = dg_now();
     if (place_and_record(ctx, info, nodes, cols, *y, xs, plans, kctx) < 0 || account(ctx, info, B, t0, t1, t2) < 0)
         return -1;
     return 0;
@@ -352,10 +352,10 @@ static int run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize_t
 /* run_batch_native(ctx, nodes): executor.run_batch for one batch (see the top of this file). */
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    if (check_context(argv, nargs) < 0)
+    if (dg_batch_check_context(argv, nargs) < 0)
         return NULL;
     PyObject *ctx = argv[0];
-    double t0 = now();
+    double t0 = dg_now();
     PyObject *nodes = PySequence_Tuple(argv[1]);  /* private: nothing below can change it */
     if (!nodes)
         return NULL;
@@ -393,7 +393,7 @@ PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t 
         got = run_in_parts(ctx, nodes, got, groups) < 0 ? -1 : 1;
         Py_XDECREF(groups);
     }
-    if (got < 0 || (got == 0 && run_kernel(ctx, info, nodes, n0, cols, &xs, &plans, &data, &kctx, &y, t0) < 0))
+    if (got < 0 || (got == 0 && dg_batch_run_kernel(ctx, info, nodes, n0, cols, &xs, &plans, &data, &kctx, &y, t0) < 0))
         goto done_info;
     res = Py_None;  /* run here, or in parts */
     Py_INCREF(res);

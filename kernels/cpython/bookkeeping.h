@@ -260,6 +260,8 @@ int dg_locate_ids(PyObject *blk, PyObject *row, PyObject *ids_tuple, PyObject **
 PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_replay_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);  /* replay.c */
+PyObject *dg_compile_program(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 /* the direct kernels' kinds (backends/cpu/direct.py's DIRECT_*): the first DIRECT_KINDS through
    direct_batch.c's kernel table */
@@ -317,6 +319,7 @@ void dg_set_shaped_kernels(void *softmax_f32, void *softmax_f64, void *matmul_f3
 int dg_direct_batch(const dg_direct_ctx *ctx, PyObject *desc, PyObject *xs, PyObject *data, PyObject *attrs,
                     PyObject *shape, Py_ssize_t nodes, PyObject **y);
 PyObject *dg_backward_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
+PyObject *dg_backward_batches_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_place_steps(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_block_table(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);

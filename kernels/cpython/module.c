@@ -19,10 +19,16 @@ static PyMethodDef functions[] = {
     FAST(place, "place(blk, row, nodes, bid): blk[n] = bid, row[n] = r for the r-th node."),
     FAST(locate, "locate(blk, row, ids): (1, b, r0) | (2, b, rows) | (3, blks, rows); see executor.gather."),
     FAST(run_batch_native, "run_batch_native(ctx, nodes): executor.run_batch for one batch; see batch_run.c."),
+    FAST(compile_program, "compile_program(blocks, executed, plan, base, first): replay_native's program from "
+                          "one evaluation's records, or None; see replay.c."),
+    FAST(replay_native, "replay_native(ctx, program): a replayed schedule's batches as one call; see replay.c."),
     FAST(set_direct_kernels, "set_direct_kernels(18 addresses): the kernels run_batch_native calls directly; "
                              "see batch_run.c and backends/cpu/direct.py."),
     FAST(backward_batch_native, "backward_batch_native(ctx, record): autodiff.backward's step for one "
                                 "ExecutedBatch; see backward_batch.c."),
+    FAST(backward_batches_native, "backward_batches_native(ctx, records, end, record_type): backward_batch_native "
+                                  "for records[end - 1], records[end - 2], ... while each is a record_type; where "
+                                  "it stopped. See backward_batch.c."),
     FAST(outer_product, "outer_product(out, g, x): out = g^T x for one row g and x (a one-row weight gradient)."),
     FAST(outer_add, "outer_add(grad, g, x): grad += g^T x for one row g and x (a one-row weight gradient, added "
                     "straight into a parameter's gradient)."),
