@@ -329,13 +329,13 @@ def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
     native = _NativeBatches(cg, be) if _run_batch_native is not None and not cg.check_validity else None
     run_one = partial(_run_batch_native, native.ctx) if native is not None else partial(run_batch, cg, be)
     try:
-        plan = _plan_of(cg, be, batches)
-        if plan is None:
+        keyed = _plan_of(cg, be, batches)
+        if keyed is None:
             _execute(cg, be, batches, run_one)
         elif native is None or _replay_native is None:
-            _replay(cg, be, plan, run_one)
+            _replay(cg, be, keyed[1], run_one)
         else:
-            _replay_compiled(cg, be, batches, plan, native.ctx, run_one)
+            _replay_compiled(cg, be, batches, *keyed, native.ctx, run_one)
     finally:
         if native is not None:
             native.close()
@@ -344,11 +344,11 @@ def execute(cg, be, batches: Sequence[Sequence[int]]) -> None:
 _replay_native = getattr(NATIVE, "replay_native", None)
 
 
-def _replay_compiled(cg, be, batches, plan: list, ctx: tuple, run_one) -> None:
+def _replay_compiled(cg, be, batches, key: tuple, plan: list, ctx: tuple, run_one) -> None:
     """A cached schedule's plan as one replay_native call (kernels/cpython/replay.c) once a
     program was compiled from its first native evaluation; a plan no program can say (runs,
     gathers, batches run in parts) keeps running item by item (its program is False)."""
-    key = ("program",) + _plan_key(cg, be)
+    key = ("program",) + key
     program = batches.plans.get(key)
     if program:
         _replay_native(ctx, program)
@@ -390,9 +390,10 @@ def _compile_program_py(blocks: list, executed: list, plan: list, base: int, fir
 compile_program = getattr(NATIVE, "compile_program", None) or _compile_program_py
 
 
-def _plan_of(cg, be, batches) -> list | None:
-    """The execution plan of a cached schedule (schedule_cache.Schedule) for this backend, dtype,
-    whether runs are on and RUN_MIN_STEPS, made at its first evaluation; None for a schedule that is not cached.
+def _plan_of(cg, be, batches) -> tuple | None:
+    """(key, plan): the execution plan of a cached schedule (schedule_cache.Schedule) for this backend,
+    dtype, whether runs are on and RUN_MIN_STEPS (the key), made at its first evaluation; None for a
+    schedule that is not cached.
     A plan is a list of items: a batch's nodes as a tuple (one run_batch), or a _Stretch
     (consecutive batches that are steps of one run, with their step specs). It depends only
     on what the cache compared (ops, attributes, shapes, wiring), so it holds for every graph
@@ -405,7 +406,7 @@ def _plan_of(cg, be, batches) -> list | None:
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = _make_plan(cg, batches, key[2])
-    return plan
+    return key, plan
 
 
 def _plan_key(cg, be) -> tuple:

@@ -81,9 +81,10 @@ def step_spec(cg, n: int) -> StepSpec | None:
     specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
-        if sid < 0:
-            specs[sid] = None
-            return None
+        op = cg.op[n]
+        if sid < 0 or (op is not _PICK_RANGE and (op.uses_data or op.name not in OPCODE)):
+            specs[sid] = None  # never a step, whatever its attributes and shapes (_spec's first tests):
+            return None        # no key to build (a signature key hashed per new graph, ~1 us a batch)
         # Across graphs by everything _spec reads (signature key: op, attrs and shared arguments;
         # the output and argument shapes): a per-sentence program asks for the same dozen specs
         # in every graph it records.

@@ -209,6 +209,20 @@ def test_native_backward_rejects_malformed_input():
             run(ctx, bad[:2] + (len(gb) + 3,) + bad[3:])
         run(ctx, record)  # no gradient for its block yet: nothing to do
         assert all(g is None for g in gb) and not deferred and not sums
+        many = NATIVE.backward_batches_native
+        records = list(cg.executed)
+        with pytest.raises(TypeError):
+            many(ctx, tuple(records), len(records), executor.ExecutedBatch)
+        with pytest.raises(TypeError):
+            many(ctx[:-1], records, len(records), executor.ExecutedBatch)
+        with pytest.raises(IndexError):
+            many(ctx, records, len(records) + 1, executor.ExecutedBatch)
+        with pytest.raises(TypeError):  # a record of the type asked for, but not a record
+            many(ctx, records + [("x",)], len(records) + 1, tuple)
+        # it stops at the first record of another type, from the end, and says where
+        assert many(ctx, records + [object()], len(records) + 1, executor.ExecutedBatch) == len(records) + 1
+        assert many(ctx, records, len(records), executor.ExecutedBatch) == 0
+        assert all(g is None for g in gb) and not deferred and not sums
 
 
 @settings(**{**_SETTINGS, "max_examples": 15})
