@@ -3,7 +3,7 @@
 Why: a per-sentence program evaluates a graph of the same structure again and again, and
 run_batch_native re-derives per batch what cannot change between such graphs: the argument
 columns (new tuples of node ids), where each column lives (located row by row), the op's
-info, whether the batch may split. executor._compile_program derives all of that once, from
+info, whether the batch may split. compile_program (below) derives all of that once, from
 the records the schedule's first native evaluation left, as a program; replay_native(ctx,
 program) then runs it: per step only the arguments' arrays (this graph's blocks), the kernel
 (the same dg_batch_run_kernel as run_batch_native, so the values are identical), the output
@@ -20,7 +20,7 @@ began. steps: a tuple of (nodes, cols, specs, plans), one per scheduled batch, i
          reused as is where this graph's block ids are the same, else made again
 Anything a program cannot say (a gather, a batch run in parts, a run of steps) kept the
 schedule off this path when the program was compiled. compile_program (below) makes the program
-from the records of the schedule's first evaluation; executor._compile_program is its twin.
+from the records of the schedule's first evaluation; executor._compile_program_py is its twin.
 */
 #include "batch_run.h"
 
@@ -163,7 +163,7 @@ PyObject *dg_replay_native(PyObject *self, PyObject *const *argv, Py_ssize_t nar
         return NULL;
     }
     if (!well_formed(argv[1])) {
-        PyErr_SetString(PyExc_TypeError, "replay_native: a malformed program (executor._compile_program makes it)");
+        PyErr_SetString(PyExc_TypeError, "replay_native: a malformed program (compile_program makes it)");
         return NULL;
     }
     PyObject *ctx = argv[0], *steps = PyTuple_GET_ITEM(argv[1], 1);
@@ -258,7 +258,7 @@ cannot:
 /* compile_program(blocks, executed, plan, base, first): replay_native's program from the records
    executed[first:] of one evaluation of `plan` (a list of node tuples), whose blocks begin at
    `base`; None where a batch did not run as one record reading only parameters and the plan's own
-   outputs. executor._compile_program is the twin. */
+   outputs. executor._compile_program_py is the twin. */
 PyObject *dg_compile_program(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 5 || !PyList_CheckExact(argv[0]) || !PyList_CheckExact(argv[1]) || !PyList_CheckExact(argv[2])) {
