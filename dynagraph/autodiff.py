@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 import time
-from functools import partial
 
 import numpy as np
 
@@ -243,8 +242,8 @@ def _leaf_grads(cg, xp, gb: Grads, leaf_sums: dict) -> None:
             _grad_block(cg, xp, gb, b)[...] += total
 
 
-_backward_native = getattr(NATIVE, "backward_batch_native", None)
-_backward_batches = getattr(NATIVE, "backward_batches_native", None)
+_backward_native = getattr(NATIVE, "backward_batch_native", None)  # None: the Python reference runs
+_backward_batches = getattr(NATIVE, "backward_batches_native", None)  # built with it, in the same module
 _FORMAT = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 _ACC = ("kernel_calls", "t_backward", "t_memory", "scatters", "scatter_bytes")  # backward_batch_native's accumulator
 _UNPACK_ACC = struct.Struct("5d").unpack  # its five doubles, in _ACC's order
@@ -345,19 +344,17 @@ def backward(cg, be, nid: int, full: bool = False) -> None:
     native = _NativeBackward(cg, be, gb, full, deferred, leaf_sums) if _backward_native is not None else None
     records = cg.executed
     try:
-        if native is not None and _backward_batches is not None:
-            end = len(records)  # runs of plain batches in one C call each, anything else here
+        if native is not None:
+            end = len(records)  # stretches of plain batches in one C call each, anything else here
             while end:
                 end = _backward_batches(native.ctx, records, end, ExecutedBatch)
                 if end:
                     end -= 1
                     _other_record(cg, be, gb, records[end], full, grad_block, deferred)
         else:
-            step = partial(_backward_native, native.ctx) if native is not None else \
-                partial(_batch_step, cg, be, gb, full=full, deferred=deferred, leaf_sums=leaf_sums)
             for record in reversed(records):
                 if type(record) is ExecutedBatch:
-                    step(record)
+                    _batch_step(cg, be, gb, record, full, deferred, leaf_sums)
                 else:
                     _other_record(cg, be, gb, record, full, grad_block, deferred)
     finally:

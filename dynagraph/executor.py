@@ -402,16 +402,12 @@ def _plan_of(cg, be, batches) -> tuple | None:
     plans = getattr(batches, "plans", None)
     if plans is None:
         return None
-    key = _plan_key(cg, be)
+    fuse = config.fuse and runs.enabled(cg, be)  # asked each time: a capability may be switched off
+    key = (be, cg.dtype, fuse, RUN_MIN_STEPS)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = _make_plan(cg, batches, key[2])
+        plan = plans[key] = _make_plan(cg, batches, fuse)
     return key, plan
-
-
-def _plan_key(cg, be) -> tuple:
-    fuse = config.fuse and runs.enabled(cg, be)  # asked each time: a capability may be switched off
-    return be, cg.dtype, fuse, RUN_MIN_STEPS
 
 
 class _Stretch(NamedTuple):

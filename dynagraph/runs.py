@@ -47,6 +47,12 @@ class StepSpec(NamedTuple):
     name: str = ""     # the op's name (for stats.batch_log)
 
 
+def _may_step(op) -> bool:
+    """Whether a batch of op can be a run step for some attributes and shapes: a pick_range, or an
+    op with a run opcode that reads no per-node data."""
+    return op is _PICK_RANGE or (not op.uses_data and op.name in OPCODE)
+
+
 def _spec(cg, n: int) -> StepSpec | None:
     op, attrs, shape = cg.op[n], cg.attrs[n], cg.shape[n]
     arg_shapes = [cg.shape[a] for a in cg.args[n]]
@@ -60,7 +66,7 @@ def _spec(cg, n: int) -> StepSpec | None:
             return None
         off = start * size_of(src[1:])
         return StepSpec(COPY, 1, 0.0, width, (off,), (off + width,), op.name)
-    if op.uses_data or op.name not in OPCODE or not fusable(op, attrs, arg_shapes, shape):
+    if not _may_step(op) or not fusable(op, attrs, arg_shapes, shape):
         return None
     k = len(arg_shapes)
     return StepSpec(OPCODE[op.name], k, _constant(op.name, attrs, k), width, (0,) * k, (width,) * k, op.name)
@@ -81,10 +87,9 @@ def step_spec(cg, n: int) -> StepSpec | None:
     specs = spec_cache(cg)
     sid = cg.sig[n]
     if sid not in specs:
-        op = cg.op[n]
-        if sid < 0 or (op is not _PICK_RANGE and (op.uses_data or op.name not in OPCODE)):
-            specs[sid] = None  # never a step, whatever its attributes and shapes (_spec's first tests):
-            return None        # no key to build (a signature key hashed per new graph, ~1 us a batch)
+        if sid < 0 or not _may_step(cg.op[n]):
+            specs[sid] = None  # never a step, whatever its attributes and shapes: no key to build
+            return None        # (a signature key hashed per new graph, ~1 us a batch)
         # Across graphs by everything _spec reads (signature key: op, attrs and shared arguments;
         # the output and argument shapes): a per-sentence program asks for the same dozen specs
         # in every graph it records.

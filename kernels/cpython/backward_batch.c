@@ -32,17 +32,10 @@ The context (autodiff._NativeBackward builds it once per backward pass) is a tup
   27 table_arrays(b): (grad, touched) of the lookup table whose value block is b, or None
   28 zeros (xp.zeros): a missing gradient block, zeroed, as autodiff._grad_block makes it
 */
-#include <time.h>
 
 #include "backward_batch.h"
 
 static PyObject *NAME_BACKWARD;  /* "backward", interned (dg_attr) */
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);  /* time.perf_counter's clock on Linux */
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* The op's info (borrowed from the infos dict), made by info_fn once. */
 static PyObject *op_info(PyObject *ctx, PyObject *op) {
@@ -234,7 +227,7 @@ static int step_scatter(PyObject *ctx, PyObject *plans, PyObject **gxs, PyObject
    gradients placed, by one row add or by scatters, their time into acc. 0 or -1. */
 static int step_place(PyObject *ctx, PyObject *info, PyObject *plans, PyObject **gxs, PyObject *need, Py_ssize_t k,
                       Py_ssize_t B, double t0, double *acc) {
-    double t1 = now();
+    double t1 = dg_now();
     Py_ssize_t inner = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 3));
     if (inner == -1 && PyErr_Occurred())
         return -1;
@@ -247,13 +240,13 @@ static int step_place(PyObject *ctx, PyObject *info, PyObject *plans, PyObject *
         if (handled < 0)
             return -1;
         if (handled) {
-            acc[ACC_MEMORY] += now() - t1;
+            acc[ACC_MEMORY] += dg_now() - t1;
             return 0;
         }
     }
     if (step_scatter(ctx, plans, gxs, need, k, B) < 0)
         return -1;
-    acc[ACC_MEMORY] += now() - t1;
+    acc[ACC_MEMORY] += dg_now() - t1;
     return 0;
 }
 
@@ -294,7 +287,7 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
         rc = 0;
         goto done;
     }
-    double t0 = now();
+    double t0 = dg_now();
     Py_ssize_t n0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(seq, 0));
     if (n0 == -1 && PyErr_Occurred())
         goto done;
@@ -302,7 +295,7 @@ static int step(PyObject *ctx, PyObject *rec, PyObject *info, PyObject *g, doubl
         if (step_defer(ctx, info, xs, plans, g, n0, k, &need) < 0)
             goto done;
         if (!has_true(need)) {
-            acc[ACC_BACKWARD] += now() - t0;
+            acc[ACC_BACKWARD] += dg_now() - t0;
             rc = 0;
             goto done;
         }

@@ -47,7 +47,7 @@ leaves it in place; every other TAKE or MANY column is gathered here (column_gat
 #include "batch_run.h"
 #include "recorder.h"  /* the node table */
 
-double dg_now(void) {
+double dg_now(void) {  /* bookkeeping.h */
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);  /* time.perf_counter's clock on Linux */
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
@@ -99,13 +99,20 @@ static int index_maker(PyObject *o) {
 
 /* The arguments are (ctx, nodes) with ctx shaped as the top of this file says. 0, or -1
    with a TypeError set. */
-int dg_batch_check_context(PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != C_SIZE
-        || (!PyTuple_CheckExact(argv[1]) && !PyList_CheckExact(argv[1]))) {
+static int check_arguments(PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || (!PyTuple_CheckExact(argv[1]) && !PyList_CheckExact(argv[1]))) {
         PyErr_SetString(PyExc_TypeError, "run_batch_native(ctx: tuple, nodes: tuple or list)");
         return -1;
     }
-    PyObject *ctx = argv[0];
+    return dg_batch_check_context(argv[0]);
+}
+
+/* ctx is shaped as the top of this file says: 0, or -1 with a TypeError set. */
+int dg_batch_check_context(PyObject *ctx) {
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != C_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "run_batch_native: the context must be a tuple of its items");
+        return -1;
+    }
     for (int i = C_OP; i <= C_EXECUTED; i++)
         if (!PyList_CheckExact(PyTuple_GET_ITEM(ctx, i))) {
             PyErr_Format(PyExc_TypeError, "run_batch_native: context item %d must be a list", i);
@@ -352,7 +359,7 @@ int dg_batch_run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize
 /* run_batch_native(ctx, nodes): executor.run_batch for one batch (see the top of this file). */
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    if (dg_batch_check_context(argv, nargs) < 0)
+    if (check_arguments(argv, nargs) < 0)
         return NULL;
     PyObject *ctx = argv[0];
     double t0 = dg_now();

@@ -19,11 +19,10 @@ int dg_read_columns(PyObject *ctx, PyObject *cols, PyObject *op, PyObject *info,
                     int may_split, PyObject *nodes, PyObject **groups);
 
 /* batch_run.c: the batch's kernel run, output placed and recorded (executor.run_batch's tail; the
-   xs, plans and kernel ctx are stolen by the record); the context and nodes checked (0, or -1 with
-   a TypeError); time.perf_counter's clock */
+   xs, plans and kernel ctx are stolen by the record); the context checked (0, or -1 with a
+   TypeError) */
 int dg_batch_run_kernel(PyObject *ctx, PyObject *info, PyObject *nodes, Py_ssize_t n0, PyObject *cols, PyObject **xs,
                         PyObject **plans, PyObject **data, PyObject **kctx, PyObject **y, double t0);
-int dg_batch_check_context(PyObject *const *argv, Py_ssize_t nargs);
-double dg_now(void);
+int dg_batch_check_context(PyObject *ctx);
 
 #endif

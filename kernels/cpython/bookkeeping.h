@@ -261,6 +261,7 @@ PyObject *dg_any_true(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_same_slice(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_run_batch_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_replay_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);  /* replay.c */
+double dg_now(void);  /* time.perf_counter's clock (batch_run.c) */
 PyObject *dg_compile_program(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 PyObject *dg_set_direct_kernels(PyObject *self, PyObject *const *argv, Py_ssize_t nargs);
 /* the direct kernels' kinds (backends/cpu/direct.py's DIRECT_*): the first DIRECT_KINDS through

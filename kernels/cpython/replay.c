@@ -152,16 +152,12 @@ static int well_formed(PyObject *program) {
    is run_batch_native's. Steps read only blocks made before them, which is checked per column. */
 PyObject *dg_replay_native(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
     (void)self;
-    PyObject *cargv[2] = {nargs == 2 ? argv[0] : NULL, PyTuple_New(0)};
-    int bad = !cargv[1] || nargs != 2 || dg_batch_check_context(cargv, 2) < 0;
-    Py_XDECREF(cargv[1]);
-    if (bad) {
-        if (!PyErr_Occurred() || nargs != 2) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "replay_native(ctx: tuple, program: (base, steps))");
-        }
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "replay_native(ctx: tuple, program: (base, steps))");
         return NULL;
     }
+    if (dg_batch_check_context(argv[0]) < 0)
+        return NULL;
     if (!well_formed(argv[1])) {
         PyErr_SetString(PyExc_TypeError, "replay_native: a malformed program (compile_program makes it)");
         return NULL;
